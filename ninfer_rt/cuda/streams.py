@@ -1,0 +1,262 @@
+"""Streams and events with declared accesses: the only way ninfer_rt enqueues device work.
+
+Rule 1 of DESIGN.md: there is no default stream. `StreamSet` creates CU_STREAM_NON_BLOCKING streams and
+nothing else; every enqueue entry point takes a `Stream` and raises `DefaultStreamError` for `None`, `0`,
+the legacy or the per-thread stream before the driver is called. Synchronous driver calls that run on the
+default stream implicitly (cuMemcpyHtoD, cuMemsetD8, ...) are not wrapped anywhere.
+
+Every op declares what it reads and writes; with a verifier attached (tests, --verify-ordering) those
+declarations are checked for happens-before (ninfer_rt.ordering). A StreamSet without a device is
+*logical*: ops run eagerly on the host (the numpy executor), but the same declarations are checked against
+the same logical streams, so CI verifies the engine's real op sequence without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from cuda.bindings import driver as cu
+
+from ninfer_rt.cuda.driver import CudaError, Device, check
+from ninfer_rt.ordering import CrashContext, Verifier, verify_by_default
+from ninfer_rt.ordering.verifier import Resource
+
+if TYPE_CHECKING:
+    from ninfer_rt.cuda.memory import Buffer
+
+
+class DefaultStreamError(ValueError):
+    """An enqueue was given the default (legacy or per-thread) stream, None or 0."""
+
+
+class FatalCudaError(RuntimeError):
+    """A sticky CUDA error surfaced at a sync point; the crash context was dumped to `crash_file`."""
+
+    def __init__(self, cause: CudaError, crash_file: str) -> None:
+        super().__init__(f"{cause}; the CUDA context is unusable; crash context written to {crash_file}")
+        self.cause = cause
+        self.crash_file = crash_file
+
+
+def require_stream(stream: object) -> Stream:
+    """The gate of every enqueue API: only a Stream made by a StreamSet passes."""
+    if not isinstance(stream, Stream):
+        raise DefaultStreamError(
+            f"got {stream!r} where a Stream is required: ninfer_rt never enqueues on the default, legacy "
+            "or per-thread stream; create streams with StreamSet.create()"
+        )
+    return stream
+
+
+_DEFAULT_HANDLES = (0, int(cu.CU_STREAM_LEGACY), int(cu.CU_STREAM_PER_THREAD))
+
+
+class StreamSet:
+    """The runtime context: device (None = logical/CPU), streams, verifier and crash context."""
+
+    def __init__(self, device: Device | None = None, verify: bool | None = None) -> None:
+        self.device = device
+        self.verifier: Verifier | None = Verifier() if (verify_by_default() if verify is None else verify) else None
+        self.crash = CrashContext()
+        self.streams: list[Stream] = []
+        self._host_ring = self.crash.ring("host")
+
+    @property
+    def logical(self) -> bool:
+        return self.device is None
+
+    def create(self, name: str) -> Stream:
+        handle = None
+        if self.device is not None:
+            handle = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+            if int(handle) in _DEFAULT_HANDLES:
+                raise DefaultStreamError(f"cuStreamCreate returned a default-stream handle for {name!r}")
+        stream = Stream(self, name, handle)
+        self.streams.append(stream)
+        return stream
+
+    def host_access(
+        self, label: str, reads: Iterable[Resource] = (), writes: Iterable[Resource] = (), lane: object = None
+    ) -> None:
+        """Declare a host-thread access to pinned/staged memory (or a page hand-over)."""
+        self._host_ring.note(label, lane, reads, writes)
+        if self.verifier is not None:
+            self.verifier.op(self.verifier.host(), label, reads, writes, lane)
+
+    def host_merge(self, clock: dict[int, int] | None) -> None:
+        if self.verifier is not None and clock is not None:
+            self.verifier.merge(self.verifier.host(), clock)
+
+    def synchronized(self, call: Callable[[], Any], what: str) -> Any:
+        """Run a host-blocking driver call; a sticky error dumps the crash context and becomes fatal."""
+        try:
+            return call()
+        except CudaError as err:
+            if not err.sticky:
+                raise
+            path = self.crash.dump(error=f"{what}: {err}")
+            raise FatalCudaError(err, str(path)) from err
+
+    def destroy(self) -> None:
+        for stream in self.streams:
+            if stream.handle is not None:
+                check(cu.cuStreamDestroy(stream.handle), "cuStreamDestroy")
+        self.streams.clear()
+
+
+class Event:
+    """A point on one stream. Waiting on it orders later work after everything enqueued before it."""
+
+    def __init__(self, stream: Stream, clock: dict[int, int] | None, handle: object) -> None:
+        self.stream_name = stream.name
+        self.clock = clock
+        self.handle = handle
+        self._owner = stream.owner
+        self._done = handle is None  # logical ops ran eagerly: complete as soon as recorded
+
+    def query(self) -> bool:
+        """Non-blocking completion check; a completed event orders the host after it."""
+        if not self._done:
+            status = cu.cuEventQuery(self.handle)[0]
+            if status == cu.CUresult.CUDA_ERROR_NOT_READY:
+                return False
+            self._owner.synchronized(lambda: check((status,), "cuEventQuery"), f"query event on {self.stream_name}")
+            self._done = True
+        self._owner.host_merge(self.clock)
+        return True
+
+    def synchronize(self) -> None:
+        if not self._done:
+            self._owner.synchronized(
+                lambda: check(cu.cuEventSynchronize(self.handle), "cuEventSynchronize"),
+                f"synchronize event on {self.stream_name}",
+            )
+            self._done = True
+        self._owner.host_merge(self.clock)
+
+    def elapsed_ms(self, later: Event) -> float:
+        """Milliseconds between this event and a later one (both recorded with timing=True)."""
+        self.synchronize()
+        later.synchronize()
+        return float(check(cu.cuEventElapsedTime(self.handle, later.handle), "cuEventElapsedTime"))
+
+    def __del__(self) -> None:
+        if self.handle is not None:
+            cu.cuEventDestroy(self.handle)
+
+
+class Stream:
+    """A non-blocking stream (or its logical stand-in). Every op declares its reads and writes."""
+
+    def __init__(self, owner: StreamSet, name: str, handle: object) -> None:
+        self.owner = owner
+        self.name = name
+        self.handle = handle
+        self.ring = owner.crash.ring(f"stream:{name}")
+        self.timeline = owner.verifier.timeline(f"stream:{name}") if owner.verifier is not None else None
+
+    def __repr__(self) -> str:
+        return f"Stream({self.name!r}{', logical' if self.handle is None else ''})"
+
+    def declare(self, label: str, reads: Iterable[Resource] = (), writes: Iterable[Resource] = (), lane: object = None) -> None:
+        """Record an op issued on this stream (called by every enqueue before the driver is)."""
+        self.ring.note(label, lane, reads, writes)
+        if self.timeline is not None:
+            self.owner.verifier.op(self.timeline, label, reads, writes, lane)
+
+    def launch(
+        self,
+        function: object,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        params: object,
+        smem: int = 0,
+        *,
+        label: str,
+        reads: Iterable[Resource] = (),
+        writes: Iterable[Resource] = (),
+        lane: object = None,
+    ) -> None:
+        """cuLaunchKernel on this stream. `params` is cuda.bindings' kernelParams argument."""
+        if self.handle is None:
+            raise DefaultStreamError(f"cannot launch {label!r} on logical stream {self.name!r} (no device)")
+        self.declare(label, reads, writes, lane)
+        check(cu.cuLaunchKernel(function, *grid, *block, smem, self.handle, params, 0), f"cuLaunchKernel({label})")
+
+    def copy(
+        self,
+        dst: Buffer,
+        src: Buffer,
+        nbytes: int | None = None,
+        dst_offset: int = 0,
+        src_offset: int = 0,
+        *,
+        label: str = "copy",
+        lane: object = None,
+    ) -> None:
+        """Async copy between any two buffers (pinned or device) in stream order."""
+        nbytes = min(dst.nbytes - dst_offset, src.nbytes - src_offset) if nbytes is None else nbytes
+        if nbytes < 0 or dst_offset + nbytes > dst.nbytes or src_offset + nbytes > src.nbytes:
+            raise ValueError(f"{label}: copy of {nbytes} bytes out of range ({src.name} -> {dst.name})")
+        self.declare(label, (src.resource,), (dst.resource,), lane)
+        if self.handle is None:
+            dst.host_bytes()[dst_offset : dst_offset + nbytes] = src.host_bytes()[src_offset : src_offset + nbytes]
+            return
+        d, s = dst.ptr + dst_offset, src.ptr + src_offset
+        if dst.on_device and src.on_device:
+            check(cu.cuMemcpyDtoDAsync(d, s, nbytes, self.handle), "cuMemcpyDtoDAsync")
+        elif dst.on_device:
+            check(cu.cuMemcpyHtoDAsync(d, s, nbytes, self.handle), "cuMemcpyHtoDAsync")
+        elif src.on_device:
+            check(cu.cuMemcpyDtoHAsync(d, s, nbytes, self.handle), "cuMemcpyDtoHAsync")
+        else:
+            raise ValueError(f"{label}: host-to-host copies are not stream work; copy the arrays directly")
+
+    def memset(self, dst: Buffer, byte: int, nbytes: int | None = None, offset: int = 0, *, label: str = "memset", lane: object = None) -> None:
+        nbytes = dst.nbytes - offset if nbytes is None else nbytes
+        self.declare(label, (), (dst.resource,), lane)
+        if self.handle is None:
+            dst.host_bytes()[offset : offset + nbytes] = byte
+            return
+        check(cu.cuMemsetD8Async(dst.ptr + offset, byte, nbytes, self.handle), "cuMemsetD8Async")
+
+    def host_op(
+        self,
+        fn: Callable[[], Any],
+        *,
+        label: str,
+        reads: Iterable[Resource] = (),
+        writes: Iterable[Resource] = (),
+        lane: object = None,
+    ) -> Any:
+        """Logical streams only: run `fn` now as if it were a kernel on this stream."""
+        if self.handle is not None:
+            raise TypeError(f"host_op {label!r} on a device stream: enqueue a kernel instead")
+        self.declare(label, reads, writes, lane)
+        return fn()
+
+    def record(self, timing: bool = False) -> Event:
+        clock = self.owner.verifier.snapshot(self.timeline) if self.timeline is not None else None
+        handle = None
+        if self.handle is not None:
+            flags = cu.CUevent_flags.CU_EVENT_DEFAULT if timing else cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+            handle = check(cu.cuEventCreate(flags), "cuEventCreate")
+            check(cu.cuEventRecord(handle, self.handle), "cuEventRecord")
+        return Event(self, clock, handle)
+
+    def wait(self, event: Event) -> None:
+        """Order all later work on this stream after `event`."""
+        if not isinstance(event, Event):
+            raise TypeError(f"Stream.wait needs an Event, got {event!r}")
+        if self.timeline is not None and event.clock is not None:
+            self.owner.verifier.merge(self.timeline, event.clock)
+        if self.handle is not None and event.handle is not None:
+            check(cu.cuStreamWaitEvent(self.handle, event.handle, 0), "cuStreamWaitEvent")
+
+    def synchronize(self) -> None:
+        """Block the host until this stream is idle; orders the host after all its work."""
+        clock = self.owner.verifier.snapshot(self.timeline) if self.timeline is not None else None
+        if self.handle is not None:
+            self.owner.synchronized(lambda: check(cu.cuStreamSynchronize(self.handle), "cuStreamSynchronize"), f"synchronize {self.name}")
+        self.owner.host_merge(clock)
