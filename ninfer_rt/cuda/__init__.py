@@ -1,0 +1,1 @@
+"""The only package that imports cuda.bindings / nvmath (ordering rule 1)."""

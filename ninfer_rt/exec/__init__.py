@@ -1,0 +1,1 @@
+"""Executors: numpy reference and CUDA."""

@@ -1,0 +1,1 @@
+"""Paged KV cache: page pool, storage, prefix cache."""
