@@ -176,6 +176,8 @@ def _check_shapes(cfg: ModelConfig) -> None:
             f"num_attention_heads={cfg.num_attention_heads} is not a multiple of "
             f"num_key_value_heads={cfg.num_key_value_heads}"
         )
+    if cfg.mtp_layers > 1:
+        raise ModelConfigError(f"{cfg.mtp_layers} MTP layers declared; ninfer-rt supports at most one")
     if cfg.head_dim % 2:
         raise ModelConfigError(f"head_dim={cfg.head_dim} must be even for RoPE")
 

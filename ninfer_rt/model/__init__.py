@@ -1,0 +1,1 @@
+"""Model description: config, RoPE tables, weights and tokenizer of a Hugging Face checkpoint directory."""

@@ -1,0 +1,24 @@
+"""Shared fixtures: tiny random-weight checkpoints in Hugging Face layout, made once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ninfer_rt.model.tiny import make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"), arch="qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_llama"), arch="llama", tie=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_mtp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_mtp"), arch="qwen3", mtp=True)
