@@ -15,7 +15,8 @@ import numpy as np
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.streams import StreamSet
 
-KV_DTYPES = ("bf16", "int8")
+KV_DTYPES = ("bf16", "int8", "f32")  # f32: golden tests against float32 references only
+_ELEMENT_DTYPES = {"bf16": np.dtype(ml_dtypes.bfloat16), "int8": np.dtype(np.int8), "f32": np.dtype(np.float32)}
 
 
 def page_resource(page: int) -> tuple[str, int]:
@@ -37,7 +38,7 @@ class KVSpec:
 
     @property
     def element_dtype(self) -> np.dtype:
-        return np.dtype(np.int8) if self.dtype == "int8" else np.dtype(ml_dtypes.bfloat16)
+        return _ELEMENT_DTYPES[self.dtype]
 
     @property
     def page_shape(self) -> tuple[int, int, int]:
