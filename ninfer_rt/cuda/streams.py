@@ -194,12 +194,17 @@ class Stream:
         *,
         label: str = "copy",
         lane: object = None,
+        reads: Iterable[Resource] | None = None,
+        writes: Iterable[Resource] | None = None,
     ) -> None:
-        """Async copy between any two buffers (pinned or device) in stream order."""
+        """Async copy between any two buffers (pinned or device) in stream order.
+
+        Declares the whole `src` read and `dst` written unless `reads`/`writes` name finer resources
+        (a KV page copy declares its pages, not the buffers every page lives in)."""
         nbytes = min(dst.nbytes - dst_offset, src.nbytes - src_offset) if nbytes is None else nbytes
         if nbytes < 0 or dst_offset + nbytes > dst.nbytes or src_offset + nbytes > src.nbytes:
             raise ValueError(f"{label}: copy of {nbytes} bytes out of range ({src.name} -> {dst.name})")
-        self.declare(label, (src.resource,), (dst.resource,), lane)
+        self.declare(label, (src.resource,) if reads is None else reads, (dst.resource,) if writes is None else writes, lane)
         if self.handle is None:
             dst.host_bytes()[dst_offset : dst_offset + nbytes] = src.host_bytes()[src_offset : src_offset + nbytes]
             return
