@@ -15,7 +15,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.weights import SHARD_INDEX, SINGLE_FILE, expected_tensors
@@ -26,6 +26,12 @@ IM_END = "<|im_end|>"
 # Qwen3 marks these as added but not special, so skip_special_tokens keeps them for reasoning/tool parsing.
 MARKUP_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+
+# Qwen2/3's split pattern: unlike GPT-2's, `\s*[\r\n]+` keeps a run of newlines one piece whatever follows, so
+# a prompt ending in "\n\n" tokenizes as a prefix of the same text continued (prefix-cache friendly).
+QWEN_PRETOKENIZE_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 
@@ -177,7 +183,12 @@ def make_tiny_model(out_dir: str | Path, **sizes: object) -> Path:
 @lru_cache(maxsize=None)
 def _trained_tokenizer_json(vocab_size: int) -> str:
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(MARKUP_TOKENS),
@@ -185,7 +196,7 @@ def _trained_tokenizer_json(vocab_size: int) -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(TRAINING_TEXT.splitlines(keepends=True), trainer=trainer)
+    tokenizer.train_from_iterator([TRAINING_TEXT], trainer=trainer)
     tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in MARKUP_TOKENS])
     return tokenizer.to_str()
 
