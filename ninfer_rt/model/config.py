@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+
 @dataclass(frozen=True)
 class _ArchitectureTraits:
     qk_norm: bool  # per-head RMSNorm on q and k before RoPE
@@ -109,7 +110,7 @@ class ModelConfig:
             eos_token_ids=_token_ids(raw.get("eos_token_id")),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
         )
-        _check_shapes(cfg)
+        _check_consistency(cfg)
         return cfg
 
 
@@ -170,7 +171,7 @@ def _rope(raw: dict[str, Any], max_position_embeddings: int) -> tuple[float, Rop
     return rope_theta, scaling
 
 
-def _check_shapes(cfg: ModelConfig) -> None:
+def _check_consistency(cfg: ModelConfig) -> None:
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         raise ModelConfigError(
             f"num_attention_heads={cfg.num_attention_heads} is not a multiple of "
