@@ -9,6 +9,7 @@ layers.py: numpy arrays on one, device buffers on the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -48,26 +49,81 @@ class StepBatch:
         return {int(s) // page_size for s in self.slot_mapping}
 
 
+@dataclass(frozen=True)
+class AttentionShape:
+    """Head geometry of one attention layer; the fused qkv rows are q heads, then k heads, then v heads."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    norm_eps: float  # of the per-head q/k RMSNorm
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    """What the attention op needs besides activations: geometry, RoPE table and optional q/k norms."""
+
+    shape: AttentionShape
+    rope: Tensor  # from Executor.prepare_rope
+    q_norm: Tensor | None  # [head_dim] gains, None for architectures without q/k norm
+    k_norm: Tensor | None
+
+
 class Executor(Protocol):
-    """The ops model/layers.py composes. Each enqueues on `compute` and declares its accesses."""
+    """The ops model/layers.py composes. Each enqueues on `compute` and declares its accesses.
+
+    Activations are [rows, features] with one row per token of the current step. Device results reach the
+    host only through `to_host`, so everything between `begin_step` and it can be captured as one graph.
+    """
 
     streams: StreamSet
     compute: Stream
 
+    def prepare_weight(self, name: str, parts: Sequence[np.ndarray]) -> Tensor:
+        """Convert/upload a weight once: the parts' rows stacked in order (a fused qkv or gate_up matrix,
+        or a single matrix/vector). Parts are the checkpoint's arrays, [out, in] for linear weights."""
+
+    def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> Tensor:
+        """NeoX RoPE with these inverse frequencies (pair i rotates dims i and i+D/2); cos/sin are scaled by
+        `attention_scaling` (YaRN's mscale) as transformers does."""
+
     def begin_step(self, batch: StepBatch, kv: KVCache) -> None:
         """Publish the step's inputs (ids, positions, block tables, slots) in the compute stream's order."""
 
-    def embed(self, table: Tensor) -> Tensor: ...
+    def embed(self, table: Tensor) -> Tensor:
+        """Rows of `table` for the step's token ids."""
 
     def rmsnorm(self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(normed, new_residual): new_residual = x + residual (or x), normed = rmsnorm(new_residual)."""
 
-    def linear(self, x: Tensor, weight: Tensor) -> Tensor: ...
+    def linear(self, x: Tensor, weight: Tensor) -> Tensor:
+        """x @ weight.T"""
 
-    def attention(self, qkv: Tensor, layer: Any, layer_index: int, kv: KVCache) -> Tensor:
-        """q/k RMSNorm (if the layer has it), RoPE, K/V write into pages, paged causal attention."""
+    def concat(self, parts: Sequence[Tensor]) -> Tensor:
+        """Features of `parts` side by side, row by row."""
 
-    def silu_mul(self, gate_up: Tensor) -> Tensor: ...
+    def attention(self, qkv: Tensor, params: AttentionParams, kv: KVCache, kv_layer: int) -> Tensor:
+        """q/k RMSNorm (if given), RoPE, K/V write into pages at the step's slots, then paged causal attention
+        (GQA) over each sequence's block table. Returns [rows, num_heads * head_dim]."""
 
-    def logits(self, hidden: Tensor, lm_head: Tensor) -> np.ndarray:
-        """float32 [N, vocab] on the host for the step's logit_rows."""
+    def silu_mul(self, gate_up: Tensor) -> Tensor:
+        """silu(gate) * up for gate_up = [gate | up] along features."""
+
+    def logits(self, hidden: Tensor, lm_head: Tensor) -> Tensor:
+        """hidden[logit_rows] @ lm_head.T: [N, vocab]."""
+
+    def to_host(self, x: Tensor) -> np.ndarray:
+        """Wait for the compute stream and return `x` as a host numpy array (float32, or the reference
+        executor's float64)."""

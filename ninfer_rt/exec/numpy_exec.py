@@ -1,0 +1,256 @@
+"""Reference executor: the model's ops in numpy, on a logical StreamSet.
+
+Math runs in float32 on upcast weights (float64 on request, for golden tests). K/V are stored in the
+KVCache's own dtype (bf16 rounding, int8 with per-(page, slot, head) absmax/127 scales, or f32), so the
+numerics of the cache are the GPU's. Every op is a `compute.host_op` that declares the step inputs and KV
+pages it touches, and the step inputs are published through a StagingRing and read back from device
+buffers: the op sequence the verifier checks is the one the CUDA executor enqueues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
+from ninfer_rt.cuda.streams import Stream, StreamSet
+from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
+from ninfer_rt.kv.cache import KVCache, KVLayer, page_resource
+from ninfer_rt.ordering.verifier import Resource
+
+STEP_INPUTS = ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows")
+INT8_MAX = 127.0
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RopeTable:
+    inv_freq: np.ndarray  # float64 [head_dim // 2]
+    attention_scaling: float
+
+
+class StepInputs:
+    """Device copies of the current StepBatch's int32 arrays, published on the compute stream (rule 3)."""
+
+    def __init__(self, streams: StreamSet, staging_slots: int, staging_bytes: int) -> None:
+        self._streams = streams
+        self._ring = StagingRing(streams, staging_slots, staging_bytes, name="step_inputs")
+        self._buffers: dict[str, DeviceBuffer] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+
+    def publish(self, stream: Stream, batch: StepBatch, lane: object) -> None:
+        for name in STEP_INPUTS:
+            data = np.ascontiguousarray(getattr(batch, name), dtype=np.int32)
+            self._ring.publish(stream, self._buffer(name, data.nbytes), data, label=f"publish {name}", lane=lane)
+            self._shapes[name] = data.shape
+
+    def resources(self, *names: str) -> tuple[Resource, ...]:
+        return tuple(self._buffers[name].resource for name in names)
+
+    def read(self, name: str) -> np.ndarray:
+        """The published array, read from its device buffer (call only inside a declared op)."""
+        return self._buffers[name].view(np.int32, self._shapes[name])
+
+    def _buffer(self, name: str, nbytes: int) -> DeviceBuffer:
+        # Buffers only grow, so steady-state steps reuse fixed buffers as a captured graph would.
+        current = self._buffers.get(name)
+        if current is None or current.nbytes < nbytes:
+            if current is not None:
+                current.free()
+            self._buffers[name] = DeviceBuffer(self._streams, max(nbytes, 4), f"step.{name}")
+        return self._buffers[name]
+
+
+class PagedLayerArrays:
+    """One layer's K/V pages as numpy views, with the cache dtype's store/load rules."""
+
+    def __init__(self, layer: KVLayer, kv: KVCache) -> None:
+        spec = kv.spec
+        shape = (spec.num_pages, *spec.page_shape)
+        self.page_size = spec.page_size
+        self.values = (layer.k.view(spec.element_dtype, shape), layer.v.view(spec.element_dtype, shape))
+        self.scales = None
+        if spec.dtype == "int8":
+            scale_shape = shape[:-1]
+            self.scales = (layer.k_scale.view(np.float32, scale_shape), layer.v_scale.view(np.float32, scale_shape))
+
+    def store(self, slots: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+        pages, offsets = np.divmod(slots, self.page_size)
+        for which, data in enumerate((keys, values)):
+            if self.scales is None:
+                self.values[which][pages, offsets] = data.astype(self.values[which].dtype)
+                continue
+            quantized, scale = quantize_int8(data)
+            self.values[which][pages, offsets] = quantized
+            self.scales[which][pages, offsets] = scale
+
+    def load(self, block_table: np.ndarray, length: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """K and V of positions 0..length-1, [length, n_kv, head_dim] in `dtype`."""
+        pages = block_table[: -(-length // self.page_size)]
+        loaded = []
+        for which in range(2):
+            data = self.values[which][pages].astype(dtype)
+            if self.scales is not None:
+                data *= self.scales[which][pages][..., None]
+            loaded.append(data.reshape(-1, *data.shape[2:])[:length])
+        return loaded[0], loaded[1]
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 over the last axis: (values, absmax/127 scales)."""
+    scale = (np.abs(x).max(axis=-1) / INT8_MAX).astype(np.float32)
+    safe = np.where(scale > 0, scale, 1.0)[..., None]
+    return np.clip(np.rint(x / safe), -INT8_MAX, INT8_MAX).astype(np.int8), scale
+
+
+def rms_normalize(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return weight * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+
+
+def apply_neox_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x [rows, heads, D]; cos/sin [rows, D/2]. Dim i rotates with dim i + D/2."""
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+def causal_gqa_attention(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, q_positions: np.ndarray, shape: AttentionShape
+) -> np.ndarray:
+    """q [n, H, D] at absolute positions q_positions over keys/values [L, KV, D] at positions 0..L-1."""
+    n, length = q.shape[0], keys.shape[0]
+    grouped = q.reshape(n, shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim)
+    scores = np.einsum("nkrd,lkd->nkrl", grouped, keys) * shape.scale
+    future = np.arange(length)[None, :] > q_positions[:, None]
+    scores = np.where(future[:, None, None, :], -np.inf, scores)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return np.einsum("nkrl,lkd->nkrd", weights, values).reshape(n, shape.q_size)
+
+
+class NumpyExecutor:
+    """The reference Executor (see exec/base.py). Tensors are numpy arrays of `dtype`."""
+
+    def __init__(
+        self, streams: StreamSet, dtype: type = np.float32, staging_slots: int = 2 * len(STEP_INPUTS),
+        staging_bytes: int = 1 << 20,
+    ) -> None:
+        if not streams.logical:
+            raise ValueError("NumpyExecutor runs on a logical StreamSet (no device)")
+        self.streams = streams
+        self.compute = streams.create("compute")
+        self.dtype = np.dtype(dtype)
+        self.inputs = StepInputs(streams, staging_slots, staging_bytes)
+        self._lane: object = None
+        self._pages_read: tuple[Resource, ...] = ()
+        self._pages_written: tuple[Resource, ...] = ()
+
+    # -- preparation -------------------------------------------------------------------------------------
+
+    def prepare_weight(self, name: str, parts: Sequence[np.ndarray]) -> np.ndarray:
+        return np.concatenate([np.asarray(part, dtype=self.dtype) for part in parts], axis=0)
+
+    def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> RopeTable:
+        return RopeTable(np.asarray(inv_freq, dtype=np.float64), float(attention_scaling))
+
+    # -- step --------------------------------------------------------------------------------------------
+
+    def begin_step(self, batch: StepBatch, kv: KVCache) -> None:
+        self._lane = tuple(batch.lanes) or None
+        self._pages_read = tuple(page_resource(p) for p in sorted(batch.pages_read()))
+        self._pages_written = tuple(page_resource(p) for p in sorted(batch.pages_written(kv.spec.page_size)))
+        self.inputs.publish(self.compute, batch, self._lane)
+
+    def embed(self, table: np.ndarray) -> np.ndarray:
+        return self._op("embed", lambda: table[self.inputs.read("token_ids")], reads=self.inputs.resources("token_ids"))
+
+    def rmsnorm(
+        self, x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        def run() -> tuple[np.ndarray, np.ndarray]:
+            summed = x if residual is None else x + residual
+            return rms_normalize(summed, weight, eps), summed
+
+        return self._op("rmsnorm", run)
+
+    def linear(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return self._op("linear", lambda: x @ weight.T)
+
+    def concat(self, parts: Sequence[np.ndarray]) -> np.ndarray:
+        return self._op("concat", lambda: np.concatenate(parts, axis=-1))
+
+    def silu_mul(self, gate_up: np.ndarray) -> np.ndarray:
+        def run() -> np.ndarray:
+            gate, up = np.split(gate_up, 2, axis=-1)
+            return gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up  # sigmoid without exp overflow
+
+        return self._op("silu_mul", run)
+
+    def attention(self, qkv: np.ndarray, params: AttentionParams, kv: KVCache, kv_layer: int) -> np.ndarray:
+        pages = PagedLayerArrays(kv.layers[kv_layer], kv)
+        q = self._op(
+            f"qk_norm_rope_kv_write[{kv_layer}]",
+            lambda: self._rope_and_store(qkv, params, pages),
+            reads=self.inputs.resources("positions", "slot_mapping"),
+            writes=self._pages_written,
+        )
+        return self._op(
+            f"paged_attention[{kv_layer}]",
+            lambda: self._paged_attention(q, params.shape, pages),
+            reads=(*self.inputs.resources("positions", "query_start", "context_lens", "block_tables"), *self._pages_read),
+        )
+
+    def logits(self, hidden: np.ndarray, lm_head: np.ndarray) -> np.ndarray:
+        return self._op(
+            "logits", lambda: hidden[self.inputs.read("logit_rows")] @ lm_head.T, reads=self.inputs.resources("logit_rows")
+        )
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        self.compute.synchronize()
+        return np.array(x, dtype=np.result_type(self.dtype, np.float32))
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _op(
+        self, label: str, fn: Callable[[], T], reads: tuple[Resource, ...] = (), writes: tuple[Resource, ...] = ()
+    ) -> T:
+        return self.compute.host_op(fn, label=label, reads=reads, writes=writes, lane=self._lane)
+
+    def _rope_and_store(self, qkv: np.ndarray, params: AttentionParams, pages: PagedLayerArrays) -> np.ndarray:
+        """Returns q [rows, H, D] after q-norm and RoPE; K (after k-norm, RoPE) and V go into the pages."""
+        shape = params.shape
+        rows = qkv.shape[0]
+        q, k, v = np.split(qkv, [shape.q_size, shape.q_size + shape.kv_size], axis=-1)
+        q = q.reshape(rows, shape.num_heads, shape.head_dim)
+        k = k.reshape(rows, shape.num_kv_heads, shape.head_dim)
+        v = v.reshape(rows, shape.num_kv_heads, shape.head_dim)
+        if params.q_norm is not None:
+            q = rms_normalize(q, params.q_norm, shape.norm_eps)
+            k = rms_normalize(k, params.k_norm, shape.norm_eps)
+        cos, sin = self._cos_sin(params.rope, self.inputs.read("positions"))
+        q, k = apply_neox_rope(q, cos, sin), apply_neox_rope(k, cos, sin)
+        pages.store(self.inputs.read("slot_mapping"), k, v)
+        return q
+
+    def _cos_sin(self, rope: RopeTable, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        angles = positions.astype(np.float64)[:, None] * rope.inv_freq[None, :]
+        scaling = rope.attention_scaling
+        return (np.cos(angles) * scaling).astype(self.dtype), (np.sin(angles) * scaling).astype(self.dtype)
+
+    def _paged_attention(self, q: np.ndarray, shape: AttentionShape, pages: PagedLayerArrays) -> np.ndarray:
+        query_start = self.inputs.read("query_start")
+        context_lens = self.inputs.read("context_lens")
+        block_tables = self.inputs.read("block_tables")
+        positions = self.inputs.read("positions")
+        out = np.zeros((q.shape[0], shape.q_size), dtype=self.dtype)
+        for seq, length in enumerate(context_lens):
+            rows = slice(query_start[seq], query_start[seq + 1])
+            if rows.start == rows.stop:
+                continue
+            keys, values = pages.load(block_tables[seq], int(length), self.dtype)
+            out[rows] = causal_gqa_attention(q[rows], keys, values, positions[rows], shape)
+        return out

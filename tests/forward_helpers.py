@@ -1,0 +1,116 @@
+"""Test-side builders for forward tests: StepBatches over hand-picked pages, a numpy runtime on a logical
+StreamSet, Hugging Face reference outputs, and the error metric the golden tests share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.exec.base import StepBatch
+from ninfer_rt.exec.numpy_exec import NumpyExecutor
+from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward, prepare_model
+from ninfer_rt.model.weights import ModelWeights, load_model_weights
+
+# Small pages so that short test prompts cross several page boundaries.
+PAGE_SIZE = 16
+
+
+@dataclass(frozen=True)
+class SeqStep:
+    """One sequence's share of a step: `tokens` appended after `cached` tokens already in its pages."""
+
+    tokens: Sequence[int]
+    cached: int
+    pages: Sequence[int]
+
+
+def step_batch(parts: Sequence[SeqStep], page_size: int = PAGE_SIZE) -> StepBatch:
+    """A StepBatch for `parts` in order, asking for the logits of every row."""
+    positions = np.concatenate([np.arange(p.cached, p.cached + len(p.tokens)) for p in parts])
+    page_of_row = np.concatenate([np.asarray(p.pages)[np.arange(p.cached, p.cached + len(p.tokens)) // page_size] for p in parts])
+    block_tables = np.full((len(parts), max(len(p.pages) for p in parts)), -1, dtype=np.int32)
+    for row, part in enumerate(parts):
+        block_tables[row, : len(part.pages)] = part.pages
+    return StepBatch(
+        token_ids=np.concatenate([np.asarray(p.tokens) for p in parts]).astype(np.int32),
+        positions=positions.astype(np.int32),
+        query_start=np.cumsum([0, *(len(p.tokens) for p in parts)]).astype(np.int32),
+        context_lens=np.array([p.cached + len(p.tokens) for p in parts], dtype=np.int32),
+        block_tables=block_tables,
+        slot_mapping=(page_of_row * page_size + positions % page_size).astype(np.int32),
+        logit_rows=np.arange(len(positions), dtype=np.int32),
+    )
+
+
+@dataclass
+class Runtime:
+    executor: NumpyExecutor
+    weights: ModelWeights
+    model: PreparedModel
+    kv: KVCache
+
+    def step(self, parts: Sequence[SeqStep]) -> ForwardOutput:
+        return forward(self.executor, self.model, step_batch(parts, self.kv.spec.page_size), self.kv)
+
+    def run_sequence(self, tokens: Sequence[int], step_sizes: Sequence[int], pages: Sequence[int]) -> np.ndarray:
+        """Feeds `tokens` of one sequence in steps of `step_sizes` tokens; the logits of every token."""
+        assert sum(step_sizes) == len(tokens)
+        logits, cached = [], 0
+        for size in step_sizes:
+            out = self.step([SeqStep(tokens[cached : cached + size], cached, pages)])
+            logits.append(self.executor.to_host(out.logits))
+            cached += size
+        return np.concatenate(logits)
+
+
+def make_runtime(
+    model_dir: Path, kv_dtype: str = "f32", num_pages: int = 16, dtype: type = np.float32, streams: StreamSet | None = None
+) -> Runtime:
+    weights = load_model_weights(model_dir)
+    cfg = weights.config
+    streams = streams or StreamSet()
+    executor = NumpyExecutor(streams, dtype=dtype)
+    spec = KVSpec(
+        num_layers=cfg.num_hidden_layers + cfg.mtp_layers,
+        num_pages=num_pages,
+        n_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        dtype=kv_dtype,
+        page_size=PAGE_SIZE,
+    )
+    return Runtime(executor, weights, prepare_model(executor, weights), KVCache(streams, spec))
+
+
+def random_tokens(vocab_size: int, count: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab_size, count).tolist()
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """The worse of the norm-relative error and the max-abs error over the reference's max magnitude."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    diff = actual - expected
+    return float(max(np.linalg.norm(diff) / np.linalg.norm(expected), np.abs(diff).max() / np.abs(expected).max()))
+
+
+def _hf_model(model_dir: Path):  # noqa: ANN202 -- torch types stay out of annotations (test-only dependency)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, attn_implementation="eager"
+    )
+    return torch, model.eval()
+
+
+def hf_outputs(model_dir: Path, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' (logits, final-normed hidden states) of one sequence, float32 weights and math."""
+    torch, model = _hf_model(model_dir)
+    with torch.no_grad():
+        hidden = model.model(torch.tensor([list(tokens)])).last_hidden_state
+        logits = model.lm_head(hidden)
+    return logits[0].numpy(), hidden[0].numpy()
