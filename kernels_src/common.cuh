@@ -1,0 +1,50 @@
+// Shared helpers for the kernel families: bf16 <-> f32 conversion of 8-element (16-byte) vectors and a
+// block-wide sum. Included by the .cu files as "common.cuh"; its contents are part of the cubin cache key.
+#pragma once
+#include <cuda_bf16.h>
+
+typedef __nv_bfloat16 bf16;
+
+// Eight bf16 values, 16 bytes: one vectorised global load or store.
+struct __align__(16) bf16x8 {
+    __nv_bfloat162 pair[4];
+};
+
+__forceinline__ void load_bf16x8(const bf16* src, float (&out)[8]) {
+    const bf16x8 v = *reinterpret_cast<const bf16x8*>(src);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(v.pair[i]);
+        out[2 * i] = f.x;
+        out[2 * i + 1] = f.y;
+    }
+}
+
+__forceinline__ void store_bf16x8(bf16* dst, const float (&in)[8]) {
+    bf16x8 v;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v.pair[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+    *reinterpret_cast<bf16x8*>(dst) = v;
+}
+
+__forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+}
+
+// Sum of `value` over the whole block; every thread gets the result. blockDim.x must be a multiple of 32
+// (at most 1024). Safe to call repeatedly: the leading barrier protects `partial` from the previous call.
+__forceinline__ float block_sum(float value) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+    __syncthreads();
+    if (lane == 0) partial[warp] = value;
+    __syncthreads();
+    const int warps = blockDim.x >> 5;
+    value = lane < warps ? partial[lane] : 0.0f;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+    return value;
+}

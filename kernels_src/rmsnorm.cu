@@ -1,0 +1,79 @@
+// RMSNorm over rows, optionally fused with the residual add that precedes it in a decoder layer.
+//
+//   rmsnorm_bf16:          out[r] = w * (x[r] * rsqrt(mean(x[r]^2) + eps))
+//   rmsnorm_residual_bf16: residual[r] = x[r] + residual[r]   (in place, rounded to bf16 as stored)
+//                          out[r] = w * (residual[r] * rsqrt(mean(residual[r]^2) + eps))
+//
+// Layout: x, residual, out are bf16 [rows, hidden] row-major; w is bf16 [hidden]. Math in f32; the
+// normalised row is rounded to bf16 once, on store.
+// Launch: grid (rows), block (T) with T a multiple of 32, <= 1024; one block per row, no dynamic smem.
+// Rows are read with 16-byte vectors when hidden % 8 == 0 and every pointer is 16-byte aligned, element
+// by element otherwise (any hidden size, odd included). Each element is read and written by the same
+// thread, so out may alias x.
+#include "common.cuh"
+
+template <bool kResidual>
+__forceinline__ void rmsnorm_row(bf16* out, bf16* residual, const bf16* x, const bf16* w, int hidden, float eps) {
+    const long long row_offset = (long long)blockIdx.x * hidden;
+    const bf16* x_row = x + row_offset;
+    bf16* out_row = out + row_offset;
+    bf16* res_row = kResidual ? residual + row_offset : nullptr;
+    const bool vectorised = hidden % 8 == 0 && aligned16(x_row) && aligned16(out_row) && aligned16(w) &&
+                            (!kResidual || aligned16(res_row));
+
+    // Pass 1: (fused add and) sum of squares. The sum is stored as bf16 and the rounded value is what gets
+    // normalised, exactly as an unfused "add, then norm" would see it.
+    float sum_squares = 0.0f;
+    if (vectorised) {
+        for (int i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
+            float v[8];
+            load_bf16x8(x_row + i, v);
+            if (kResidual) {
+                float r[8];
+                load_bf16x8(res_row + i, r);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[j] = __bfloat162float(__float2bfloat16(v[j] + r[j]));
+                store_bf16x8(res_row + i, v);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum_squares += v[j] * v[j];
+        }
+    } else {
+        for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+            float v = __bfloat162float(x_row[i]);
+            if (kResidual) {
+                const bf16 sum = __float2bfloat16(v + __bfloat162float(res_row[i]));
+                res_row[i] = sum;
+                v = __bfloat162float(sum);
+            }
+            sum_squares += v * v;
+        }
+    }
+    const float inv_rms = rsqrtf(block_sum(sum_squares) / hidden + eps);
+
+    // Pass 2: re-read the (summed) row, which this thread itself wrote or read, and normalise.
+    const bf16* src = kResidual ? res_row : x_row;
+    if (vectorised) {
+        for (int i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
+            float v[8], g[8];
+            load_bf16x8(src + i, v);
+            load_bf16x8(w + i, g);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = g[j] * (v[j] * inv_rms);
+            store_bf16x8(out_row + i, v);
+        }
+    } else {
+        for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+            out_row[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(src[i]) * inv_rms));
+        }
+    }
+}
+
+extern "C" __global__ void rmsnorm_bf16(bf16* out, const bf16* x, const bf16* w, int hidden, float eps) {
+    rmsnorm_row<false>(out, nullptr, x, w, hidden, eps);
+}
+
+extern "C" __global__ void rmsnorm_residual_bf16(bf16* out, bf16* residual, const bf16* x, const bf16* w, int hidden,
+                                                 float eps) {
+    rmsnorm_row<true>(out, residual, x, w, hidden, eps);
+}

@@ -1,0 +1,17 @@
+"""`ninfer-rt`: the command-line entry point. Each command group lives in its own module."""
+
+from __future__ import annotations
+
+import click
+
+from ninfer_rt import __version__
+from ninfer_rt.cli_kernels import kernels
+
+
+@click.group()
+@click.version_option(__version__, prog_name="ninfer-rt")
+def main() -> None:
+    """ninfer-rt: a CUDA inference runtime for dense Qwen3-family models."""
+
+
+main.add_command(kernels)
