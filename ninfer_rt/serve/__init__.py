@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server: `python -m ninfer_rt.serve` or `ninfer-rt serve`."""
