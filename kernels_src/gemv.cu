@@ -1,0 +1,160 @@
+// Decode GEMV: y[b, n] = sum_k x[b, k] * W[n, k] for a few rows b (1..8: decode and spec-verify widths).
+//
+// Layout: W is bf16 [N_w, K] row-major ([out, in] as checkpoints store it); x is bf16 [B, K]; y is
+// [B, N] row-major (bf16, or f32 for logits). K % 8 == 0 and every pointer 16-byte aligned (checked on the
+// host). Math in f32, each output rounded once on store.
+// Epilogues (one kernel each per row bucket B in {1, 2, 4, 8}: gemv_<epilogue>_b<B>, for rows <= B):
+//   gemv_bf16_b*:          y = x @ W^T                                   (N_w = N)
+//   gemv_f32_b*:           same, f32 output (lm_head logits)             (N_w = N)
+//   gemv_residual_bf16_b*: y = bf16(x @ W^T) + residual, rounded again   (N_w = N; y may alias residual)
+//   gemv_swiglu_bf16_b*:   y[b, i] = silu(g) * u with g = bf16((x @ W^T)[b, i]), u = bf16((x @ W^T)[b, N + i])
+//                          for the fused gate_up matrix (N_w = 2N): bit-identical to gemv_bf16 followed by
+//                          activation.cu's silu_mul_bf16, one pass and one launch fewer.
+// rows (1..B) is a kernel argument: a bucket serves every width up to B at the cost of B.
+// Launch: block (128) = 4 warps, grid (ceil(groups / 4)); no shared memory. A warp owns a group of two
+// weight rows (n, n+1, or i and N+i for SwiGLU) and walks K with 16-byte loads, lane-interleaved so each
+// warp load is 512 contiguous bytes; kUnroll * 2 loads are in flight per lane. Decode is memory bound:
+// W streams through with L1::no_allocate so it does not evict x, which every warp of the SM re-reads.
+// Partial sums are reduced with warp shuffles; there is no cross-warp communication.
+#include "common.cuh"
+
+constexpr int kRowsPerWarp = 2;
+constexpr int kUnroll = 4;
+constexpr int kWarpsPerBlock = 4;
+
+enum Epilogue { kStore = 0, kResidual = 1, kSwiglu = 2 };
+
+__forceinline__ uint4 load_streaming(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// A bf16 is the top half of an f32: shifting/masking converts a packed pair without cvt instructions.
+__forceinline__ void unpack8(const uint4 v, float (&f)[8]) {
+    const unsigned int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(words[i] << 16);
+        f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+}
+
+__forceinline__ void dot8(float& acc, const uint4 w, const float (&x)[8]) {
+    float wf[8];
+    unpack8(w, wf);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc = fmaf(wf[i], x[i], acc);
+}
+
+// Rows b >= `rows` of a bucket re-read row rows-1 (an L1 hit) and are never stored.
+template <int B>
+__forceinline__ void accumulate(float (&acc)[kRowsPerWarp][B], const uint4 (&w)[kRowsPerWarp], const uint4* x,
+                                int rows, int kc, int chunk) {
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+        float xf[8];
+        unpack8(__ldg(x + (long long)min(b, rows - 1) * kc + chunk), xf);
+#pragma unroll
+        for (int j = 0; j < kRowsPerWarp; ++j) dot8(acc[j][b], w[j], xf);
+    }
+}
+
+__forceinline__ float round_bf16(float v) {
+    return __bfloat162float(__float2bfloat16(v));
+}
+
+// Same formula as activation.cu, so the fused SwiGLU epilogue matches the unfused pair bit for bit.
+__forceinline__ float silu(float g) {
+    return g / (1.0f + expf(-g));
+}
+
+__forceinline__ void store(bf16* y, long long i, float v) { y[i] = __float2bfloat16(v); }
+__forceinline__ void store(float* y, long long i, float v) { y[i] = v; }
+
+template <int B, int EPI, typename OutT>
+__forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* residual, int rows, int n, int k) {
+    const int lane = threadIdx.x & 31;
+    const long long group = (long long)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+    const long long w_rows = EPI == kSwiglu ? 2ll * n : n;
+    const long long groups = EPI == kSwiglu ? n : (n + kRowsPerWarp - 1) / kRowsPerWarp;
+    if (group >= groups) return;
+    const int kc = k >> 3;  // 16-byte chunks per row
+
+    long long w_index[kRowsPerWarp];
+    const uint4* w_row[kRowsPerWarp];
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+        w_index[j] = EPI == kSwiglu ? group + j * (long long)n : group * kRowsPerWarp + j;
+        // A missing last row (odd N) loads row N-1 again and is never stored: no branch in the hot loop.
+        w_row[j] = reinterpret_cast<const uint4*>(w) + min(w_index[j], w_rows - 1) * kc;
+    }
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);
+
+    float acc[kRowsPerWarp][B];
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j)
+#pragma unroll
+        for (int b = 0; b < B; ++b) acc[j][b] = 0.0f;
+
+    int c = lane;
+    for (; c + 32 * (kUnroll - 1) < kc; c += 32 * kUnroll) {
+        uint4 wv[kUnroll][kRowsPerWarp];  // all loads issued before any math: kUnroll * 2 in flight
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+            for (int j = 0; j < kRowsPerWarp; ++j) wv[u][j] = load_streaming(w_row[j] + c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) accumulate<B>(acc, wv[u], x4, rows, kc, c + 32 * u);
+    }
+    for (; c < kc; c += 32) {
+        uint4 wv[kRowsPerWarp];
+#pragma unroll
+        for (int j = 0; j < kRowsPerWarp; ++j) wv[j] = load_streaming(w_row[j] + c);
+        accumulate<B>(acc, wv, x4, rows, kc, c);
+    }
+
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j)
+#pragma unroll
+        for (int b = 0; b < B; ++b)
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1) acc[j][b] += __shfl_xor_sync(0xffffffffu, acc[j][b], offset);
+    if (lane != 0) return;
+
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+        if (b >= rows) break;
+        const long long out_row = (long long)b * n;
+        if (EPI == kSwiglu) {
+            store(y, out_row + group, silu(round_bf16(acc[0][b])) * round_bf16(acc[1][b]));
+            continue;
+        }
+#pragma unroll
+        for (int j = 0; j < kRowsPerWarp; ++j) {
+            if (w_index[j] >= n) continue;
+            const long long i = out_row + w_index[j];
+            float v = acc[j][b];
+            if (EPI == kResidual) v = round_bf16(v) + __bfloat162float(residual[i]);
+            store(y, i, v);
+        }
+    }
+}
+
+#define GEMV_KERNEL(NAME, B, EPI, OUT)                                                                 \
+    extern "C" __global__ void NAME##_b##B(OUT* y, const bf16* x, const bf16* w, const bf16* residual,     \
+                                           int rows, int n, int k) {                                     \
+        gemv<B, EPI>(y, x, w, residual, rows, n, k);                                                     \
+    }
+#define GEMV_KERNELS(B)                              \
+    GEMV_KERNEL(gemv_bf16, B, kStore, bf16)          \
+    GEMV_KERNEL(gemv_f32, B, kStore, float)          \
+    GEMV_KERNEL(gemv_residual_bf16, B, kResidual, bf16) \
+    GEMV_KERNEL(gemv_swiglu_bf16, B, kSwiglu, bf16)
+
+GEMV_KERNELS(1)
+GEMV_KERNELS(2)
+GEMV_KERNELS(4)
+GEMV_KERNELS(8)
