@@ -5,14 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ninfer_rt.engine.request import SamplingParams
-from ninfer_rt.engine.sampling import apply_penalties, make_generator, restrict_support, sample
+from ninfer_rt.engine.request import Request, SamplingParams
+from ninfer_rt.engine.sampling import apply_penalties, restrict_support, sample
 
 VOCAB = 32
 
 
 def random_logits(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(VOCAB).astype(np.float32) * 3
+
+
+def make_generator(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -31,12 +35,16 @@ def test_temperature_zero_is_argmax() -> None:
         assert sample(logits, SamplingParams(temperature=0), make_generator(seed)).token_id == int(np.argmax(logits))
 
 
-def test_same_seed_gives_same_tokens() -> None:
+def test_requests_with_the_same_seed_draw_the_same_tokens() -> None:
     params = SamplingParams(temperature=1.0, seed=7)
     logits = random_logits()
-    first = [sample(logits, params, rng).token_id for rng in [make_generator(7)] for _ in range(50)]
-    second = [sample(logits, params, rng).token_id for rng in [make_generator(7)] for _ in range(50)]
-    assert first == second
+
+    def draws() -> list[int]:
+        request = Request("r", [1], params)
+        return [sample(logits, params, request.generator).token_id for _ in range(50)]
+
+    first = draws()
+    assert draws() == first
     assert len(set(first)) > 1  # actually random, not collapsed to argmax
 
 

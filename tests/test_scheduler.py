@@ -23,8 +23,8 @@ class CountingLedger:
     def free(self) -> int:
         return self.total - sum(self.held.values())
 
-    def attach_prefix(self, request: Request) -> int:
-        return 0
+    def admit(self, request: Request, token_budget: int) -> int | None:
+        return 0 if self.reserve(request, min(request.num_tokens, token_budget)) else None
 
     def reserve(self, request: Request, num_tokens: int) -> bool:
         needed = -(-num_tokens // PAGE) - self.held.get(request.request_id, 0)

@@ -14,6 +14,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 class RequestState(enum.Enum):
     WAITING = "waiting"  # queued, holds no pages
@@ -103,13 +105,17 @@ class Request:
     finish_reason: FinishReason | None = None
     preemptions: int = 0
     arrival: float = field(default_factory=time.monotonic)
+    first_scheduled: float | None = None
     first_token_time: float | None = None
     # admission order breaks ties: the newest running request is the first to be preempted
     order: int = field(default_factory=lambda: next(_request_numbers))
+    # the request's own random stream: a seeded request replays exactly whatever shares its batch
+    generator: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise ValueError("the prompt must contain at least one token")
+        self.generator = np.random.default_rng(self.params.seed)
 
     @property
     def all_ids(self) -> list[int]:

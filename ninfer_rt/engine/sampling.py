@@ -29,11 +29,6 @@ class Sample:
     logprobs: TokenLogprobs | None
 
 
-def make_generator(seed: int | None) -> np.random.Generator:
-    """A request's private random stream: seeded requests replay exactly whatever else is in the batch."""
-    return np.random.default_rng(seed)
-
-
 def apply_penalties(
     logits: np.ndarray, prompt_ids: Sequence[int], output_ids: Sequence[int], params: SamplingParams
 ) -> np.ndarray:

@@ -5,7 +5,7 @@ Policy, per step, under a token budget:
    by more than the one prefill chunk that shares its step;
 2. running prefills (oldest first) take chunks of what is left of the budget;
 3. waiting requests are admitted (oldest first, preempted ones at the front) while a lane is free and
-   budget and pages remain. Admission first attaches the request's cached prefix.
+   budget and pages remain; admission attaches the request's cached prefix, which its prefill skips.
 When a running request cannot get pages, the newest running request is preempted by recompute: its pages
 go back to the pool and it waits again with prompt + output to recompute. A request that cannot grow even
 alone in the pool finishes with "length" instead of crashing the engine.
@@ -16,6 +16,7 @@ with a page counter.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,9 +25,11 @@ from ninfer_rt.engine.request import FinishReason, Request, RequestState
 
 
 class PageLedger(Protocol):
-    def attach_prefix(self, request: Request) -> int:
-        """Share the pages of the request's longest cached prefix; returns how many tokens they hold
-        (always fewer than the request's tokens: the last one must be computed to sample from it)."""
+    def admit(self, request: Request, token_budget: int) -> int | None:
+        """Attach the request's longest cached prefix and the pages of its first chunk (what is left of
+        its tokens, at most `token_budget`). Returns how many tokens the cache supplied (always fewer than
+        the request has: the last must be computed to sample from it), or None, changing nothing, when
+        the pool cannot take it now."""
 
     def reserve(self, request: Request, num_tokens: int) -> bool:
         """Make room for the request's first `num_tokens` tokens; False, changing nothing, if the pool can't."""
@@ -133,14 +136,14 @@ class Scheduler:
     def _admit(self, budget: int, step: SchedulerStep) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_concurrency:
             request = self.waiting[0]
-            request.num_computed = self.ledger.attach_prefix(request)
-            if request.preemptions == 0:
-                request.num_cached_prompt = request.num_computed
-            size = min(request.num_remaining, budget)
-            if not self.ledger.reserve(request, request.num_computed + size):
-                self.ledger.release(request)
-                request.num_computed = 0
+            cached = self.ledger.admit(request, budget)
+            if cached is None:
                 break  # pages are short: waiting requests never preempt running ones
+            request.num_computed = cached
+            if request.preemptions == 0:
+                request.num_cached_prompt = cached
+                request.first_scheduled = time.monotonic()
+            size = min(request.num_remaining, budget)
             self.waiting.popleft()
             self.running.append(request)
             request.state = RequestState.PREFILLING

@@ -1,0 +1,193 @@
+"""Engine: add_request / step / abort / generate over the scheduler, the KV ledger and the model runner.
+
+Thread model: the engine belongs to one thread, the one that calls it first; that thread owns the streams
+and is the only one that enqueues work. Calls from another thread raise instead of racing. EngineLoop
+(loop.py) is how servers use it: it runs `step` on a dedicated thread while other threads enqueue
+requests and read outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.engine.kv_ledger import KVLedger
+from ninfer_rt.engine.output import OutputStream, RequestOutput
+from ninfer_rt.engine.request import FinishReason, Request, SamplingParams
+from ninfer_rt.engine.runner import ModelRunner
+from ninfer_rt.engine.scheduler import Scheduler, SchedulerConfig
+from ninfer_rt.exec.base import Executor
+from ninfer_rt.exec.numpy_exec import NumpyExecutor
+from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.kv.capacity import check_fits, resolve_kv_capacity
+from ninfer_rt.kv.manager import KVManager
+from ninfer_rt.kv.pages import PoolStats
+from ninfer_rt.model.layers import prepare_model
+from ninfer_rt.model.tokenizer import Tokenizer
+from ninfer_rt.model.weights import ModelWeights, load_model_weights
+
+DEVICES = ("cpu", "cuda")
+
+
+class EngineError(RuntimeError):
+    """The engine cannot be built as configured (one line, for the CLI and the server)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The flags `generate` and `serve` share."""
+
+    device: str = "cpu"
+    max_context: int = 32768
+    kv_capacity: str = "auto"  # 'auto' or a page count
+    max_concurrency: int = 2
+    kv_dtype: str = "bf16"
+    page_size: int = 64
+    token_budget: int = 2048  # tokens per step: bounds the prefill chunk that shares a step with decodes
+    prefix_caching: bool = True
+    verify_ordering: bool | None = None  # None: NINFER_VERIFY_ORDERING decides
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.max_context < 2:
+            raise ValueError(f"max_context must be at least 2, got {self.max_context}")
+
+
+class Engine:
+    def __init__(self, weights: ModelWeights, tokenizer: Tokenizer, config: EngineConfig = EngineConfig()) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.streams = StreamSet(verify=config.verify_ordering)
+        self.executor = make_executor(config.device, self.streams)
+        cfg = weights.config
+        self.eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
+        self.kv = KVCache(self.streams, kv_spec(weights, config))
+        self.kv_manager = KVManager(self.streams, self.kv, min(config.max_context, cfg.max_position_embeddings))
+        self.ledger = KVLedger(
+            self.kv_manager, self.executor.compute, self.streams.create("copy"), config.prefix_caching
+        )
+        self.scheduler = Scheduler(SchedulerConfig(config.max_concurrency, config.token_budget), self.ledger)
+        self.runner = ModelRunner(self.executor, prepare_model(self.executor, weights), self.kv, self.ledger)
+        self._requests: dict[str, OutputStream] = {}
+        self._pending: list[RequestOutput] = []  # outputs of requests ended between steps (abort)
+        self._ids = itertools.count()
+        self._owner: int | None = None
+        self.streams.crash.add_section("engine", self._frontier)
+
+    @classmethod
+    def load(cls, model_dir: str | Path, config: EngineConfig = EngineConfig()) -> Engine:
+        return cls(load_model_weights(model_dir), Tokenizer(model_dir), config)
+
+    # -- requests --------------------------------------------------------------------------------------
+
+    def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raises ValueError for a request that can never run; safe from any thread (reads only constants)."""
+        if not prompt_ids:
+            raise ValueError("the prompt must contain at least one token")
+        vocab = self.runner.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        check_fits(len(prompt_ids) + params.max_tokens, self.kv_manager.context_limit)
+
+    def add_request(
+        self, prompt: str | Sequence[int], params: SamplingParams = SamplingParams(), request_id: str | None = None
+    ) -> str:
+        self._check_thread()
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        self.validate(prompt_ids, params)
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request = Request(request_id, prompt_ids, params)
+        self._requests[request_id] = OutputStream(request, self.tokenizer, self.eos_ids, self.kv_manager.context_limit)
+        self.scheduler.add(request)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """End a request wherever it is; its pages go back to the pool. Unknown or finished ids are ignored."""
+        self._check_thread()
+        stream = self._requests.pop(request_id, None)
+        if stream is None:
+            return
+        self.scheduler.abort(stream.request)
+        self._pending.append(stream.close(FinishReason.ABORT))
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work or bool(self._pending)
+
+    # -- stepping --------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule and run one step; returns every request's delta (and every final output)."""
+        self._check_thread()
+        outputs, self._pending = self._pending, []
+        plan = self.scheduler.schedule()
+        outputs += [self._requests.pop(r.request_id).close(FinishReason.LENGTH) for r in plan.finished]
+        if not plan.chunks:
+            return outputs
+        sampled = self.runner.run(plan.chunks)
+        self.scheduler.complete(plan)
+        for result in sampled:
+            stream = self._requests[result.request.request_id]
+            output = stream.accept(result.samples)
+            if output.finished:
+                self.scheduler.finish(result.request, output.finish_reason)
+                del self._requests[result.request.request_id]
+            outputs.append(output)
+        return outputs
+
+    def generate(
+        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams = SamplingParams()
+    ) -> Iterator[RequestOutput]:
+        """Add `prompts` and step until all of them finish, yielding their outputs as they come."""
+        ids = {self.add_request(prompt, params) for prompt in prompts}
+        while ids:
+            for output in self.step():
+                if output.request_id in ids:
+                    yield output
+                    if output.finished:
+                        ids.discard(output.request_id)
+
+    # -- observability ---------------------------------------------------------------------------------
+
+    def kv_stats(self) -> PoolStats:
+        return self.kv_manager.stats()
+
+    def _frontier(self) -> dict:
+        return {
+            rid: {"state": s.request.state.value, "computed": s.request.num_computed, "tokens": s.request.num_tokens}
+            for rid, s in self._requests.items()
+        }
+
+    def _check_thread(self) -> None:
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif self._owner != me:
+            raise RuntimeError("the engine belongs to the thread that first used it; use EngineLoop from others")
+
+
+def make_executor(device: str, streams: StreamSet) -> Executor:
+    if device == "cuda":
+        raise EngineError("the CUDA executor is not available yet; use --device cpu")
+    return NumpyExecutor(streams)
+
+
+def kv_spec(weights: ModelWeights, config: EngineConfig) -> KVSpec:
+    cfg = weights.config
+    shape = dict(
+        num_layers=cfg.num_hidden_layers + cfg.mtp_layers,
+        n_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        dtype=config.kv_dtype,
+        page_size=config.page_size,
+    )
+    free_bytes = None  # the CPU executor: memory is not the limit (the CUDA executor will pass its own)
+    num_pages = resolve_kv_capacity(config.kv_capacity, KVSpec(num_pages=1, **shape), free_bytes)
+    return KVSpec(num_pages=num_pages, **shape)
