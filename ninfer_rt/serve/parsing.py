@@ -18,6 +18,7 @@ import enum
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -68,14 +69,24 @@ def prompt_closes_reasoning(generation_prompt: str) -> bool:
 class OutputParser:
     """Feed text deltas with `feed`, then `finish`; each returns what became final in that call."""
 
-    def __init__(self, parse_tool_calls: bool = True, in_reasoning: bool = False) -> None:
+    def __init__(self, parse_tool_calls: bool = True, in_reasoning: bool = False, reasoning_done: bool = False) -> None:
         self._parse_tool_calls = parse_tool_calls
         self._state = _State.REASONING if in_reasoning else _State.CONTENT
         self._pending = ""  # text not yet decided: a possible marker prefix or trailing glue
         self._tool_body = ""
         self._skip_glue = in_reasoning  # drop newlines right after a marker
-        self.saw_reasoning = in_reasoning
+        # Whether the reply carries reasoning_content, "" included: a turn whose prompt held an empty think
+        # block must say so, because sending "" back is what renders that block again.
+        self.has_reasoning = in_reasoning or reasoning_done
         self.num_tool_calls = 0
+
+    @classmethod
+    def for_prompt(cls, generation_prompt: str, parse_tool_calls: bool) -> OutputParser:
+        return cls(
+            parse_tool_calls,
+            in_reasoning=prompt_opens_reasoning(generation_prompt),
+            reasoning_done=prompt_closes_reasoning(generation_prompt),
+        )
 
     def feed(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -143,7 +154,7 @@ class OutputParser:
     def _transition(self, out: ParsedDelta, marker: str) -> None:
         if marker == THINK_OPEN:
             self._state = _State.REASONING
-            self.saw_reasoning = True
+            self.has_reasoning = True
         elif marker == TOOL_OPEN:
             self._state = _State.TOOL_CALL
         else:  # THINK_CLOSE or TOOL_CLOSE
@@ -170,6 +181,25 @@ class OutputParser:
             out.content += text
 
 
+def message_fields(out: ParsedDelta, has_reasoning: bool) -> dict[str, Any]:
+    """An assistant message's content, reasoning_content and tool_calls as OpenAI returns them."""
+    fields: dict[str, Any] = {
+        "content": out.content if out.content or not out.tool_calls else None,
+        "reasoning_content": out.reasoning if has_reasoning else None,
+    }
+    if out.tool_calls:
+        fields["tool_calls"] = [tool_call_json(call) for call in out.tool_calls]
+    return fields
+
+
+def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    """A tool call in OpenAI's shape; streamed calls also carry their index in the message."""
+    data: dict[str, Any] = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    if index is not None:
+        data["index"] = index
+    return data
+
+
 def parse_tool_call(body: str) -> ToolCall | None:
     """A Qwen3 tool-call body, or None if it is not a JSON object with a string name."""
     try:
@@ -186,7 +216,7 @@ def parse_tool_call(body: str) -> ToolCall | None:
 
 
 def parse_complete(text: str, parse_tool_calls: bool = True, in_reasoning: bool = False) -> ParsedDelta:
-    parser = OutputParser(parse_tool_calls, in_reasoning)
+    parser = OutputParser(parse_tool_calls, in_reasoning=in_reasoning)
     out = parser.feed(text)
     out.extend(parser.finish())
     return out

@@ -1,0 +1,106 @@
+"""The model's own chat template, rendered the way Hugging Face transformers renders it.
+
+Same Jinja settings as ``apply_chat_template`` (trim_blocks, lstrip_blocks, loopcontrols, an immutable
+sandbox since the template comes with the checkpoint), the same globals (``raise_exception``,
+``strftime_now``), the same ``tojson``, and the same variables: messages, tools, add_generation_prompt,
+the special tokens, plus whatever extra kwargs the client sends (enable_thinking, preserve_thinking, ...).
+Matching HF exactly matters: the model was trained on these bytes, and an agent's next turn must render
+its history to the same tokens for the prefix cache to hit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Variables the server sets itself; a client's chat_template_kwargs may not override them.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+class ChatTemplateError(ValueError):
+    """The template rejected the conversation (raise_exception) or failed on it: the client's request is bad."""
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    text: str
+    # what add_generation_prompt appended, e.g. "<|im_start|>assistant\n<think>\n": says whether the
+    # model starts inside reasoning, or whether this turn's think block is already closed
+    generation_prompt: str
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    # HF's override of Jinja's tojson: no HTML escaping, non-ASCII kept, same defaults as json.dumps.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+class ChatTemplate:
+    def __init__(self, source: str, bos_token: str | None = None, eos_token: str | None = None) -> None:
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.exceptions.TemplateSyntaxError as exc:
+            raise ValueError(f"the model's chat template does not compile: {exc}") from None
+        self._special = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> RenderedPrompt:
+        clashes = RESERVED_VARIABLES & kwargs.keys()
+        if clashes:
+            raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(sorted(clashes))}")
+        text = self._render(messages, tools, add_generation_prompt, kwargs)
+        if not add_generation_prompt:
+            return RenderedPrompt(text, "")
+        history = self._render(messages, tools, False, kwargs)
+        generation_prompt = text[len(history) :] if text.startswith(history) else ""
+        return RenderedPrompt(text, generation_prompt)
+
+    def _render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+        kwargs: Mapping[str, Any],
+    ) -> str:
+        try:
+            return self._template.render(
+                **kwargs,
+                **self._special,
+                messages=list(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except jinja2.exceptions.TemplateError as exc:
+            raise ChatTemplateError(f"chat template: {exc}") from None
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError) as exc:
+            # e.g. a message without the field the template reads: the conversation, not the server, is wrong
+            raise ChatTemplateError(f"chat template cannot render these messages: {exc}") from None

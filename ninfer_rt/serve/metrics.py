@@ -1,0 +1,61 @@
+"""Prometheus metrics, one registry per app (tests build many apps in one process; the global registry
+would refuse the second). Names follow vLLM's where one exists, so existing dashboards mostly work."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ninfer_rt.engine.output import RequestStats
+from ninfer_rt.kv.pages import PoolStats
+
+# Agent turns range from a cached 100k-token prompt (fast) to a cold one (tens of seconds).
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("ninfer_requests", "Finished HTTP requests", ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("ninfer_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("ninfer_generation_tokens", "Generated tokens", registry=r)
+        self.cached_tokens = Counter("ninfer_cached_tokens", "Prompt tokens served by the prefix cache", registry=r)
+        self.prefix_cache_queries = Counter(
+            "ninfer_prefix_cache_queries", "Requests whose prompt was looked up in the prefix cache", registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            "ninfer_prefix_cache_hits", "Requests that found part of their prompt in the prefix cache", registry=r
+        )
+        self.preemptions = Counter("ninfer_preemptions", "Requests preempted (recomputed later)", registry=r)
+        self.ttft = Histogram(
+            "ninfer_time_to_first_token_seconds", "Arrival to first token", buckets=TTFT_BUCKETS, registry=r
+        )
+        self.inter_token = Histogram(
+            "ninfer_inter_token_latency_seconds", "Time between streamed tokens", buckets=ITL_BUCKETS, registry=r
+        )
+        self.kv_pages = Gauge("ninfer_kv_pages", "KV pages by state", ["state"], registry=r)
+        self.requests_running = Gauge("ninfer_requests_running", "Requests admitted and not finished", registry=r)
+
+    def request_done(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def generation_done(self, stats: RequestStats) -> None:
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.generation_tokens.inc(stats.completion_tokens)
+        self.cached_tokens.inc(stats.cached_tokens)
+        self.prefix_cache_queries.inc()
+        if stats.cached_tokens:
+            self.prefix_cache_hits.inc()
+        self.preemptions.inc(stats.preemptions)
+        self.ttft.observe(stats.ttft_s)
+
+    def token_gap(self, seconds: float) -> None:
+        self.inter_token.observe(seconds)
+
+    def render(self, kv: PoolStats | None) -> bytes:
+        # Pages are sampled at scrape time: a gauge updated per step would cost the engine loop for nothing.
+        if kv is not None:
+            for state, value in (("free", kv.free), ("in_use", kv.in_use), ("cached", kv.cached), ("total", kv.total)):
+                self.kv_pages.labels(state=state).set(value)
+        return generate_latest(self.registry)
