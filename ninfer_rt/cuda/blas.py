@@ -20,6 +20,7 @@ import numpy as np
 
 from ninfer_rt.cuda.driver import Device
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
+from ninfer_rt.cuda.ops import _require_bytes
 from ninfer_rt.cuda.streams import Stream, StreamSet, require_stream
 
 WORKSPACE_BYTES = 32 << 20  # what NVIDIA recommends for Hopper; Ampere needs less, Blackwell the same
@@ -201,10 +202,3 @@ class Blas:
             workspace.free()
         self._workspaces.clear()
 
-
-def _require_bytes(op: str, **buffers: tuple[Buffer, int]) -> None:
-    for name, (buffer, needed) in buffers.items():
-        if not isinstance(buffer, Buffer) or not buffer.on_device:
-            raise TypeError(f"{op}: {name} must be a device Buffer, got {buffer!r}")
-        if buffer.nbytes < needed:
-            raise ValueError(f"{op}: {name} ({buffer.name}) holds {buffer.nbytes} bytes, needs {needed}")

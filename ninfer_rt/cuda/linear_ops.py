@@ -1,0 +1,144 @@
+"""Launch wrappers for the decode GEMV, the row gather and greedy argmax (kernels_src/{gemv,embedding,sampling}.cu).
+
+Each wrapper checks shapes, alignment and buffer sizes before anything is enqueued, picks the launch shape
+and declares what the kernel reads and writes. The math is documented at the top of each .cu file.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ninfer_rt.cuda.kernels import Arg, KernelLibrary, KernelSpec
+from ninfer_rt.cuda.memory import Buffer
+from ninfer_rt.cuda.ops import _require_bytes, _require_positive
+from ninfer_rt.cuda.streams import require_stream
+
+GEMV_MAX_ROWS = 8
+GEMV_BUCKETS = (1, 2, 4, 8)  # a width of 3 runs the 4-row kernel with rows=3
+_GEMV_ROWS_PER_WARP = 2  # kRowsPerWarp in gemv.cu
+_GEMV_WARPS_PER_BLOCK = 4  # kWarpsPerBlock in gemv.cu
+_GEMV_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32)
+GATHER_ROWS = KernelSpec("embedding", "gather_rows_bf16", (Arg.PTR, Arg.I32, Arg.PTR, Arg.I32, Arg.PTR, Arg.I32))
+ARGMAX = KernelSpec("sampling", "argmax_f32", (Arg.PTR, Arg.PTR, Arg.I32))
+
+
+class Epilogue(enum.Enum):
+    """What the GEMV does with x @ W^T before storing it (see gemv.cu)."""
+
+    STORE = "gemv_bf16"
+    STORE_F32 = "gemv_f32"
+    RESIDUAL = "gemv_residual_bf16"  # y = bf16(x @ W^T) + residual
+    SWIGLU = "gemv_swiglu_bf16"  # W is the fused [gate; up] matrix, y = silu(gate) * up
+
+    @property
+    def out_bytes(self) -> int:
+        return 4 if self is Epilogue.STORE_F32 else 2
+
+
+def gemv_spec(epilogue: Epilogue, rows: int) -> KernelSpec:
+    bucket = next((b for b in GEMV_BUCKETS if rows <= b), None)
+    if bucket is None or rows < 1:
+        raise ValueError(f"gemv: rows must be in 1..{GEMV_MAX_ROWS}, got {rows}; use the cuBLASLt GEMM above")
+    return KernelSpec("gemv", f"{epilogue.value}_b{bucket}", _GEMV_SIGNATURE)
+
+
+def gemv(
+    lib: KernelLibrary,
+    stream: object,
+    x: Buffer,
+    w: Buffer,
+    y: Buffer,
+    rows: int,
+    n: int,
+    k: int,
+    epilogue: Epilogue = Epilogue.STORE,
+    residual: Buffer | None = None,
+    *,
+    label: str = "gemv",
+    lane: object = None,
+) -> None:
+    """y[rows, n] = epilogue(x[rows, k] @ W^T); W is [n, k], or [2n, k] (gate rows, then up rows) for SWIGLU."""
+    stream = require_stream(stream)
+    _require_positive("gemv", rows=rows, n=n, k=k)
+    if k % 8:
+        raise ValueError(f"gemv: k={k} is not a multiple of 8; the kernel reads 16-byte (8 x bf16) vectors")
+    w_rows = 2 * n if epilogue is Epilogue.SWIGLU else n
+    buffers = {"x": (x, rows * k * 2), "w": (w, w_rows * k * 2), "y": (y, rows * n * epilogue.out_bytes)}
+    if epilogue is Epilogue.RESIDUAL:
+        if residual is None:
+            raise ValueError("gemv: the RESIDUAL epilogue needs a residual buffer")
+        buffers["residual"] = (residual, rows * n * 2)
+    elif residual is not None:
+        raise ValueError(f"gemv: a residual was given to the {epilogue.name} epilogue, which ignores it")
+    _require_device_bytes("gemv", **buffers)
+    groups = n if epilogue is Epilogue.SWIGLU else -(-n // _GEMV_ROWS_PER_WARP)
+    reads = (x.resource, w.resource) + ((residual.resource,) if residual is not None else ())
+    lib.kernel(gemv_spec(epilogue, rows)).launch(
+        stream, -(-groups // _GEMV_WARPS_PER_BLOCK), 32 * _GEMV_WARPS_PER_BLOCK,
+        y, x, w, residual.ptr if residual is not None else 0, rows, n, k,
+        label=label, reads=reads, writes=(y.resource,), lane=lane,
+    )
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where rows live in a bf16 buffer: `stride` elements apart, starting at column `column`."""
+
+    stride: int
+    column: int = 0
+
+
+def gather_rows(
+    lib: KernelLibrary,
+    stream: object,
+    src: Buffer,
+    src_rows: int,
+    out: Buffer,
+    rows: int,
+    width: int,
+    ids: Buffer | None = None,
+    out_layout: RowLayout | None = None,
+    *,
+    label: str = "gather_rows",
+    lane: object = None,
+) -> None:
+    """out row t = src row ids[t] (or row t without ids), `width` bf16 values each. src is [src_rows, width];
+    out rows are `out_layout.stride` apart from column `out_layout.column` (default: packed [rows, width]).
+    ids are int32 already checked to be < src_rows."""
+    stream = require_stream(stream)
+    layout = out_layout or RowLayout(width)
+    _require_positive("gather_rows", rows=rows, width=width, src_rows=src_rows, stride=layout.stride)
+    if layout.column < 0 or layout.column + width > layout.stride:
+        raise ValueError(f"gather_rows: columns {layout.column}..{layout.column + width} overflow the out row ({layout.stride})")
+    buffers = {"src": (src, src_rows * width * 2), "out": (out, rows * layout.stride * 2)}
+    if ids is not None:
+        buffers["ids"] = (ids, rows * 4)
+    _require_bytes("gather_rows", **buffers)
+    reads = (src.resource,) + ((ids.resource,) if ids is not None else ())
+    lib.kernel(GATHER_ROWS).launch(
+        stream, rows, 128 if width >= 1024 else 32,
+        out.ptr + 2 * layout.column, layout.stride, src, width, ids if ids is not None else 0, width,
+        label=label, reads=reads, writes=(out.resource,), lane=lane,
+    )
+
+
+def argmax(
+    lib: KernelLibrary, stream: object, logits: Buffer, out: Buffer, rows: int, vocab: int, *, label: str = "argmax",
+    lane: object = None,
+) -> None:
+    """out[r] = argmax(logits[r]) (int32; lowest index among ties) for f32 logits [rows, vocab]."""
+    stream = require_stream(stream)
+    _require_positive("argmax", rows=rows, vocab=vocab)
+    _require_device_bytes("argmax", logits=(logits, rows * vocab * 4), out=(out, rows * 4))
+    lib.kernel(ARGMAX).launch(
+        stream, rows, 1024, out, logits, vocab, label=label, reads=(logits.resource,), writes=(out.resource,), lane=lane
+    )
+
+
+def _require_device_bytes(op: str, **buffers: tuple[Buffer, int]) -> None:
+    """Sizes, then 16-byte alignment (the kernels' vector loads) of every buffer, before any launch."""
+    _require_bytes(op, **buffers)
+    for name, (buffer, _) in buffers.items():
+        if buffer.ptr % 16:
+            raise ValueError(f"{op}: {name} ({buffer.name}) is not 16-byte aligned")
