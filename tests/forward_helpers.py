@@ -32,8 +32,9 @@ class SeqStep:
 
 def step_batch(parts: Sequence[SeqStep], page_size: int = PAGE_SIZE) -> StepBatch:
     """A StepBatch for `parts` in order, asking for the logits of every row."""
-    positions = np.concatenate([np.arange(p.cached, p.cached + len(p.tokens)) for p in parts])
-    page_of_row = np.concatenate([np.asarray(p.pages)[np.arange(p.cached, p.cached + len(p.tokens)) // page_size] for p in parts])
+    seq_positions = [np.arange(p.cached, p.cached + len(p.tokens)) for p in parts]
+    positions = np.concatenate(seq_positions)
+    page_of_row = np.concatenate([np.asarray(p.pages)[pos // page_size] for p, pos in zip(parts, seq_positions)])
     block_tables = np.full((len(parts), max(len(p.pages) for p in parts)), -1, dtype=np.int32)
     for row, part in enumerate(parts):
         block_tables[row, : len(part.pages)] = part.pages
@@ -69,12 +70,10 @@ class Runtime:
         return np.concatenate(logits)
 
 
-def make_runtime(
-    model_dir: Path, kv_dtype: str = "f32", num_pages: int = 16, dtype: type = np.float32, streams: StreamSet | None = None
-) -> Runtime:
+def make_runtime(model_dir: Path, kv_dtype: str = "f32", num_pages: int = 16, dtype: type = np.float32) -> Runtime:
     weights = load_model_weights(model_dir)
     cfg = weights.config
-    streams = streams or StreamSet()
+    streams = StreamSet()
     executor = NumpyExecutor(streams, dtype=dtype)
     spec = KVSpec(
         num_layers=cfg.num_hidden_layers + cfg.mtp_layers,

@@ -8,8 +8,8 @@ layers.py: numpy arrays on one, device buffers on the other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -115,8 +115,9 @@ class Executor(Protocol):
         """Features of `parts` side by side, row by row."""
 
     def attention(self, qkv: Tensor, params: AttentionParams, kv: KVCache, kv_layer: int) -> Tensor:
-        """q/k RMSNorm (if given), RoPE, K/V write into pages at the step's slots, then paged causal attention
-        (GQA) over each sequence's block table. Returns [rows, num_heads * head_dim]."""
+        """q/k RMSNorm (if given), RoPE, K/V write into pages at the step's slots, then paged attention (GQA)
+        over each sequence's block table: a row sees its sequence's keys at positions <= its own position.
+        Returns [rows, num_heads * head_dim]."""
 
     def silu_mul(self, gate_up: Tensor) -> Tensor:
         """silu(gate) * up for gate_up = [gate | up] along features."""

@@ -136,7 +136,10 @@ class NumpyExecutor:
     """The reference Executor (see exec/base.py). Tensors are numpy arrays of `dtype`."""
 
     def __init__(
-        self, streams: StreamSet, dtype: type = np.float32, staging_slots: int = 2 * len(STEP_INPUTS),
+        self,
+        streams: StreamSet,
+        dtype: type = np.float32,
+        staging_slots: int = 2 * len(STEP_INPUTS),
         staging_bytes: int = 1 << 20,
     ) -> None:
         if not streams.logical:
@@ -201,13 +204,15 @@ class NumpyExecutor:
         return self._op(
             f"paged_attention[{kv_layer}]",
             lambda: self._paged_attention(q, params.shape, pages),
-            reads=(*self.inputs.resources("positions", "query_start", "context_lens", "block_tables"), *self._pages_read),
+            reads=(
+                *self.inputs.resources("positions", "query_start", "context_lens", "block_tables"),
+                *self._pages_read,
+            ),
         )
 
     def logits(self, hidden: np.ndarray, lm_head: np.ndarray) -> np.ndarray:
-        return self._op(
-            "logits", lambda: hidden[self.inputs.read("logit_rows")] @ lm_head.T, reads=self.inputs.resources("logit_rows")
-        )
+        rows = self.inputs.resources("logit_rows")
+        return self._op("logits", lambda: hidden[self.inputs.read("logit_rows")] @ lm_head.T, reads=rows)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         self.compute.synchronize()

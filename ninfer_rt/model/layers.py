@@ -51,7 +51,9 @@ def attention_shape(cfg: ModelConfig) -> AttentionShape:
     return AttentionShape(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps)
 
 
-def prepare_layer(executor: Executor, cfg: ModelConfig, rope: Tensor, weights: LayerWeights, name: str) -> PreparedLayer:
+def prepare_layer(
+    executor: Executor, cfg: ModelConfig, rope: Tensor, weights: LayerWeights, name: str
+) -> PreparedLayer:
     def prepare(suffix: str, *parts: np.ndarray) -> Tensor:
         return executor.prepare_weight(f"{name}.{suffix}", parts)
 
