@@ -1,0 +1,113 @@
+"""`ninfer-rt serve` / `python -m ninfer_rt.serve`: flags, start-up checks, and the uvicorn run.
+
+Start-up mistakes (a bad flag, a missing model directory) exit 2 with one line, before anything loads: a
+supervisor's log should say what is wrong, not show a usage screen. The process exits 1 after a fatal
+engine error so that the supervisor restarts it, and 0 after SIGTERM once in-flight requests have drained
+(uvicorn stops accepting, waits for open responses, then the lifespan stops the engine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import uvicorn
+
+from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.serve.app import ServeConfig, create_app, sampling_defaults
+from ninfer_rt.serve.backend import EngineBackend
+
+log = logging.getLogger("ninfer_rt.serve")
+
+
+class _OneLineErrors(click.Command):
+    """Usage errors print as one line ("Error: ..."), without the usage screen; the exit status stays 2."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            exc.ctx = None
+            raise
+
+
+def _kv_capacity(value: str) -> str:
+    if value != "auto" and not (value.isdigit() and int(value) > 0):
+        raise click.BadParameter(f"must be 'auto' or a positive page count, got {value!r}")
+    return value
+
+
+@click.command("serve", cls=_OneLineErrors)
+@click.option("--model", "model_dir", required=True, help="Model directory (Hugging Face layout).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
+@click.option("--served-model-name", default=None, help="The model id clients use (default: the directory name).")
+@click.option("--max-context", default=32768, show_default=True, type=click.IntRange(min=2))
+@click.option("--kv-capacity", default="auto", show_default=True, callback=lambda c, p, v: _kv_capacity(v))
+@click.option("--max-concurrency", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(min=0), help="Waiting requests before 429.")
+@click.option("--kv-dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "int8"]))
+@click.option("--spec", default="none", show_default=True, type=click.Choice(["none", "mtp"]))
+@click.option("--draft-tokens", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--lm-head-draft", is_flag=True, help="Draft with a reduced lm_head.")
+@click.option("--preserve-thinking/--no-preserve-thinking", default=True, show_default=True)
+@click.option("--device", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]))
+@click.option("--verify-ordering", is_flag=True, help="Run the happens-before verifier on every device op.")
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(model_dir: str, **options: Any) -> None:
+    """Serve the OpenAI API (chat, completions, models, health, metrics)."""
+    model_path = Path(model_dir)
+    if not (model_path / "config.json").is_file():
+        raise click.UsageError(f"--model {model_dir}: not a model directory (no config.json)")
+    logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(run_server(model_path, options))
+
+
+def engine_config(options: dict[str, Any]) -> EngineConfig:
+    """The engine's share of the flags. Speculative decoding flags apply once the engine takes them."""
+    config = {
+        "device": options["device"],
+        "max_context": options["max_context"],
+        "kv_capacity": options["kv_capacity"],
+        "max_concurrency": options["max_concurrency"],
+        "kv_dtype": options["kv_dtype"],
+        "verify_ordering": options["verify_ordering"] or None,
+    }
+    spec = {"spec": options["spec"], "draft_tokens": options["draft_tokens"], "lm_head_draft": options["lm_head_draft"]}
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    if options["spec"] != "none" and not set(spec) <= known:
+        log.warning("--spec %s: this engine has no speculative decoding yet; decoding without drafts", options["spec"])
+    config.update({key: value for key, value in spec.items() if key in known})
+    return EngineConfig(**config)
+
+
+def run_server(model_path: Path, options: dict[str, Any]) -> int:
+    try:
+        config = engine_config(options)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    name = options["served_model_name"] or model_path.resolve().name
+    serve_config = ServeConfig(
+        served_model_name=name,
+        api_key=options["api_key"],
+        preserve_thinking=options["preserve_thinking"],
+        max_concurrency=options["max_concurrency"],
+        max_queue=options["max_queue"],
+        sampling_defaults=sampling_defaults(model_path),
+    )
+    app = create_app(lambda: EngineBackend.start(lambda: Engine.load(model_path, config)), serve_config)
+    if options["api_key"] is None:
+        log.warning("no --api-key: anyone who can reach %s:%s can use this server", options["host"], options["port"])
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=options["host"], port=options["port"], log_level=options["log_level"])
+    )
+    state = app.state.server
+    state.on_fatal = lambda: setattr(server, "should_exit", True)
+    log.info("serving %r from %s on http://%s:%s", name, model_path, options["host"], options["port"])
+    server.run()
+    return 1 if state.fatal is not None else 0
