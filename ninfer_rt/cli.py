@@ -6,6 +6,7 @@ import click
 
 from ninfer_rt import __version__
 from ninfer_rt.cli_kernels import kernels
+from ninfer_rt.serve.command import serve
 
 
 @click.group()
@@ -15,3 +16,4 @@ def main() -> None:
 
 
 main.add_command(kernels)
+main.add_command(serve)
