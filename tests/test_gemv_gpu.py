@@ -1,0 +1,167 @@
+"""Decode GEMV, row gather and greedy argmax on the GPU against float64 numpy (kernels_src/{gemv,embedding,sampling}.cu)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ninfer_rt.cuda import linear_ops, ops
+from ninfer_rt.cuda.driver import open_device
+from ninfer_rt.cuda.kernels import KernelLibrary
+from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
+from ninfer_rt.cuda.memory import DeviceBuffer, PinnedBuffer, StagingRing
+from ninfer_rt.cuda.streams import Stream, StreamSet
+
+pytestmark = pytest.mark.gpu
+BF16 = np.dtype(ml_dtypes.bfloat16)
+POISON = 0xFF  # every byte: bf16 and f32 NaN, so an unwritten output cannot pass a comparison
+
+
+@dataclass
+class Gpu:
+    streams: StreamSet
+    stream: Stream
+    lib: KernelLibrary
+
+    def upload(self, array: np.ndarray, spare: int = 0) -> DeviceBuffer:
+        """`array` in a device buffer with `spare` poisoned bytes after it."""
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        buffer = DeviceBuffer(self.streams, raw.size + spare, "test")
+        if spare:
+            self.stream.memset(buffer, POISON)
+        ring = StagingRing(self.streams, 1, raw.size)
+        ring.publish(self.stream, buffer, raw, label="upload")
+        ring.free()
+        return buffer
+
+    def poisoned(self, nbytes: int) -> DeviceBuffer:
+        buffer = DeviceBuffer(self.streams, nbytes, "out")
+        self.stream.memset(buffer, POISON)
+        return buffer
+
+    def download(self, buffer: DeviceBuffer, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        host = PinnedBuffer(self.streams, buffer.nbytes, "host")
+        self.stream.copy(host, buffer)
+        self.stream.record().synchronize()
+        return host.read(np.dtype(dtype), shape, label="download")
+
+
+@pytest.fixture(scope="module")
+def gpu() -> Gpu:
+    device = open_device(0)
+    streams = StreamSet(device)
+    return Gpu(streams, streams.create("compute"), KernelLibrary(device))
+
+
+def bf16_random(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(BF16)
+
+
+def relative_l2(actual: np.ndarray, expected: np.ndarray) -> float:
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+
+
+SHAPES = [(64, 64), (131, 72), (1000, 4104), (4096, 4096)]  # (n, k): odd n leaves a warp's second row unused
+
+
+@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_gemv_matches_float64_and_writes_only_its_rows(gpu: Gpu, rows: int, n: int, k: int) -> None:
+    rng = np.random.default_rng(rows * 7919 + n)
+    x, w = bf16_random(rng, rows, k), bf16_random(rng, n, k)
+    y = gpu.poisoned((rows + 1) * n * 2)  # one spare row: must stay poisoned
+    linear_ops.gemv(gpu.lib, gpu.stream, gpu.upload(x), gpu.upload(w), y, rows, n, k)
+    out = gpu.download(y, BF16, (rows + 1, n)).astype(np.float64)
+    expected = x.astype(np.float64) @ w.astype(np.float64).T
+    assert relative_l2(out[:rows], expected) < 4e-3  # bf16 output rounding is 2^-9 relative
+    assert np.isnan(out[rows]).all()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_gemv_f32_output_keeps_the_f32_accumulation(gpu: Gpu, rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    n, k = 515, 1024
+    x, w = bf16_random(rng, rows, k), bf16_random(rng, n, k)
+    y = gpu.poisoned(rows * n * 4)
+    linear_ops.gemv(gpu.lib, gpu.stream, gpu.upload(x), gpu.upload(w), y, rows, n, k, Epilogue.STORE_F32)
+    expected = x.astype(np.float64) @ w.astype(np.float64).T
+    assert relative_l2(gpu.download(y, np.float32, (rows, n)), expected) < 1e-5
+
+
+@pytest.mark.parametrize("rows", [1, 4, 7])
+def test_gemv_residual_epilogue_adds_in_place(gpu: Gpu, rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    n, k = 257, 512
+    x, w, r = bf16_random(rng, rows, k), bf16_random(rng, n, k), bf16_random(rng, rows, n)
+    y = gpu.upload(r)  # y aliases the residual: h += o_proj(attn)
+    linear_ops.gemv(gpu.lib, gpu.stream, gpu.upload(x), gpu.upload(w), y, rows, n, k, Epilogue.RESIDUAL, residual=y)
+    expected = x.astype(np.float64) @ w.astype(np.float64).T + r.astype(np.float64)
+    assert relative_l2(gpu.download(y, BF16, (rows, n)), expected) < 4e-3
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(gpu: Gpu, rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    inter, k = 384, 256
+    x, w = gpu.upload(bf16_random(rng, rows, k)), gpu.upload(bf16_random(rng, 2 * inter, k) * BF16.type(0.1))
+    gate_up, unfused, fused = gpu.poisoned(rows * 2 * inter * 2), gpu.poisoned(rows * inter * 2), gpu.poisoned(rows * inter * 2)
+    linear_ops.gemv(gpu.lib, gpu.stream, x, w, gate_up, rows, 2 * inter, k)
+    ops.silu_mul(gpu.lib, gpu.stream, gate_up, unfused, rows, inter)
+    linear_ops.gemv(gpu.lib, gpu.stream, x, w, fused, rows, inter, k, Epilogue.SWIGLU)
+    a, b = gpu.download(fused, np.uint16, (rows, inter)), gpu.download(unfused, np.uint16, (rows, inter))
+    np.testing.assert_array_equal(a, b)
+
+
+def test_gemv_rejects_k_not_a_multiple_of_8(gpu: Gpu) -> None:
+    buf = gpu.poisoned(4096)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        linear_ops.gemv(gpu.lib, gpu.stream, buf, buf, buf, 1, 4, 12)
+
+
+def test_gemv_rejects_more_than_8_rows_pointing_to_the_gemm(gpu: Gpu) -> None:
+    buf = gpu.poisoned(1 << 16)
+    with pytest.raises(ValueError, match="cuBLASLt"):
+        linear_ops.gemv(gpu.lib, gpu.stream, buf, buf, buf, 9, 8, 8)
+
+
+def test_gather_rows_picks_embedding_rows(gpu: Gpu) -> None:
+    rng = np.random.default_rng(0)
+    table = bf16_random(rng, 100, 72)
+    ids = np.array([5, 0, 99, 5, 42], np.int32)
+    out = gpu.poisoned(len(ids) * 72 * 2)
+    linear_ops.gather_rows(gpu.lib, gpu.stream, gpu.upload(table), 100, out, len(ids), 72, ids=gpu.upload(ids))
+    np.testing.assert_array_equal(gpu.download(out, BF16, (len(ids), 72)), table[ids])
+
+
+@pytest.mark.parametrize("widths", [(64, 64), (3, 5)], ids=["vectorised", "elementwise"])
+def test_gather_rows_concatenates_features(gpu: Gpu, widths: tuple[int, int]) -> None:
+    rng = np.random.default_rng(1)
+    rows = 6
+    parts = [bf16_random(rng, rows, w) for w in widths]
+    total = sum(widths)
+    out = gpu.poisoned(rows * total * 2)
+    column = 0
+    for part in parts:
+        layout = RowLayout(total, column)
+        linear_ops.gather_rows(gpu.lib, gpu.stream, gpu.upload(part), rows, out, rows, part.shape[1], out_layout=layout)
+        column += part.shape[1]
+    np.testing.assert_array_equal(gpu.download(out, BF16, (rows, total)), np.concatenate(parts, axis=1))
+
+
+def test_argmax_matches_numpy_and_breaks_ties_to_the_lowest_index(gpu: Gpu) -> None:
+    rng = np.random.default_rng(2)
+    vocab = 151_936
+    logits = rng.standard_normal((5, vocab)).astype(np.float32)
+    logits[1, [7, 70_000, 151_935]] = 100.0  # a three-way tie
+    logits[2, :] = -np.inf
+    logits[2, 123] = -1e30
+    logits[3, 10] = np.nan  # NaN is skipped, not chosen
+    out = gpu.poisoned(5 * 4)
+    linear_ops.argmax(gpu.lib, gpu.stream, gpu.upload(logits), out, 5, vocab)
+    expected = np.nanargmax(logits, axis=1)
+    np.testing.assert_array_equal(gpu.download(out, np.int32, (5,)), expected)
+    assert expected[1] == 7
