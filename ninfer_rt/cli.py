@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ninfer_rt import __version__
+from ninfer_rt.cli_generate import generate
 from ninfer_rt.cli_kernels import kernels
 from ninfer_rt.serve.command import serve
 
@@ -15,5 +16,6 @@ def main() -> None:
     """ninfer-rt: a CUDA inference runtime for dense Qwen3-family models."""
 
 
+main.add_command(generate)
 main.add_command(kernels)
 main.add_command(serve)

@@ -1,0 +1,135 @@
+"""`ninfer-rt generate`: stream one completion (or an interactive chat) to stdout, statistics to stderr.
+
+Mistakes in the command line (a bad flag, a missing model directory) exit 2 with one "Error: ..." line
+and no usage screen, before anything loads.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ninfer_rt.engine.engine import Engine, EngineConfig, EngineError
+from ninfer_rt.engine.output import RequestStats
+from ninfer_rt.engine.request import SamplingParams
+from ninfer_rt.serve.chat import ChatTemplate
+
+
+class _OneLineErrors(click.Command):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            exc.ctx = None  # without a context click prints only "Error: ..."
+            raise
+
+
+class BadUsage(click.ClickException):
+    """A mistake found after parsing (missing model, invalid sampling values): one line, exit status 2."""
+
+    exit_code = 2
+
+
+def _kv_capacity(value: str) -> str:
+    if value != "auto" and not (value.isdigit() and int(value) > 0):
+        raise click.BadParameter(f"must be 'auto' or a positive page count, got {value!r}")
+    return value
+
+
+@click.command("generate", cls=_OneLineErrors)
+@click.option("--model", "model_dir", default=None, help="Model directory (Hugging Face layout).")
+@click.option("--prompt", default=None, help="The prompt text.")
+@click.option("--prompt-file", type=click.File("r"), default=None, help="Read the prompt from a file ('-' = stdin).")
+@click.option("--chat", is_flag=True, help="Interactive conversation through the model's chat template.")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0))
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--top-k", default=0, show_default=True, type=int)
+@click.option("--seed", default=None, type=int)
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cuda", "cpu"]))
+@click.option("--max-context", default=32768, show_default=True, type=click.IntRange(min=2))
+@click.option("--kv-capacity", default="auto", show_default=True, callback=lambda c, p, v: _kv_capacity(v))
+@click.option("--max-concurrency", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--kv-dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "int8"]))
+@click.option("--verify-ordering", is_flag=True, help="Run the happens-before verifier on every device op.")
+def generate(model_dir: str | None, prompt: str | None, prompt_file: Any, chat: bool, **options: Any) -> None:
+    """Generate text from a prompt, or chat with --chat."""
+    if model_dir is None:
+        raise BadUsage("--model DIR is required (no default model is shipped yet)")
+    if not (Path(model_dir) / "config.json").is_file():
+        raise BadUsage(f"--model {model_dir}: not a model directory (no config.json)")
+    if sum(x is not None and x is not False for x in (prompt, prompt_file, chat or None)) != 1:
+        raise BadUsage("give exactly one of --prompt, --prompt-file or --chat")
+    try:
+        params = _sampling_params(options)
+        engine = Engine.load(model_dir, _engine_config(options))
+    except ValueError as err:  # bad sampling values, or an unreadable config/tokenizer/weights
+        raise BadUsage(str(err)) from None
+    except EngineError as err:
+        raise click.ClickException(str(err)) from None
+    if chat:
+        _chat(engine, params)
+    else:
+        _stream(engine, prompt if prompt is not None else prompt_file.read(), params)
+
+
+def _sampling_params(options: dict[str, Any]) -> SamplingParams:
+    return SamplingParams(
+        temperature=options["temperature"],
+        top_p=options["top_p"],
+        top_k=options["top_k"],
+        seed=options["seed"],
+        max_tokens=options["max_tokens"],
+    )
+
+
+def _engine_config(options: dict[str, Any]) -> EngineConfig:
+    return EngineConfig(
+        device=options["device"],
+        max_context=options["max_context"],
+        kv_capacity=options["kv_capacity"],
+        max_concurrency=options["max_concurrency"],
+        kv_dtype=options["kv_dtype"],
+        verify_ordering=options["verify_ordering"] or None,
+    )
+
+
+def _stream(engine: Engine, prompt: str, params: SamplingParams) -> str:
+    """Print the completion as it comes; returns its text."""
+    try:
+        text = ""
+        for output in engine.generate([prompt], params):
+            click.echo(output.text, nl=False)
+            sys.stdout.flush()
+            text += output.text
+            if output.stats is not None:
+                click.echo()
+                click.echo(_format_stats(output.stats), err=True)
+        return text
+    except ValueError as err:  # e.g. a prompt longer than the context
+        raise click.ClickException(str(err)) from None
+
+
+def _chat(engine: Engine, params: SamplingParams) -> None:
+    if engine.tokenizer.chat_template is None:
+        raise BadUsage("--chat: the model has no chat template")
+    template = ChatTemplate(engine.tokenizer.chat_template)
+    messages: list[dict[str, str]] = []
+    while True:
+        try:
+            user = input("> ")
+        except EOFError:
+            return
+        messages.append({"role": "user", "content": user})
+        reply = _stream(engine, template.render(messages).text, params)
+        messages.append({"role": "assistant", "content": reply})
+
+
+def _format_stats(stats: RequestStats) -> str:
+    return (
+        f"[{stats.prompt_tokens} prompt tokens ({stats.cached_tokens} cached), {stats.completion_tokens} generated; "
+        f"TTFT {stats.ttft_s * 1000:.0f} ms, prefill {stats.prefill_tok_s:.1f} tok/s, decode {stats.decode_tok_s:.1f} tok/s]"
+    )
