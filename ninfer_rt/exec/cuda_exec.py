@@ -1,0 +1,396 @@
+"""CUDA Executor: the model's ops as kernels on one compute stream (the GPU side of exec/base.py).
+
+Tensors are `DeviceTensor`s: bf16 (or f32 logits) row-major [rows, cols] in device buffers. Weights are
+uploaded once through pinned staging (qkv and gate_up fused by layers.py's prepare). Activations come
+from a pool of buffers sized for `max_tokens` rows; a tensor returns its buffer to the pool when Python
+drops it. Everything runs on the one `compute` stream, so a buffer reused by a later op is always ordered
+after the last op that read it; the pool never frees, so addresses stay valid inside captured graphs.
+
+Per op: linear is the decode GEMV for <= 8 rows (gemv.cu) and cuBLASLt above; a GEMV into gate_up is
+deferred and fused with the SwiGLU that consumes it (one pass over the weights, no gate_up round trip);
+attention uses attention_ops (decode kernel for sequences with <= 8 new rows, prefill kernel otherwise).
+
+Step inputs (rule 3) are published by `begin_step` through a StagingRing on the compute stream into fixed
+device buffers, which is what lets a captured step (GraphedForward, graphs.py) replay after a fresh
+publish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+
+from ninfer_rt.cuda import linear_ops, ops
+from ninfer_rt.cuda.blas import Blas, GemmShape
+from ninfer_rt.cuda.graphs import Graph, capture
+from ninfer_rt.cuda.kernels import KernelLibrary
+from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
+from ninfer_rt.cuda.memory import DeviceBuffer, PinnedBuffer, StagingRing
+from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.exec.base import AttentionParams, StepBatch
+from ninfer_rt.kv.cache import KVCache, page_resource
+from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
+from ninfer_rt.ordering.verifier import Resource
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+_ITEMSIZE = {"bf16": 2, "f32": 4, "i32": 4}
+_HOST_DTYPE = {"bf16": BF16, "f32": np.dtype(np.float32), "i32": np.dtype(np.int32)}
+STEP_INPUTS = ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows")
+UPLOAD_CHUNK_BYTES = 64 << 20
+
+
+class _Pool:
+    """Activation buffers by (cols, dtype, capacity rows), handed out again once their tensor is dropped."""
+
+    def __init__(self, streams: StreamSet) -> None:
+        self._streams = streams
+        self._free: dict[tuple[int, str, int], list[DeviceBuffer]] = {}
+        self.allocated = 0  # buffers ever made: constant in steady state (a test checks it)
+
+    def take(self, cols: int, dtype: str, capacity: int) -> DeviceBuffer:
+        free = self._free.setdefault((cols, dtype, capacity), [])
+        if free:
+            return free.pop()
+        self.allocated += 1
+        return DeviceBuffer(self._streams, capacity * cols * _ITEMSIZE[dtype], f"act[{cols}x{dtype}]#{self.allocated}")
+
+    def give(self, buffer: DeviceBuffer, cols: int, dtype: str, capacity: int) -> None:
+        self._free[(cols, dtype, capacity)].append(buffer)
+
+
+@dataclass(eq=False)
+class DeviceTensor:
+    """[rows, cols] row-major on the device. Pooled tensors give their buffer back when dropped."""
+
+    buffer: DeviceBuffer
+    rows: int
+    cols: int
+    dtype: str = "bf16"
+    _pool: tuple[_Pool, int] | None = field(default=None, repr=False)  # (pool, capacity rows)
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.cols * _ITEMSIZE[self.dtype]
+
+    def __del__(self) -> None:
+        if self._pool is not None:
+            pool, capacity = self._pool
+            pool.give(self.buffer, self.cols, self.dtype, capacity)
+
+
+@dataclass(eq=False)
+class DeferredSwiglu:
+    """linear(x, gate_up) for a decode-width x, not yet run: silu_mul fuses it into one GEMV."""
+
+    x: DeviceTensor
+    gate_up: DeviceTensor
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Everything host-side that decides which launches a step makes (a captured graph's key)."""
+
+    query_lens: tuple[int, ...]  # new rows per sequence
+    logit_rows: int
+    decode: tuple[bool, ...]  # per sequence: decode attention kernel (<= 8 new rows) or prefill kernel
+
+
+class CudaExecutor:
+    """The Executor of exec/base.py on one GPU."""
+
+    def __init__(
+        self,
+        streams: StreamSet,
+        *,
+        max_tokens: int,
+        max_seqs: int,
+        max_pages_per_seq: int,
+        max_positions: int,
+        max_logit_rows: int | None = None,
+        library: KernelLibrary | None = None,
+    ) -> None:
+        if streams.device is None:
+            raise ValueError("CudaExecutor needs a device StreamSet; use NumpyExecutor on a logical one")
+        self.streams = streams
+        self.compute = streams.create("compute")
+        self.library = library or KernelLibrary(streams.device)
+        self.blas = Blas(streams)
+        self.max_tokens = max_tokens
+        self.max_seqs = max_seqs
+        self.max_pages_per_seq = max_pages_per_seq
+        self.max_positions = max_positions
+        self.max_logit_rows = max_logit_rows or max_tokens
+        self._pool = _Pool(streams)
+        self._staging = StagingRing(streams, 2 * len(STEP_INPUTS), self._input_bytes(), name="step_inputs")
+        self._inputs = {name: DeviceBuffer(streams, self._input_capacity(name) * 4, f"step.{name}") for name in STEP_INPUTS}
+        self._host_out: PinnedBuffer | None = None
+        self._upload_ring: StagingRing | None = None
+        self._batch: StepBatch | None = None
+        self._published: StepBatch | None = None
+        self.shape: StepShape | None = None
+        self._lane: object = None
+        self._pages_read: tuple[Resource, ...] = ()
+        self._pages_written: tuple[Resource, ...] = ()
+        self._vocab = 0  # rows of the embedding table, for validating token ids
+
+    # -- preparation -------------------------------------------------------------------------------------
+
+    def prepare_weight(self, name: str, parts: Sequence[np.ndarray]) -> DeviceTensor:
+        array = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0).astype(BF16)
+        tensor = self.empty_weight(name, *array.shape)
+        self.upload(tensor.buffer, array, label=f"upload {name}")
+        return tensor
+
+    def empty_weight(self, name: str, rows: int, cols: int, dtype: str = "bf16") -> DeviceTensor:
+        """An unpooled device tensor that lives as long as the model (benchmarks fill it on the device)."""
+        if name == "embed":
+            self._vocab = rows  # token ids are validated against it before every publish
+        return DeviceTensor(DeviceBuffer(self.streams, rows * cols * _ITEMSIZE[dtype], f"w.{name}"), rows, cols, dtype)
+
+    def upload(self, buffer: DeviceBuffer, array: np.ndarray, *, label: str) -> None:
+        """Host array -> device buffer through pinned staging, in chunks, ordered on the compute stream."""
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        if self._upload_ring is None:
+            # Two slots: the host fills one while the other's copy runs. publish() copies into the slot
+            # before returning, so `array` may be dropped as soon as this returns.
+            self._upload_ring = StagingRing(self.streams, 2, UPLOAD_CHUNK_BYTES, name="staging.weights")
+        for offset in range(0, raw.size, UPLOAD_CHUNK_BYTES):
+            self._upload_ring.publish(self.compute, buffer, raw[offset : offset + UPLOAD_CHUNK_BYTES], offset, label=label)
+
+    def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> DeviceTensor:
+        """cos/sin table f32 [max_positions, 2, D/2], as rope_kv.cu reads it (row p: cos, then sin)."""
+        angles = np.arange(self.max_positions, dtype=np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None, :]
+        table = (np.stack([np.cos(angles), np.sin(angles)], axis=1) * attention_scaling).astype(np.float32)
+        tensor = self.empty_weight("rope", self.max_positions, 2 * angles.shape[1], "f32")
+        self.upload(tensor.buffer, table, label="upload rope")
+        return tensor
+
+    # -- step --------------------------------------------------------------------------------------------
+
+    def publish(self, batch: StepBatch, kv: KVCache) -> None:
+        """Copy the step's inputs into their fixed device buffers, in the compute stream's order (rule 3)."""
+        self._check(batch)
+        lane = tuple(batch.lanes) or None
+        tables = np.full((batch.num_seqs, self.max_pages_per_seq), -1, np.int32)
+        tables[:, : batch.block_tables.shape[1]] = batch.block_tables
+        arrays = {name: getattr(batch, name) for name in STEP_INPUTS} | {"block_tables": tables}
+        for name in STEP_INPUTS:
+            data = np.ascontiguousarray(arrays[name], dtype=np.int32)
+            self._staging.publish(self.compute, self._inputs[name], data, label=f"publish {name}", lane=lane)
+        self._published = batch
+
+    def begin_step(self, batch: StepBatch, kv: KVCache) -> None:
+        """Publishes the inputs unless graphs.py already did for this very batch (before a replay)."""
+        if self._published is not batch:
+            self.publish(batch, kv)
+        self._batch = batch
+        self.shape = step_shape(batch)
+        self._lane = tuple(batch.lanes) or None
+        self._pages_read = tuple(page_resource(p) for p in sorted(batch.pages_read()))
+        self._pages_written = tuple(page_resource(p) for p in sorted(batch.pages_written(kv.spec.page_size)))
+
+    @property
+    def step_pages(self) -> tuple[tuple[Resource, ...], tuple[Resource, ...]]:
+        """(read, written) KV pages of the current step: what a graph replay declares besides its capture."""
+        return self._pages_read, self._pages_written
+
+    def embed(self, table: DeviceTensor) -> DeviceTensor:
+        rows = self._batch.num_tokens
+        out = self._tensor(rows, table.cols)
+        linear_ops.gather_rows(
+            self.library, self.compute, table.buffer, table.rows, out.buffer, rows, table.cols,
+            ids=self._inputs["token_ids"], label="embed", lane=self._lane,
+        )
+        return out
+
+    def rmsnorm(
+        self, x: DeviceTensor, weight: DeviceTensor, eps: float, residual: DeviceTensor | None = None
+    ) -> tuple[DeviceTensor, DeviceTensor]:
+        x = self._ready(x)
+        out = self._tensor(x.rows, x.cols)
+        ops.rmsnorm(
+            self.library, self.compute, x.buffer, weight.buffer, out.buffer, x.rows, x.cols, eps,
+            residual.buffer if residual is not None else None, lane=self._lane,
+        )
+        return out, (x if residual is None else residual)
+
+    def linear(self, x: DeviceTensor, weight: DeviceTensor) -> DeviceTensor | DeferredSwiglu:
+        x = self._ready(x)
+        if weight.buffer.name.endswith(".gate_up") and x.rows <= linear_ops.GEMV_MAX_ROWS:
+            return DeferredSwiglu(x, weight)
+        return self._matmul(x, weight, "bf16")
+
+    def concat(self, parts: Sequence[DeviceTensor]) -> DeviceTensor:
+        parts = [self._ready(p) for p in parts]
+        out = self._tensor(parts[0].rows, sum(p.cols for p in parts))
+        column = 0
+        for part in parts:
+            linear_ops.gather_rows(
+                self.library, self.compute, part.buffer, part.rows, out.buffer, part.rows, part.cols,
+                out_layout=RowLayout(out.cols, column), label="concat", lane=self._lane,
+            )
+            column += part.cols
+        return out
+
+    def silu_mul(self, gate_up: DeviceTensor | DeferredSwiglu) -> DeviceTensor:
+        if isinstance(gate_up, DeferredSwiglu):
+            x, w = gate_up.x, gate_up.gate_up
+            out = self._tensor(x.rows, w.rows // 2)
+            linear_ops.gemv(
+                self.library, self.compute, x.buffer, w.buffer, out.buffer, x.rows, out.cols, x.cols,
+                Epilogue.SWIGLU, label="gate_up+swiglu", lane=self._lane,
+            )
+            return out
+        out = self._tensor(gate_up.rows, gate_up.cols // 2)
+        ops.silu_mul(self.library, self.compute, gate_up.buffer, out.buffer, gate_up.rows, out.cols, lane=self._lane)
+        return out
+
+    def attention(self, qkv: DeviceTensor, params: AttentionParams, kv: KVCache, kv_layer: int) -> DeviceTensor:
+        qkv = self._ready(qkv)
+        out = self._tensor(qkv.rows, params.shape.q_size)
+        attention_ops.attention(
+            self.library, self.compute, qkv.buffer, out.buffer, params, kv, kv_layer,
+            inputs=attention_ops.StepInputs(**{name: self._inputs[name] for name in attention_ops.STEP_INPUT_NAMES}),
+            query_lens=self.shape.query_lens, max_pages_per_seq=self.max_pages_per_seq,
+            pages_read=self._pages_read, pages_written=self._pages_written, lane=self._lane,
+        )
+        return out
+
+    def logits(self, hidden: DeviceTensor, lm_head: DeviceTensor) -> DeviceTensor:
+        hidden = self._ready(hidden)
+        rows = self.shape.logit_rows
+        if rows == 0:  # a prefill chunk that samples nothing
+            return DeviceTensor(hidden.buffer, 0, lm_head.rows, "f32")
+        picked = self._tensor(rows, hidden.cols)
+        linear_ops.gather_rows(
+            self.library, self.compute, hidden.buffer, hidden.rows, picked.buffer, rows, hidden.cols,
+            ids=self._inputs["logit_rows"], label="logit rows", lane=self._lane,
+        )
+        return self._matmul(picked, lm_head, "f32", capacity=self.max_logit_rows)
+
+    def argmax(self, logits: DeviceTensor) -> DeviceTensor:
+        """Greedy token per logits row, int32 [rows] (sampling.cu): 4 bytes per row to the host."""
+        out = self._tensor(logits.rows, 1, "i32", capacity=self.max_logit_rows)
+        linear_ops.argmax(self.library, self.compute, logits.buffer, out.buffer, logits.rows, logits.cols, lane=self._lane)
+        return out
+
+    def to_host(self, x: DeviceTensor) -> np.ndarray:
+        """Copy to pinned memory, wait on the compute stream's event, read (declared) on the host."""
+        x = self._ready(x)
+        if x.rows == 0:
+            return np.zeros((0, x.cols), np.int32 if x.dtype == "i32" else np.float32)
+        if self._host_out is None or self._host_out.nbytes < x.nbytes:
+            if self._host_out is not None:
+                self._host_out.free()
+            self._host_out = PinnedBuffer(self.streams, max(x.nbytes, 1 << 20), "to_host")
+        self.compute.copy(self._host_out, x.buffer, x.nbytes, label="to_host", lane=self._lane)
+        self.compute.record().synchronize()
+        values = self._host_out.read(_HOST_DTYPE[x.dtype], (x.rows, x.cols), label="to_host: read", lane=self._lane)
+        return values if x.dtype == "i32" else values.astype(np.float32)
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _matmul(self, x: DeviceTensor, weight: DeviceTensor, out_dtype: str, capacity: int | None = None) -> DeviceTensor:
+        """x @ weight^T: the GEMV at decode widths (memory bound), cuBLASLt above (compute bound)."""
+        out = self._tensor(x.rows, weight.rows, out_dtype, capacity)
+        label = f"linear {weight.buffer.name}"
+        if x.rows <= linear_ops.GEMV_MAX_ROWS:
+            epilogue = Epilogue.STORE_F32 if out_dtype == "f32" else Epilogue.STORE
+            linear_ops.gemv(
+                self.library, self.compute, x.buffer, weight.buffer, out.buffer, x.rows, weight.rows, x.cols,
+                epilogue, label=label, lane=self._lane,
+            )
+        else:
+            self.blas.gemm(
+                self.compute, x.buffer, weight.buffer, out.buffer, GemmShape(x.rows, weight.rows, x.cols, out_dtype),
+                label=label, lane=self._lane,
+            )
+        return out
+
+    def _ready(self, x: DeviceTensor | DeferredSwiglu) -> DeviceTensor:
+        """A deferred gate_up consumed by anything but silu_mul is computed as the plain product."""
+        return self._matmul(x.x, x.gate_up, "bf16") if isinstance(x, DeferredSwiglu) else x
+
+    def _tensor(self, rows: int, cols: int, dtype: str = "bf16", capacity: int | None = None) -> DeviceTensor:
+        capacity = capacity or self.max_tokens
+        if rows > capacity:
+            raise ValueError(f"{rows} rows exceed the executor's capacity of {capacity} (max_tokens/max_logit_rows)")
+        return DeviceTensor(self._pool.take(cols, dtype, capacity), rows, cols, dtype, (self._pool, capacity))
+
+    def _input_capacity(self, name: str) -> int:
+        return {
+            "query_start": self.max_seqs + 1,
+            "context_lens": self.max_seqs,
+            "block_tables": self.max_seqs * self.max_pages_per_seq,
+            "logit_rows": self.max_logit_rows,
+        }.get(name, self.max_tokens)
+
+    def _input_bytes(self) -> int:
+        return 4 * max(self._input_capacity(name) for name in STEP_INPUTS)
+
+    def _check(self, batch: StepBatch) -> None:
+        """Limits and token ids, before anything is published: a kernel never sees an id out of range."""
+        limits = {
+            "tokens": (batch.num_tokens, self.max_tokens),
+            "sequences": (batch.num_seqs, self.max_seqs),
+            "pages per sequence": (batch.block_tables.shape[1], self.max_pages_per_seq),
+            "logit rows": (len(batch.logit_rows), self.max_logit_rows),
+        }
+        for what, (value, limit) in limits.items():
+            if value > limit:
+                raise ValueError(f"step has {value} {what}, the executor was sized for {limit}")
+        ids = batch.token_ids
+        if self._vocab and ids.size and (ids.min() < 0 or ids.max() >= self._vocab):
+            raise ValueError(f"token id out of range [0, {self._vocab}): {int(ids.min())}..{int(ids.max())}")
+        if batch.positions.size and batch.positions.max() >= self.max_positions:
+            raise ValueError(f"position {int(batch.positions.max())} beyond the RoPE table ({self.max_positions})")
+        if len(batch.logit_rows) and (batch.logit_rows.min() < 0 or batch.logit_rows.max() >= batch.num_tokens):
+            raise ValueError("logit_rows must index the step's rows")
+
+
+def step_shape(batch: StepBatch) -> StepShape:
+    query_lens = tuple(int(n) for n in np.diff(batch.query_start))
+    return StepShape(
+        query_lens=query_lens,
+        logit_rows=int(len(batch.logit_rows)),
+        decode=tuple(n <= linear_ops.GEMV_MAX_ROWS for n in query_lens),
+    )
+
+
+class GraphedForward:
+    """`layers.forward` with decode-width steps (<= 8 rows in total) replayed from CUDA graphs, one per
+    StepShape; wider steps (prefill) run eagerly. Replays are bit-identical to eager runs: same kernels,
+    same buffers, same launch parameters."""
+
+    def __init__(self, executor: CudaExecutor, model: PreparedModel, kv: KVCache) -> None:
+        self.executor = executor
+        self.model = model
+        self.kv = kv
+        self.graphs: dict[StepShape, Graph] = {}
+
+    def __call__(self, batch: StepBatch) -> ForwardOutput:
+        shape = step_shape(batch)
+        if sum(shape.query_lens) > linear_ops.GEMV_MAX_ROWS:
+            return forward(self.executor, self.model, batch, self.kv)
+        self.executor.publish(batch, self.kv)  # outside the graph, on the stream it replays on
+        graph = self.graphs.get(shape)
+        if graph is None:
+            graph = self.graphs[shape] = self._capture(batch)
+        self.executor.begin_step(batch, self.kv)  # host bookkeeping only: the inputs are published
+        pages_read, pages_written = self.executor.step_pages
+        return graph.replay(pages_read, pages_written, lane=tuple(batch.lanes) or None)
+
+    def _capture(self, batch: StepBatch) -> Graph:
+        # The eager run loads every kernel and fills the pool; its outputs are dropped before capturing so
+        # the capture finds every buffer it needs free (no allocation while capturing). It writes this
+        # step's K/V, which the replay that follows rewrites with the same values.
+        forward(self.executor, self.model, batch, self.kv)
+        return capture(self.executor.compute, lambda: forward(self.executor, self.model, batch, self.kv))
+
+    def destroy(self) -> None:
+        for graph in self.graphs.values():
+            graph.destroy()
+        self.graphs.clear()

@@ -1,0 +1,222 @@
+"""Batch-1 decode throughput of a random-weight model of a named shape, against the HBM roofline.
+
+Builds the model directly on the GPU (weights tiled from one random device buffer: values do not change
+the speed of a memory-bound step), fills a KV context of the requested length, then times graphed decode
+steps end to end (publish, graph replay, greedy argmax, 4-byte read-back per step). In the same run it
+measures device copy bandwidth (cuMemcpyDtoDAsync of 2 GiB, bytes read + written) as the roofline.
+Prints a table and appends one JSON line per measurement to bench/results/decode.jsonl.
+
+    python tools/bench_decode.py --shape qwen3-8b --contexts 256,114812 --kv bf16,int8
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from ninfer_rt.cuda.driver import Device, open_device
+from ninfer_rt.cuda.memory import DeviceBuffer
+from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.exec.base import AttentionParams, StepBatch
+from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, GraphedForward
+from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.layers import PreparedLayer, PreparedModel, attention_shape
+from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+PAGE_SIZE = 64
+SHAPES: dict[str, dict[str, int]] = {
+    "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=12288, vocab_size=151936),
+    "qwen3-32b": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8,
+                      head_dim=128, intermediate_size=25600, vocab_size=151936),
+}
+RANDOM_SOURCE_BYTES = 256 << 20
+
+
+def shape_config(name: str, layers: int | None = None) -> ModelConfig:
+    raw = dict(SHAPES[name], architectures=["Qwen3ForCausalLM"], model_type="qwen3", rope_theta=1_000_000.0,
+               max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    if layers is not None:
+        raw["num_hidden_layers"] = layers
+    return ModelConfig.from_dict(raw)
+
+
+@dataclass
+class RandomModel:
+    executor: CudaExecutor
+    model: PreparedModel
+    weight_bytes_per_step: int  # every matrix once, plus one embedding row
+
+
+def build_random_model(executor: CudaExecutor, cfg: ModelConfig, seed: int = 0) -> RandomModel:
+    """Weights ~ N(0, 0.02) tiled from one random device buffer (DtoD copies); norm gains 1."""
+    rng = np.random.default_rng(seed)
+    source = DeviceBuffer(executor.streams, RANDOM_SOURCE_BYTES, "random_source")
+    executor.upload(source, (rng.standard_normal(RANDOM_SOURCE_BYTES // 2) * 0.02).astype(ml_dtypes.bfloat16), label="random")
+    counted = [0]
+
+    def matrix(name: str, rows: int, cols: int, counts: bool = True) -> DeviceTensor:
+        tensor = executor.empty_weight(name, rows, cols)
+        for offset in range(0, tensor.buffer.nbytes, RANDOM_SOURCE_BYTES):
+            size = min(RANDOM_SOURCE_BYTES, tensor.buffer.nbytes - offset)
+            executor.compute.copy(tensor.buffer, source, size, dst_offset=offset, label=f"fill {name}")
+        counted[0] += tensor.buffer.nbytes if counts else 0
+        return tensor
+
+    def ones(name: str, size: int) -> DeviceTensor:
+        counted[0] += 2 * size
+        return executor.prepare_weight(name, [np.ones(size, ml_dtypes.bfloat16)])
+
+    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    qkv_rows = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
+    rope = executor.prepare_rope(rope_inv_freq(cfg), rope_attention_scaling(cfg))
+    layers = [
+        PreparedLayer(
+            input_norm=ones(f"layers.{n}.input_norm", h),
+            qkv=matrix(f"layers.{n}.qkv", qkv_rows, h),
+            attention=AttentionParams(attention_shape(cfg), rope, ones(f"layers.{n}.q_norm", d), ones(f"layers.{n}.k_norm", d)),
+            o_proj=matrix(f"layers.{n}.o_proj", h, cfg.num_attention_heads * d),
+            post_norm=ones(f"layers.{n}.post_norm", h),
+            gate_up=matrix(f"layers.{n}.gate_up", 2 * i, h),
+            down=matrix(f"layers.{n}.down", h, i),
+        )
+        for n in range(cfg.num_hidden_layers)
+    ]
+    embed = matrix("embed", cfg.vocab_size, h, counts=False)
+    model = PreparedModel(cfg, embed, layers, ones("norm", h), matrix("lm_head", cfg.vocab_size, h), rope)
+    executor.compute.synchronize()
+    source.free()
+    return RandomModel(executor, model, counted[0] + 2 * h)
+
+
+def copy_bandwidth(streams: StreamSet, nbytes: int = 2 << 30, repeats: int = 5) -> float:
+    """Device-to-device copy rate in bytes/s counting bytes read + written (the achievable roofline)."""
+    stream = streams.create("bandwidth")
+    src, dst = DeviceBuffer(streams, nbytes, "bw_src"), DeviceBuffer(streams, nbytes, "bw_dst")
+    stream.copy(dst, src)  # warm-up
+    start = stream.record(timing=True)
+    for _ in range(repeats):
+        stream.copy(dst, src)
+    seconds = start.elapsed_ms(stream.record(timing=True)) / 1000
+    src.free()
+    dst.free()
+    return 2 * nbytes * repeats / seconds
+
+
+def decode_batch(context: int, token: int = 1) -> StepBatch:
+    """One sequence, one new token at position context-1 (its KV: pages 0..)."""
+    pages = -(-context // PAGE_SIZE)
+    position = context - 1
+    return StepBatch(
+        token_ids=np.array([token], np.int32), positions=np.array([position], np.int32),
+        query_start=np.array([0, 1], np.int32), context_lens=np.array([context], np.int32),
+        block_tables=np.arange(pages, dtype=np.int32)[None, :],
+        slot_mapping=np.array([position], np.int32), logit_rows=np.array([0], np.int32),
+    )
+
+
+def kv_bytes_read(cfg: ModelConfig, context: int, dtype: str) -> int:
+    element = 1 if dtype == "int8" else 2
+    per_token = 2 * cfg.num_key_value_heads * (cfg.head_dim * element + (4 if dtype == "int8" else 0))
+    return per_token * context * cfg.num_hidden_layers
+
+
+def time_decode(random: RandomModel, kv: KVCache, context: int, steps: int) -> float:
+    """Seconds per decode step, host to host: publish, replay, argmax, read back the token."""
+    executor = random.executor
+    graphed = GraphedForward(executor, random.model, kv)
+    batch = decode_batch(context)
+    for _ in range(3):  # capture + warm-up
+        executor.to_host(executor.argmax(graphed(batch).logits))
+    started = time.perf_counter()
+    for _ in range(steps):
+        executor.to_host(executor.argmax(graphed(batch).logits))
+    elapsed = (time.perf_counter() - started) / steps
+    graphed.destroy()
+    return elapsed
+
+
+def make_kv(streams: StreamSet, cfg: ModelConfig, context: int, dtype: str, executor: CudaExecutor) -> KVCache:
+    spec = KVSpec(cfg.num_hidden_layers, -(-context // PAGE_SIZE) + 1, cfg.num_key_value_heads, cfg.head_dim, dtype, PAGE_SIZE)
+    kv = KVCache(streams, spec)
+    for layer in kv.layers:  # zeros: finite scores; the speed of the step does not depend on the values
+        for buffer in (layer.k, layer.v, layer.k_scale, layer.v_scale):
+            if buffer is not None:
+                executor.compute.memset(buffer, 0)
+    return kv
+
+
+def run_info(device: Device) -> dict[str, object]:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpu": device.name, "commit": commit}
+
+
+def append_results(name: str, rows: list[dict[str, object]]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.jsonl"
+    with path.open("a") as out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    return path
+
+
+def print_table(rows: list[dict[str, object]], columns: list[str]) -> None:
+    widths = [max(len(c), *(len(_fmt(r[c])) for r in rows)) for c in columns]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    for row in rows:
+        print("  ".join(_fmt(row[c]).rjust(w) for c, w in zip(columns, widths)))
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    parser.add_argument("--layers", type=int, default=None, help="override the layer count (quick runs)")
+    parser.add_argument("--contexts", default="256,114812")
+    parser.add_argument("--kv", default="bf16,int8")
+    parser.add_argument("--steps", type=int, default=50)
+    args = parser.parse_args()
+
+    device = open_device(0)
+    streams = StreamSet(device, verify=False)  # benchmarks measure the runtime, not the verifier
+    cfg = shape_config(args.shape, args.layers)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    executor = CudaExecutor(streams, max_tokens=8, max_seqs=1, max_pages_per_seq=-(-max(contexts) // PAGE_SIZE),
+                            max_positions=max(contexts) + 1, max_logit_rows=8)
+    random = build_random_model(executor, cfg)
+    bandwidth = copy_bandwidth(streams)
+    info = run_info(device)
+    rows = []
+    for dtype in args.kv.split(","):
+        for context in contexts:
+            kv = make_kv(streams, cfg, context, dtype, executor)
+            seconds = time_decode(random, kv, context, args.steps)
+            kv.free()
+            step_bytes = random.weight_bytes_per_step + kv_bytes_read(cfg, context, dtype)
+            rows.append(info | {
+                "shape": args.shape, "layers": cfg.num_hidden_layers, "context": context, "kv_dtype": dtype,
+                "tok_s": 1 / seconds, "ms_per_step": seconds * 1e3, "bytes_per_step": step_bytes,
+                "copy_bw_TBs": bandwidth / 1e12, "roofline_fraction": step_bytes / seconds / bandwidth,
+            })
+    print_table(rows, ["shape", "context", "kv_dtype", "tok_s", "ms_per_step", "bytes_per_step", "copy_bw_TBs", "roofline_fraction"])
+    print(f"appended to {append_results('decode', rows)}")
+
+
+if __name__ == "__main__":
+    main()
