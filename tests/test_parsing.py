@@ -8,6 +8,7 @@ import pytest
 
 from ninfer_rt.serve.parsing import (
     OutputParser,
+    message_fields,
     ParsedDelta,
     parse_complete,
     prompt_closes_reasoning,
@@ -124,6 +125,28 @@ def test_newlines_inside_text_are_kept_and_trailing_ones_released_at_the_end() -
 def test_unterminated_reasoning_stays_reasoning() -> None:
     out = parse_complete("<think>\nstill thinking when max_tokens hit")
     assert (out.reasoning, out.content) == ("still thinking when max_tokens hit", "")
+
+
+def test_a_prompt_that_closed_the_think_block_reports_empty_reasoning_not_none() -> None:
+    parser = OutputParser.for_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n", parse_tool_calls=True)
+    out = parser.feed("Hello.")
+    out.extend(parser.finish())
+    assert message_fields(out, parser.has_reasoning) == {"content": "Hello.", "reasoning_content": ""}
+
+
+def test_a_plain_prompt_without_reasoning_reports_none() -> None:
+    parser = OutputParser.for_prompt("<|im_start|>assistant\n", parse_tool_calls=True)
+    out = parser.feed("Hello.")
+    assert message_fields(out, parser.has_reasoning) == {"content": "Hello.", "reasoning_content": None}
+
+
+def test_tool_calls_come_back_in_openai_shape_with_null_content() -> None:
+    out = parse_complete('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>')
+    fields = message_fields(out, has_reasoning=False)
+    assert fields["content"] is None
+    assert fields["tool_calls"] == [
+        {"id": out.tool_calls[0].id, "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    ]
 
 
 def test_generation_prompt_states() -> None:

@@ -31,6 +31,13 @@ class _OneLineErrors(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
+            exc.ctx = None  # without a context click prints just "Error: message"
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
             exc.ctx = None
             raise
 
