@@ -34,13 +34,13 @@ __forceinline__ void cp_async4(void* smem_dst, const void* gmem_src, bool valid)
 }
 
 __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
 // Wait until at most `kPending` of this thread's committed groups are still in flight.
 template <int kPending>
 __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");  // no shared read hoisted above
 }
 
 // The two bf16 halves of a 32-bit word as floats (the lower address is the low half).
