@@ -3,9 +3,9 @@
 import os
 
 from ninfer_rt.ordering.crash import CrashContext, OpRing
-from ninfer_rt.ordering.verifier import OpRef, OrderingViolation, Timeline, Verifier
+from ninfer_rt.ordering.verifier import OpRef, OrderingViolation, Span, Timeline, Verifier
 
-__all__ = ["CrashContext", "OpRef", "OpRing", "OrderingViolation", "Timeline", "Verifier", "verify_by_default"]
+__all__ = ["CrashContext", "OpRef", "OpRing", "OrderingViolation", "Span", "Timeline", "Verifier", "verify_by_default"]
 
 
 def verify_by_default() -> bool:

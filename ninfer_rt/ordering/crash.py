@@ -13,11 +13,12 @@ import os
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 RING_LENGTH = 64
+_RESERVED_SECTIONS = frozenset({"time", "error", "streams"})
 
 
 @dataclass(frozen=True)
@@ -39,17 +40,24 @@ class OpRecord:
 
 
 class OpRing:
-    """The last RING_LENGTH ops of one stream."""
+    """The last RING_LENGTH ops of one stream (or host thread).
+
+    `note` runs on every enqueue whether or not the verifier is on, so it only appends a plain tuple;
+    the records are built when a dump asks for them."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.seq = 0
-        self.ops: deque[OpRecord] = deque(maxlen=RING_LENGTH)
+        self._ops: deque[tuple] = deque(maxlen=RING_LENGTH)
 
-    def note(self, label: str, lane: object, reads: Iterable, writes: Iterable) -> int:
+    def note(self, label: str, lane: object, reads: tuple, writes: tuple) -> int:
         self.seq += 1
-        self.ops.append(OpRecord(self.seq, label, lane, tuple(reads), tuple(writes)))
+        self._ops.append((self.seq, label, lane, reads, writes))
         return self.seq
+
+    def records(self) -> list[OpRecord]:
+        # list() copies the deque in one C call, so a thread still enqueueing cannot break the dump.
+        return [OpRecord(*op) for op in list(self._ops)]
 
 
 class CrashContext:
@@ -65,14 +73,17 @@ class CrashContext:
         return ring
 
     def add_section(self, name: str, provider: Callable[[], object]) -> None:
-        """`provider()` is called at dump time; it must return JSON-able data."""
+        """`provider()` is called at dump time and returns JSON-able data: the engine adds its per-lane
+        frontier and the KV layer its open transactions and page table summary this way."""
+        if name in _RESERVED_SECTIONS:
+            raise ValueError(f"crash-context section {name!r} would overwrite the dump's own {name!r} field")
         self._sections[name] = provider
 
     def snapshot(self, error: str | None = None) -> dict:
         doc: dict = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "error": error,
-            "streams": {r.name: [op.as_json() for op in r.ops] for r in self.rings},
+            "streams": {r.name: [op.as_json() for op in r.records()] for r in list(self.rings)},
         }
         for name, provider in self._sections.items():
             try:
@@ -85,7 +96,7 @@ class CrashContext:
         """Write the snapshot atomically; returns the path written."""
         if path is None:
             directory = Path(os.environ.get("NINFER_CRASH_DIR", tempfile.gettempdir()))
-            path = directory / f"ninfer-crash-{os.getpid()}-{int(time.time())}.json"
+            path = directory / f"ninfer-crash-{os.getpid()}-{time.time_ns()}.json"
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
@@ -101,4 +112,8 @@ def _jsonable(value: object) -> object:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_jsonable(v) for v in value]
+    if hasattr(value, "as_json"):  # ordering.Span, and any section object that knows its JSON form
+        return _jsonable(value.as_json())
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars (page ids, lane ids)
+        return _jsonable(value.item())
     return repr(value)

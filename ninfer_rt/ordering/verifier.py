@@ -7,21 +7,68 @@ vector clock; an op's epoch is (timeline, its counter). `record` snapshots a str
 at least one writes and the earlier epoch is not covered by the current clock: that is a race the GPU is
 free to run either way, so it raises `OrderingViolation` the first time it is *issued*, not when it bites.
 
+Happens-before is built from four kinds of edges, and nothing else:
+  - program order on each timeline (a stream runs its ops in issue order; so does a host thread);
+  - the issue edge: what a host thread did before it enqueued an op (or a record, or a wait) happens
+    before that op (a kernel enqueued after a host write to pinned memory sees the write);
+  - record -> wait: work after `B.wait(e)` happens after everything before `e = A.record()`;
+  - synchronisation: after `e.synchronize()` / `A.synchronize()` returns, the host is after all of it.
+Enqueueing an op is *not* an edge from the op to the host: the op has not run yet.
+
+Resources are hashable keys (a buffer's key, ("kv", page_id), (buffer, slot), ...) or byte ranges of a key,
+`Span(key, start, end)`. A bare key means all of its bytes, so it overlaps every span of that key.
+
 Per resource we keep the last write and the reads since it, one per timeline (FastTrack's observation:
-later reads on a timeline subsume earlier ones on that timeline).
+later reads on a timeline subsume earlier ones, and an ordered write subsumes everything before it). For
+byte ranges the key's bytes are split into segments with identical histories, each carrying that state;
+a write re-joins the segments it covers, so a key accessed in a few fixed ranges stays a few segments.
+The verdict is exact: it equals the transitive closure of the edges above (tests/test_hazard_property.py
+checks it against a brute-force graph).
 """
 
 from __future__ import annotations
 
 import threading
+from bisect import bisect_right
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
-Resource = Hashable
+# A whole-key access covers [0, WHOLE); no buffer is this large, so spans and whole keys compare uniformly.
+WHOLE = 1 << 62
+
+
+@dataclass(frozen=True)
+class Span:
+    """Bytes [start, end) of the resource `key`: conflicts only with overlapping spans and the whole key
+    (an empty span, start == end, conflicts with nothing)."""
+
+    key: Hashable
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end <= WHOLE:
+            raise ValueError(f"Span of {self.key!r}: need 0 <= start <= end, got [{self.start}, {self.end})")
+
+    def as_json(self) -> dict:
+        return {"key": repr(self.key), "start": self.start, "end": self.end}
+
+
+Resource = Hashable  # a key, or a Span of one
 
 
 class OrderingViolation(RuntimeError):
     """Two accesses to one resource, at least one a write, with no happens-before between them."""
+
+    def __init__(self, resource: str, earlier: OpRef, earlier_kind: str, later: OpRef, later_kind: str) -> None:
+        super().__init__(
+            f"unordered access to {resource}: {later_kind} by {later} has no happens-before with the earlier "
+            f"{earlier_kind} by {earlier}; the later op's stream must wait on an event recorded after the "
+            "earlier op (or the host must synchronize on it)"
+        )
+        self.resource = resource
+        self.earlier = earlier
+        self.later = later
 
 
 @dataclass(frozen=True)
@@ -34,7 +81,7 @@ class OpRef:
     lane: object = None
 
     def __str__(self) -> str:
-        lane = "" if self.lane is None else f", lane {self.lane}"
+        lane = "" if self.lane is None else f", lane/request {self.lane}"
         return f"'{self.label}' (#{self.seq} on {self.timeline}{lane})"
 
 
@@ -56,11 +103,11 @@ class Timeline:
             if mine.get(idx, 0) < count:
                 mine[idx] = count
 
-    def covers(self, timeline_index: int, count: int) -> bool:
-        return self.clock.get(timeline_index, 0) >= count
+    def covers(self, access: _Access) -> bool:
+        return self.clock.get(access.timeline_index, 0) >= access.count
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Access:
     timeline_index: int
     count: int
@@ -68,9 +115,44 @@ class _Access:
 
 
 @dataclass
-class _ResourceState:
+class _State:
+    """History of a run of bytes: the last write and, per timeline, the last read since it."""
+
     last_write: _Access | None = None
     reads: dict[int, _Access] = field(default_factory=dict)
+
+    def copy(self) -> _State:
+        return _State(self.last_write, dict(self.reads))
+
+
+class _Segments:
+    """One key's bytes as sorted segments [starts[i], starts[i+1]) (the last one runs to WHOLE)."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = [0]
+        self.states: list[_State] = [_State()]
+
+    def covering(self, start: int, end: int) -> range:
+        """Indices of the segments that exactly tile [start, end), splitting at its ends if needed."""
+        first = self._split(start)
+        stop = self._split(end) if end < WHOLE else len(self.starts)
+        return range(first, stop)
+
+    def bounds(self, i: int) -> tuple[int, int]:
+        return self.starts[i], self.starts[i + 1] if i + 1 < len(self.starts) else WHOLE
+
+    def rejoin_written(self, span: range, written: _Access) -> None:
+        """After a write, its bytes share one history again."""
+        self.starts[span.start + 1 : span.stop] = []
+        self.states[span.start : span.stop] = [_State(written)]
+
+    def _split(self, at: int) -> int:
+        i = bisect_right(self.starts, at) - 1
+        if self.starts[i] == at:
+            return i
+        self.starts.insert(i + 1, at)
+        self.states.insert(i + 1, self.states[i].copy())
+        return i + 1
 
 
 class Verifier:
@@ -80,23 +162,17 @@ class Verifier:
         self._lock = threading.Lock()
         self._timelines: list[Timeline] = []
         self._host_timelines: dict[int, Timeline] = {}
-        self._resources: dict[Resource, _ResourceState] = {}
+        self._resources: dict[Hashable, _Segments] = {}
         self.ops_checked = 0
 
     def timeline(self, name: str) -> Timeline:
         with self._lock:
-            tl = Timeline(name, len(self._timelines))
-            self._timelines.append(tl)
-            return tl
+            return self._new_timeline(name)
 
     def host(self) -> Timeline:
         """The calling host thread's timeline (made on first use)."""
-        ident = threading.get_ident()
-        tl = self._host_timelines.get(ident)
-        if tl is None:
-            tl = self.timeline(f"host:{threading.current_thread().name}")
-            self._host_timelines[ident] = tl
-        return tl
+        with self._lock:
+            return self._host()
 
     def op(
         self,
@@ -106,24 +182,41 @@ class Verifier:
         writes: Iterable[Resource] = (),
         lane: object = None,
     ) -> OpRef:
-        """Declare one op issued on `tl` by the calling host thread; raises OrderingViolation on the first
-        unordered conflict. Issuing is itself an edge: whatever the host did before enqueuing an op
-        happens before the op (a kernel enqueued after a host write to pinned memory sees the write)."""
-        host = self.host()
+        """Declare one op issued on `tl` by the calling host thread. Raises OrderingViolation on the first
+        unordered conflict, leaving the history as it was (the op is not recorded)."""
+        reads, writes = tuple(reads), tuple(writes)
         with self._lock:
-            if tl is not host:
-                tl.merge(host.clock)
-            count = tl.tick()
-            ref = OpRef(tl.name, count, label, lane)
-            me = _Access(tl.index, count, ref)
-            written = set(writes)
+            self._issue(tl)
+            ref = OpRef(tl.name, tl.clock.get(tl.index, 0) + 1, label, lane)
+            me = _Access(tl.index, ref.seq, ref)
+            for res in reads + writes:
+                self._split_for(res)  # all splits first, so the segment indices below stay valid
             for res in reads:
-                if res not in written:
-                    self._read(tl, res, me)
-            for res in written:
-                self._write(tl, res, me)
+                self._check(tl, res, me, is_write=False)
+            for res in writes:
+                self._check(tl, res, me, is_write=True)
+            tl.tick()
+            for res in reads:
+                segments, span = self._split_for(res)
+                for i in span:
+                    segments.states[i].reads[tl.index] = me
+            for res in writes:
+                segments, span = self._split_for(res)  # again: an earlier write of this op may have re-joined
+                segments.rejoin_written(span, me)
             self.ops_checked += 1
             return ref
+
+    def record(self, tl: Timeline) -> dict[int, int]:
+        """The clock an event recorded now on stream `tl` carries (the issuing host's past included)."""
+        with self._lock:
+            self._issue(tl)
+            return dict(tl.clock)
+
+    def wait(self, tl: Timeline, event_clock: dict[int, int]) -> None:
+        """Stream `tl` waits on an event: its later ops are after everything the event covers."""
+        with self._lock:
+            self._issue(tl)
+            tl.merge(event_clock)
 
     def snapshot(self, tl: Timeline) -> dict[int, int]:
         with self._lock:
@@ -137,36 +230,55 @@ class Verifier:
         """Drop history of resources whose storage no longer exists (freed buffers)."""
         with self._lock:
             for res in resources:
-                self._resources.pop(res, None)
+                self._resources.pop(res.key if isinstance(res, Span) else res, None)
 
-    def _state(self, res: Resource) -> _ResourceState:
-        st = self._resources.get(res)
-        if st is None:
-            st = self._resources[res] = _ResourceState()
-        return st
+    def _new_timeline(self, name: str) -> Timeline:
+        tl = Timeline(name, len(self._timelines))
+        self._timelines.append(tl)
+        return tl
 
-    def _read(self, tl: Timeline, res: Resource, me: _Access) -> None:
-        st = self._state(res)
-        w = st.last_write
-        if w is not None and not tl.covers(w.timeline_index, w.count):
-            raise _violation(res, w.op, "write", me.op, "read")
-        st.reads[tl.index] = me
+    def _host(self) -> Timeline:
+        ident = threading.get_ident()
+        tl = self._host_timelines.get(ident)
+        if tl is None:
+            tl = self._host_timelines[ident] = self._new_timeline(f"host:{threading.current_thread().name}")
+        return tl
 
-    def _write(self, tl: Timeline, res: Resource, me: _Access) -> None:
-        st = self._state(res)
-        w = st.last_write
-        if w is not None and not tl.covers(w.timeline_index, w.count):
-            raise _violation(res, w.op, "write", me.op, "write")
-        for r in st.reads.values():
-            if not tl.covers(r.timeline_index, r.count):
-                raise _violation(res, r.op, "read", me.op, "write")
-        st.last_write = me
-        st.reads = {}
+    def _issue(self, tl: Timeline) -> None:
+        """The issue edge: the calling host thread's past happens before what it enqueues on `tl`."""
+        host = self._host()
+        if tl is not host:
+            tl.merge(host.clock)
+
+    def _split_for(self, res: Resource) -> tuple[_Segments, range]:
+        key = res.key if isinstance(res, Span) else res
+        segments = self._resources.get(key)
+        if segments is None:
+            segments = self._resources[key] = _Segments()
+        return segments, segments.covering(*_bounds_of(res))
+
+    def _check(self, tl: Timeline, res: Resource, me: _Access, is_write: bool) -> None:
+        segments, span = self._split_for(res)
+        kind = "write" if is_write else "read"
+        for i in span:
+            state = segments.states[i]
+            w = state.last_write
+            if w is not None and not tl.covers(w):
+                raise OrderingViolation(_describe(res, segments, i), w.op, "write", me.op, kind)
+            if is_write:
+                for r in state.reads.values():
+                    if not tl.covers(r):
+                        raise OrderingViolation(_describe(res, segments, i), r.op, "read", me.op, kind)
 
 
-def _violation(res: Resource, earlier: OpRef, earlier_kind: str, later: OpRef, later_kind: str) -> OrderingViolation:
-    return OrderingViolation(
-        f"unordered access to {res!r}: {later_kind} by {later} has no happens-before with "
-        f"the earlier {earlier_kind} by {earlier}; the later op's stream must wait on an event recorded "
-        f"after the earlier op (or the host must synchronize on it)"
-    )
+def _bounds_of(res: Resource) -> tuple[int, int]:
+    return (res.start, res.end) if isinstance(res, Span) else (0, WHOLE)
+
+
+def _describe(res: Resource, segments: _Segments, segment: int) -> str:
+    if not isinstance(res, Span) and len(segments.starts) == 1:
+        return repr(res)
+    key = res.key if isinstance(res, Span) else res
+    start, end = segments.bounds(segment)
+    end_text = "end" if end == WHOLE else str(end)
+    return f"{key!r} bytes [{start}, {end_text})"
