@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import click
 from tqdm import tqdm
@@ -11,7 +13,6 @@ from ninfer_rt.cuda.compiler import (
     ArchError,
     CompiledFamily,
     KernelCompileError,
-    UnknownFamilyError,
     compile_family,
     families,
     resolve_arch,
@@ -42,13 +43,24 @@ def compile_command(arch: str, names: tuple[str, ...]) -> None:
         arch = resolve_arch(arch)
     except ArchError as err:
         raise BadArgument(str(err)) from err
-    results: list[CompiledFamily] = []
-    for family in tqdm(names or known, desc=f"compiling for {arch}", unit="family", disable=not sys.stderr.isatty(), leave=False):
-        try:
-            results.append(compile_family(family, arch))
-        except (KernelCompileError, UnknownFamilyError) as err:
-            raise click.ClickException(str(err)) from err
+    try:
+        results = _compile_all(list(names or known), arch)
+    except KernelCompileError as err:
+        raise click.ClickException(str(err)) from err
     click.echo(_table(results))
+
+
+def _compile_all(names: list[str], arch: str) -> list[CompiledFamily]:
+    """Compile in parallel (NVRTC releases the GIL), in `names` order; the first error cancels the rest."""
+    pool = ThreadPoolExecutor(max_workers=min(len(names), os.cpu_count() or 1))
+    try:
+        futures = {pool.submit(compile_family, name, arch): name for name in names}
+        progress = tqdm(as_completed(futures), total=len(futures), desc=f"compiling for {arch}", unit="family",
+                        disable=not sys.stderr.isatty(), leave=False)
+        results = {futures[future]: future.result() for future in progress}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [results[name] for name in names]
 
 
 def _table(results: list[CompiledFamily]) -> str:

@@ -110,7 +110,7 @@ def _convert(kernel: str, index: int, kind: Arg, value: object) -> object:
 
 
 def _dim3(dims: int | tuple[int, ...], what: str) -> Dim3:
-    shape = (dims,) if isinstance(dims, Integral) else tuple(dims)
+    shape = tuple(dims) if isinstance(dims, tuple) else (dims,)
     if not 1 <= len(shape) <= 3 or any(isinstance(d, bool) or not isinstance(d, Integral) or d < 1 for d in shape):
         raise ValueError(f"{what}: expected 1 to 3 positive integers, got {dims!r}")
     return tuple(int(d) for d in shape) + (1,) * (3 - len(shape))
