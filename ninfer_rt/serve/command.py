@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -116,5 +117,9 @@ def run_server(model_path: Path, options: dict[str, Any]) -> int:
     state = app.state.server
     state.on_fatal = lambda: setattr(server, "should_exit", True)
     log.info("serving %r from %s on http://%s:%s", name, model_path, options["host"], options["port"])
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal under the handler that was there before it
+    # started; a no-op one turns that into a normal return, so the exit status says drained (0) or fatal (1).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     server.run()
     return 1 if state.fatal is not None else 0

@@ -1,0 +1,110 @@
+"""The serve command as a process: one-line start-up errors with exit status 2, and SIGTERM draining."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from test_serve_http import MODEL, _free_port
+
+SERVE = [sys.executable, "-m", "ninfer_rt.serve"]
+
+
+def run_serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SERVE, *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "/no/such/model"], "not a model directory"),
+        (["--bogus-flag"], "No such option"),
+    ],
+)
+def test_a_bad_start_up_exits_2_with_one_clear_line(tiny_qwen3: Path, args: list[str], message: str) -> None:
+    if args[0] != "--model":
+        args = ["--model", str(tiny_qwen3), *args]
+    result = run_serve(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+@pytest.mark.parametrize("flag", [["--kv-capacity", "lots"], ["--kv-dtype", "fp4"], ["--max-concurrency", "0"]])
+def test_a_bad_flag_value_exits_2_with_one_line(tiny_qwen3: Path, flag: list[str]) -> None:
+    result = run_serve("--model", str(tiny_qwen3), *flag)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_cli_group_has_the_serve_command() -> None:
+    console_script = Path(sys.executable).parent / "ninfer-rt"
+    result = subprocess.run([str(console_script), "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "--preserve-thinking / --no-preserve-thinking" in result.stdout
+
+
+def test_sigterm_drains_in_flight_streams_then_exits_0(tiny_qwen3: Path) -> None:
+    port = _free_port()
+    process = subprocess.Popen(
+        [*SERVE, "--model", str(tiny_qwen3), "--device", "cpu", "--port", str(port), "--served-model-name", MODEL,
+         "--kv-capacity", "64", "--max-context", "1024"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 300,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        received: list[str] = []
+        started = threading.Event()
+
+        def consume() -> None:
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
+                for line in response.iter_lines():
+                    started.set()
+                    if line.startswith("data:"):
+                        received.append(line)
+
+        reader = threading.Thread(target=consume)
+        reader.start()
+        assert started.wait(30)
+        process.send_signal(signal.SIGTERM)
+        reader.join(timeout=60)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert received[-1] == "data: [DONE]"
+    assert json.loads(received[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 300
+
+
+def test_without_an_api_key_the_start_up_log_says_the_server_is_open(tiny_qwen3: Path) -> None:
+    port = _free_port()
+    process = subprocess.Popen(
+        [*SERVE, "--model", str(tiny_qwen3), "--device", "cpu", "--port", str(port), "--kv-capacity", "64"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert "no --api-key" in output
+
+
+def _wait_healthy(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not become healthy")
