@@ -13,15 +13,18 @@
 //     so each K/V tile is read from memory once for all heads of the group and all verify rows. Tiles of
 //     kTileKeys keys (2-4 KiB of K) stream through a 3-stage cp.async pipeline; per tile: scores (thread
 //     per (key, row group)), online softmax (warp per row), P.V (thread per (row group, dim pair)).
-//     Writes unnormalized partials: acc f32 [num_splits, T, Hq, D] and (max, sum) f32 [num_splits, T, Hq, 2]
-//     in the log2 domain. A split with no pages writes (-inf, 0) and no acc.
-//   decode_attention_combine: grid (T, Hq), block 128: out = sum_s w_s acc_s / sum_s w_s l_s,
-//     w_s = exp2(m_s - max_s m_s); splits with w_s = 0 are never read (their acc is unwritten).
+//     Writes unnormalized partials: acc f32 [num_splits, B * max_queries, Hq, D] and (max, sum) f32
+//     [num_splits, B * max_queries, Hq, 2] in the log2 domain, row slot b * max_queries + j. A split with
+//     no pages writes (-inf, 0) and no acc. Sequences with Q > max_queries (or Q = 0) are skipped: they
+//     belong to prefill_attention in a mixed step.
+//   decode_attention_combine: grid (B * max_queries, Hq), block 128: for the slots of decoded rows,
+//     out = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp2(m_s - max_s m_s); splits with w_s = 0 are never
+//     read (their acc is unwritten).
 //
 // Layout: q bf16 [T, Hq, D]; K, V [num_pages, 64, Hkv, D] bf16 or int8; k_scale, v_scale f32
 // [num_pages, 64, Hkv] (int8 only, else null); block_tables int32 [B, max_pages]; context_lens int32 [B];
 // query_start int32 [B+1]; out bf16 [T, Hq, D]. Static shared memory only (< 48 KiB, asserted per
-// instantiation). Host contract: Q * Hq/Hkv <= R, num_splits <= kMaxSplits, Hq % Hkv == 0.
+// instantiation). Host contract: max_queries * Hq/Hkv <= R, num_splits <= kMaxSplits, Hq % Hkv == 0.
 #include "attention_common.cuh"
 
 constexpr int kDecodeThreads = 128;
@@ -70,6 +73,7 @@ struct DecodeSmem {
 // Everything a block needs to know about its (split, kv head, sequence).
 struct DecodeWork {
     int seq, kv_head, group, row0, queries, rows, ctx, key_begin, key_end;
+    int slot0, num_slots;  // first partial row slot of the sequence, slots in all (B * max_queries)
 };
 
 template <class S, class Smem>
@@ -204,16 +208,21 @@ __forceinline__ void tile_pv(float (&acc)[S::kRowsPerThread][2], const Smem& sm,
     }
 }
 
-// Index of (split, global row, q head) in the partial buffers, in units of one head row.
-__forceinline__ long long partial_index(int split, int total_rows, int row, int num_q_heads, int head) {
-    return ((long long)split * total_rows + row) * num_q_heads + head;
+// Index of (split, row slot, q head) in the partial buffers, in units of one head row.
+__forceinline__ long long partial_index(int split, int num_slots, int slot, int num_q_heads, int head) {
+    return ((long long)split * num_slots + slot) * num_q_heads + head;
+}
+
+// Partial index of block row r (query r / group, head kv_head * group + r % group).
+__forceinline__ long long partial_row(const DecodeWork& w, int split, int r, int num_q_heads) {
+    return partial_index(split, w.num_slots, w.slot0 + r / w.group, num_q_heads, w.kv_head * w.group + r % w.group);
 }
 
 template <int D, bool kInt8, int kMaxRows>
 __forceinline__ void decode_split(float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache,
                                   const void* v_cache, const float* k_scale, const float* v_scale,
                                   const int* block_tables, int max_pages, const int* context_lens,
-                                  const int* query_start, int total_rows, int num_q_heads, int num_kv_heads, float scale) {
+                                  const int* query_start, int max_queries, int num_q_heads, int num_kv_heads, float scale) {
     using S = DecodeShape<D, kInt8, kMaxRows>;
     using Smem = DecodeSmem<D, S, kMaxRows>;
     static_assert(sizeof(Smem) <= 48 * 1024, "static shared memory limit");
@@ -227,7 +236,9 @@ __forceinline__ void decode_split(float* partial_acc, float* partial_ml, const b
     w.queries = query_start[w.seq + 1] - w.row0;
     w.rows = w.queries * w.group;
     w.ctx = context_lens[w.seq];
-    if (w.rows == 0) return;
+    w.slot0 = w.seq * max_queries;
+    w.num_slots = gridDim.z * max_queries;
+    if (w.queries == 0 || w.queries > max_queries) return;  // nothing to do, or prefill_attention's
     if (w.rows > kMaxRows) __trap();  // host contract broken: refuse rather than drop rows silently
     const int split = blockIdx.x;
     const int pages = (w.ctx + kPageSize - 1) / kPageSize;
@@ -237,7 +248,7 @@ __forceinline__ void decode_split(float* partial_acc, float* partial_ml, const b
 
     if (page_begin >= page_end) {  // more splits than this sequence has pages: an empty partial
         for (int r = threadIdx.x; r < w.rows; r += kDecodeThreads) {
-            const long long index = partial_index(split, total_rows, w.row0 + r / w.group, num_q_heads, w.kv_head * w.group + r % w.group);
+            const long long index = partial_row(w, split, r, num_q_heads);
             partial_ml[2 * index] = neg_inf();
             partial_ml[2 * index + 1] = 0.0f;
         }
@@ -289,12 +300,12 @@ __forceinline__ void decode_split(float* partial_acc, float* partial_ml, const b
     for (int i = 0; i < S::kRowsPerThread; ++i) {
         const int r = rg + i * S::kPvGroups;
         if (r < w.rows) {
-            const long long index = partial_index(split, total_rows, w.row0 + r / w.group, num_q_heads, w.kv_head * w.group + r % w.group);
+            const long long index = partial_row(w, split, r, num_q_heads);
             *reinterpret_cast<float2*>(partial_acc + index * D + 2 * pair) = make_float2(acc[i][0], acc[i][1]);
         }
     }
     for (int r = threadIdx.x; r < w.rows; r += kDecodeThreads) {
-        const long long index = partial_index(split, total_rows, w.row0 + r / w.group, num_q_heads, w.kv_head * w.group + r % w.group);
+        const long long index = partial_row(w, split, r, num_q_heads);
         partial_ml[2 * index] = sm.m[r];
         partial_ml[2 * index + 1] = sm.l[r];
     }
@@ -304,10 +315,10 @@ __forceinline__ void decode_split(float* partial_acc, float* partial_ml, const b
     extern "C" __global__ void __launch_bounds__(kDecodeThreads) decode_attention_d##D##_##KIND##_r##R(         \
         float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache, const void* v_cache,        \
         const float* k_scale, const float* v_scale, const int* block_tables, int max_pages,                    \
-        const int* context_lens, const int* query_start, int total_rows, int num_q_heads, int num_kv_heads,    \
+        const int* context_lens, const int* query_start, int max_queries, int num_q_heads, int num_kv_heads,   \
         float scale) {                                                                                         \
         decode_split<D, INT8, R>(partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale, block_tables, \
-                                 max_pages, context_lens, query_start, total_rows, num_q_heads, num_kv_heads,  \
+                                 max_pages, context_lens, query_start, max_queries, num_q_heads, num_kv_heads, \
                                  scale);                                                                       \
     }
 
@@ -324,22 +335,27 @@ DECODE_KERNELS(128, int8, true)
 DECODE_KERNELS(256, int8, true)
 
 extern "C" __global__ void __launch_bounds__(kDecodeThreads)
-    decode_attention_combine(bf16* out, const float* partial_acc, const float* partial_ml, int num_splits,
-                             int total_rows, int num_q_heads, int head_dim) {
+    decode_attention_combine(bf16* out, const float* partial_acc, const float* partial_ml, const int* query_start,
+                             int num_splits, int num_seqs, int max_queries, int num_q_heads, int head_dim) {
     __shared__ float weight[kMaxSplits];
     __shared__ float inv_denominator;
-    const int row = blockIdx.x;
+    const int slot = blockIdx.x;
     const int head = blockIdx.y;
+    const int seq = slot / max_queries;
+    const int query = slot % max_queries;
+    const int queries = query_start[seq + 1] - query_start[seq];
+    if (queries > max_queries || query >= queries) return;  // a prefill sequence, or an unused slot
+    const int num_slots = num_seqs * max_queries;
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
         float m_max = neg_inf();
-        for (int s = lane; s < num_splits; s += 32) m_max = fmaxf(m_max, partial_ml[2 * partial_index(s, total_rows, row, num_q_heads, head)]);
+        for (int s = lane; s < num_splits; s += 32) m_max = fmaxf(m_max, partial_ml[2 * partial_index(s, num_slots, slot, num_q_heads, head)]);
         m_max = warp_max(m_max);
         float denominator = 0.0f;
         for (int s = lane; s < num_splits; s += 32) {
-            const long long index = partial_index(s, total_rows, row, num_q_heads, head);
+            const long long index = partial_index(s, num_slots, slot, num_q_heads, head);
             const float m = partial_ml[2 * index];
-            const float w = m == neg_inf() ? 0.0f : exp2f(m - m_max);  // also 0 when every split is empty
+            const float w = m == neg_inf() ? 0.0f : exp2f(m - m_max);
             weight[s] = w;
             if (w > 0.0f) denominator += w * partial_ml[2 * index + 1];
         }
@@ -347,11 +363,12 @@ extern "C" __global__ void __launch_bounds__(kDecodeThreads)
         if (lane == 0) inv_denominator = denominator > 0.0f ? 1.0f / denominator : 0.0f;
     }
     __syncthreads();
+    const long long out_row = (long long)(query_start[seq] + query) * num_q_heads + head;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float value = 0.0f;
         for (int s = 0; s < num_splits; ++s) {
-            if (weight[s] > 0.0f) value += weight[s] * partial_acc[partial_index(s, total_rows, row, num_q_heads, head) * head_dim + d];
+            if (weight[s] > 0.0f) value += weight[s] * partial_acc[partial_index(s, num_slots, slot, num_q_heads, head) * head_dim + d];
         }
-        out[((long long)row * num_q_heads + head) * head_dim + d] = __float2bfloat16(value * inv_denominator);
+        out[out_row * head_dim + d] = __float2bfloat16(value * inv_denominator);
     }
 }

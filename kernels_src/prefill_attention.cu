@@ -9,7 +9,8 @@
 //
 // Layout: q bf16 [T, Hq, D]; K, V [num_pages, 64, Hkv, D] bf16 or int8 (+ f32 scales [num_pages, 64, Hkv],
 // dequantized to bf16 while a tile is staged into shared memory); block_tables int32 [B, max_pages];
-// context_lens int32 [B]; query_start int32 [B+1]; out bf16 [T, Hq, D].
+// context_lens int32 [B]; query_start int32 [B+1]; out bf16 [T, Hq, D]. Sequences with C <= decode_max_queries
+// are skipped (decode_attention's in a mixed step).
 // Launch: prefill_attention_d{64,128}_{bf16,int8}: grid (ceil(max_b C_b / 64), Hq, B), block 128
 // (4 warps x 16 query rows = a 64-row query tile); blocks past their sequence's chunk exit at once.
 // Key tiles are pages (64 keys); K of the next page loads (cp.async) during softmax and P.V, V of the next
@@ -90,7 +91,7 @@ template <int D, bool kInt8>
 __forceinline__ void prefill_attention(bf16* out, const bf16* q, const void* k_cache, const void* v_cache,
                                        const float* k_scale, const float* v_scale, const int* block_tables,
                                        int max_pages, const int* context_lens, const int* query_start,
-                                       int num_q_heads, int num_kv_heads, float scale) {
+                                       int decode_max_queries, int num_q_heads, int num_kv_heads, float scale) {
     using P = PrefillShape<D>;
     __shared__ alignas(16) unsigned short k_tile[kKeyTile * P::kStride];
     __shared__ alignas(16) unsigned short v_tile[kKeyTile * P::kStride];
@@ -100,7 +101,7 @@ __forceinline__ void prefill_attention(bf16* out, const bf16* q, const void* k_c
     const int row0 = query_start[seq];
     const int chunk = query_start[seq + 1] - row0;
     const int q_begin = blockIdx.x * kQueryTile;
-    if (q_begin >= chunk) return;
+    if (q_begin >= chunk || chunk <= decode_max_queries) return;
     const int ctx = context_lens[seq];
     const int first_pos = ctx - chunk;
     const int kv_head = head / (num_q_heads / num_kv_heads);
@@ -258,9 +259,10 @@ __forceinline__ void prefill_attention(bf16* out, const bf16* q, const void* k_c
     extern "C" __global__ void __launch_bounds__(kPrefillThreads) prefill_attention_d##D##_##KIND(              \
         bf16* out, const bf16* q, const void* k_cache, const void* v_cache, const float* k_scale,               \
         const float* v_scale, const int* block_tables, int max_pages, const int* context_lens,                 \
-        const int* query_start, int num_q_heads, int num_kv_heads, float scale) {                              \
+        const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, float scale) {      \
         prefill_attention<D, INT8>(out, q, k_cache, v_cache, k_scale, v_scale, block_tables, max_pages,         \
-                                   context_lens, query_start, num_q_heads, num_kv_heads, scale);               \
+                                   context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,   \
+                                   scale);                                                                     \
     }
 
 PREFILL_KERNEL(64, bf16, false)

@@ -1,0 +1,389 @@
+"""Launch wrappers for the attention families (kernels_src/{rope_kv,decode_attention,prefill_attention}.cu).
+
+A step's attention is three launches over the same step inputs: `rope_kv` (q/k norm, RoPE, K/V into the
+pages), then per sequence either flash-decoding (`decode_attention`, sequences with at most
+`decode_max_queries` new rows: decode and speculative verify) or the tensor-core prefill kernel
+(`prefill_attention`, longer chunks). Both attention kernels take the whole step's tables and skip the
+other kind's sequences, so a mixed step needs no re-packing on the host.
+
+KV pages are declared to the ordering verifier as ("kv", page) resources; the caller passes the page sets it
+already computed from the host-side block tables and slot mapping (StepBatch.pages_read/pages_written), so
+declaring costs nothing per launch. The math of each kernel is documented at the top of its .cu file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ninfer_rt.cuda.kernels import Arg, KernelLibrary, KernelSpec
+from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
+from ninfer_rt.cuda.ops import _require_bytes, _require_positive
+from ninfer_rt.cuda.streams import require_stream
+from ninfer_rt.ordering.verifier import Resource
+
+if TYPE_CHECKING:
+    from ninfer_rt.exec.base import AttentionParams, AttentionShape
+    from ninfer_rt.kv.cache import KVCache, KVLayer
+
+PAGE_SIZE = 64  # kPageSize in attention_common.cuh
+KV_KINDS = ("bf16", "int8")
+ROPE_HEAD_DIMS = (64, 128, 256)
+DECODE_HEAD_DIMS = (64, 128, 256)
+PREFILL_HEAD_DIMS = (64, 128)
+DECODE_ROW_CAPACITIES = (8, 32, 64)  # the r{R} instantiations of decode_attention.cu
+DECODE_MAX_QUERIES = 8  # new rows per sequence up to which decode attention is used (spec verify width)
+MAX_SPLITS = 256  # kMaxSplits in decode_attention.cu
+DECODE_BLOCKS_PER_SM = 8  # resident decode blocks per SM the split count aims for (registers allow ~5-7)
+MIN_PAGES_PER_SPLIT = 2  # below this a split's fixed cost outweighs the parallelism it adds
+_THREADS = 128  # every attention kernel runs 4 warps
+_ROPE_HEADS_PER_BLOCK = 4  # kRopeWarps
+_PREFILL_QUERY_TILE = 64  # kQueryTile
+_BF16 = 2
+_F32 = 4
+
+_ROPE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.F32, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32)
+_DECODE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32)
+_PREFILL_SIGNATURE = (Arg.PTR,) * 7 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32)
+DECODE_COMBINE = KernelSpec("decode_attention", "decode_attention_combine", (Arg.PTR,) * 4 + (Arg.I32,) * 5)
+
+STEP_INPUT_NAMES = ("positions", "query_start", "context_lens", "block_tables", "slot_mapping")
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """The step's int32 device buffers (published per rule 3): positions and slot_mapping [T],
+    query_start [B+1], context_lens [B], block_tables [B, max_pages_per_seq] (-1 where unused)."""
+
+    positions: Buffer
+    query_start: Buffer
+    context_lens: Buffer
+    block_tables: Buffer
+    slot_mapping: Buffer
+
+
+@dataclass(frozen=True)
+class DecodeWorkspace:
+    """Flash-decoding partials: acc f32 [num_splits, B * max_queries, Hq, D], (max, sum) f32 [..., 2].
+    Row slot b * max_queries + j holds query j of sequence b."""
+
+    acc: Buffer
+    ml: Buffer
+
+
+# -- host-side math -------------------------------------------------------------------------------------
+
+
+def rope_table(inv_freq: np.ndarray, attention_scaling: float, max_pos: int) -> np.ndarray:
+    """cos/sin table f32 [max_pos, 2, D/2] as rope_kv.cu reads it: row p holds cos(p * inv_freq), then
+    sin(p * inv_freq), both times `attention_scaling` (YaRN's mscale; 1.0 for plain RoPE). Angles in
+    float64 so large positions keep full precision before the f32 rounding."""
+    inv_freq = np.asarray(inv_freq, np.float64)
+    angles = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return (np.stack([np.cos(angles), np.sin(angles)], axis=1) * attention_scaling).astype(np.float32)
+
+
+def decode_num_splits(num_seqs: int, n_kv_heads: int, sm_count: int, max_context_len: int | None = None) -> int:
+    """KV splits per (sequence, kv head) so the decode grid fills the GPU: about DECODE_BLOCKS_PER_SM
+    blocks per SM (a 114k context at batch 1 becomes ~130 splits on an H200). With `max_context_len` no
+    split gets fewer than MIN_PAGES_PER_SPLIT pages. Captured graphs call it without a context length, so
+    the grid does not depend on it (the kernel divides each sequence's pages among the splits it is
+    given; surplus splits exit at once)."""
+    _require_positive("decode_num_splits", num_seqs=num_seqs, n_kv_heads=n_kv_heads, sm_count=sm_count)
+    splits = math.ceil(sm_count * DECODE_BLOCKS_PER_SM / (num_seqs * n_kv_heads))
+    if max_context_len is not None:
+        pages = math.ceil(max_context_len / PAGE_SIZE)
+        splits = min(splits, max(1, pages // MIN_PAGES_PER_SPLIT))
+    return max(1, min(splits, MAX_SPLITS))
+
+
+def decode_max_queries(n_q_heads: int, n_kv_heads: int) -> int:
+    """Longest per-sequence row count the decode kernel takes: DECODE_MAX_QUERIES, fewer when a GQA group
+    is so wide that group * rows would exceed the largest row capacity (64)."""
+    group = _gqa_group(n_q_heads, n_kv_heads)
+    return max(1, min(DECODE_MAX_QUERIES, DECODE_ROW_CAPACITIES[-1] // group))
+
+
+def decode_row_capacity(rows: int) -> int:
+    """The smallest decode instantiation holding `rows` = queries * GQA group rows per block."""
+    for capacity in DECODE_ROW_CAPACITIES:
+        if rows <= capacity:
+            return capacity
+    raise ValueError(f"decode attention holds at most {DECODE_ROW_CAPACITIES[-1]} rows per kv head, got {rows}")
+
+
+def decode_workspace_bytes(num_splits: int, num_seqs: int, max_queries: int, n_q_heads: int, head_dim: int) -> tuple[int, int]:
+    """(acc bytes, ml bytes) of a DecodeWorkspace."""
+    rows = num_splits * num_seqs * max_queries * n_q_heads
+    return rows * head_dim * _F32, rows * 2 * _F32
+
+
+def _gqa_group(n_q_heads: int, n_kv_heads: int) -> int:
+    _require_positive("attention", n_q_heads=n_q_heads, n_kv_heads=n_kv_heads)
+    if n_q_heads % n_kv_heads:
+        raise ValueError(f"attention: {n_q_heads} q heads are not a multiple of {n_kv_heads} kv heads")
+    return n_q_heads // n_kv_heads
+
+
+def _check_kv(op: str, kv_dtype: str, cache: KVLayer) -> None:
+    if kv_dtype not in KV_KINDS:
+        raise ValueError(f"{op}: kv dtype must be one of {KV_KINDS}, got {kv_dtype!r}")
+    if (kv_dtype == "int8") != (cache.k_scale is not None and cache.v_scale is not None):
+        raise ValueError(f"{op}: int8 KV needs k_scale and v_scale buffers, bf16 KV none")
+
+
+def _check_head_dim(op: str, head_dim: int, supported: tuple[int, ...]) -> None:
+    if head_dim not in supported:
+        raise ValueError(f"{op}: head_dim {head_dim} not instantiated (supported: {supported})")
+
+
+def _scale_ptrs(cache: KVLayer) -> tuple[Buffer | int, Buffer | int]:
+    return (cache.k_scale or 0, cache.v_scale or 0)
+
+
+# -- kernels --------------------------------------------------------------------------------------------
+
+
+def rope_kv_spec(head_dim: int, kv_dtype: str) -> KernelSpec:
+    return KernelSpec("rope_kv", f"rope_kv_d{head_dim}_{kv_dtype}", _ROPE_SIGNATURE)
+
+
+def decode_spec(head_dim: int, kv_dtype: str, row_capacity: int) -> KernelSpec:
+    return KernelSpec("decode_attention", f"decode_attention_d{head_dim}_{kv_dtype}_r{row_capacity}", _DECODE_SIGNATURE)
+
+
+def prefill_spec(head_dim: int, kv_dtype: str) -> KernelSpec:
+    return KernelSpec("prefill_attention", f"prefill_attention_d{head_dim}_{kv_dtype}", _PREFILL_SIGNATURE)
+
+
+def rope_kv(
+    lib: KernelLibrary,
+    stream: object,
+    qkv: Buffer,
+    q_out: Buffer,
+    cache: KVLayer,
+    shape: AttentionShape,
+    inputs: StepInputs,
+    num_tokens: int,
+    rope: Buffer,
+    q_norm: Buffer | None,
+    k_norm: Buffer | None,
+    *,
+    kv_dtype: str,
+    pages_written: Sequence[Resource],
+    lane: object = None,
+) -> None:
+    """q_out = rope(q_norm(q)); K/V pages at slot_mapping = rope(k_norm(k)), v (rope_kv.cu)."""
+    stream = require_stream(stream)
+    hq, hkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    _require_positive("rope_kv", num_tokens=num_tokens)
+    _gqa_group(hq, hkv)
+    _check_head_dim("rope_kv", d, ROPE_HEAD_DIMS)
+    _check_kv("rope_kv", kv_dtype, cache)
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("rope_kv: q_norm and k_norm come together (Qwen3) or not at all (Llama)")
+    _require_bytes(
+        "rope_kv",
+        qkv=(qkv, num_tokens * (hq + 2 * hkv) * d * _BF16),
+        q_out=(q_out, num_tokens * hq * d * _BF16),
+        positions=(inputs.positions, num_tokens * 4),
+        slot_mapping=(inputs.slot_mapping, num_tokens * 4),
+        rope=(rope, 2 * (d // 2) * _F32),
+    )
+    norms = tuple(n.resource for n in (q_norm, k_norm) if n is not None)
+    grid = (math.ceil((hq + hkv) / _ROPE_HEADS_PER_BLOCK), num_tokens)
+    lib.kernel(rope_kv_spec(d, kv_dtype)).launch(
+        stream, grid, _THREADS,
+        q_out, cache.k, cache.v, *_scale_ptrs(cache), qkv, q_norm or 0, k_norm or 0, float(shape.norm_eps), rope,
+        inputs.positions, inputs.slot_mapping, hq, hkv,
+        label="rope_kv",
+        reads=(qkv.resource, rope.resource, inputs.positions.resource, inputs.slot_mapping.resource, *norms),
+        writes=(q_out.resource, *pages_written),
+        lane=lane,
+    )
+
+
+def decode_attention(
+    lib: KernelLibrary,
+    stream: object,
+    q: Buffer,
+    out: Buffer,
+    cache: KVLayer,
+    shape: AttentionShape,
+    inputs: StepInputs,
+    query_lens: Sequence[int],
+    max_pages_per_seq: int,
+    workspace: DecodeWorkspace,
+    num_splits: int,
+    *,
+    kv_dtype: str,
+    pages_read: Sequence[Resource],
+    lane: object = None,
+) -> None:
+    """out rows of every sequence with 1..decode_max_queries new rows = paged causal attention
+    (decode_attention.cu: split kernel, then combine). Other sequences' rows are left untouched."""
+    stream = require_stream(stream)
+    hq, hkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    group = _gqa_group(hq, hkv)
+    _check_head_dim("decode_attention", d, DECODE_HEAD_DIMS)
+    _check_kv("decode_attention", kv_dtype, cache)
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"decode_attention: num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    max_queries = decode_max_queries(hq, hkv)
+    decode_lens = [n for n in query_lens if 1 <= n <= max_queries]
+    if not decode_lens:
+        raise ValueError(f"decode_attention: no sequence has 1..{max_queries} new rows ({list(query_lens)})")
+    num_seqs, num_rows = len(query_lens), sum(query_lens)
+    acc_bytes, ml_bytes = decode_workspace_bytes(num_splits, num_seqs, max_queries, hq, d)
+    _require_bytes(
+        "decode_attention",
+        q=(q, num_rows * hq * d * _BF16),
+        out=(out, num_rows * hq * d * _BF16),
+        partial_acc=(workspace.acc, acc_bytes),
+        partial_ml=(workspace.ml, ml_bytes),
+        block_tables=(inputs.block_tables, num_seqs * max_pages_per_seq * 4),
+        context_lens=(inputs.context_lens, num_seqs * 4),
+        query_start=(inputs.query_start, (num_seqs + 1) * 4),
+    )
+    spec = decode_spec(d, kv_dtype, decode_row_capacity(max(decode_lens) * group))
+    tables = (inputs.block_tables.resource, inputs.context_lens.resource, inputs.query_start.resource)
+    partials = (workspace.acc.resource, workspace.ml.resource)
+    lib.kernel(spec).launch(
+        stream, (num_splits, hkv, num_seqs), _THREADS,
+        workspace.acc, workspace.ml, q, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables,
+        max_pages_per_seq, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale,
+        label="decode_attention", reads=(q.resource, *tables, *pages_read), writes=partials, lane=lane,
+    )
+    lib.kernel(DECODE_COMBINE).launch(
+        stream, (num_seqs * max_queries, hq), _THREADS,
+        out, workspace.acc, workspace.ml, inputs.query_start, num_splits, num_seqs, max_queries, hq, d,
+        label="decode_attention_combine", reads=(*partials, inputs.query_start.resource), writes=(out.resource,), lane=lane,
+    )
+
+
+def prefill_attention(
+    lib: KernelLibrary,
+    stream: object,
+    q: Buffer,
+    out: Buffer,
+    cache: KVLayer,
+    shape: AttentionShape,
+    inputs: StepInputs,
+    query_lens: Sequence[int],
+    max_pages_per_seq: int,
+    *,
+    kv_dtype: str,
+    pages_read: Sequence[Resource],
+    lane: object = None,
+) -> None:
+    """out rows of every sequence with more than decode_max_queries new rows = causal attention of the
+    chunk over the cached prefix and itself (prefill_attention.cu). Other sequences' rows are untouched."""
+    stream = require_stream(stream)
+    hq, hkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    _gqa_group(hq, hkv)
+    _check_head_dim("prefill_attention", d, PREFILL_HEAD_DIMS)
+    _check_kv("prefill_attention", kv_dtype, cache)
+    max_queries = decode_max_queries(hq, hkv)
+    longest = max(query_lens, default=0)
+    if longest <= max_queries:
+        raise ValueError(f"prefill_attention: no sequence has more than {max_queries} new rows ({list(query_lens)})")
+    num_seqs, num_rows = len(query_lens), sum(query_lens)
+    _require_bytes(
+        "prefill_attention",
+        q=(q, num_rows * hq * d * _BF16),
+        out=(out, num_rows * hq * d * _BF16),
+        block_tables=(inputs.block_tables, num_seqs * max_pages_per_seq * 4),
+        context_lens=(inputs.context_lens, num_seqs * 4),
+        query_start=(inputs.query_start, (num_seqs + 1) * 4),
+    )
+    tables = (inputs.block_tables.resource, inputs.context_lens.resource, inputs.query_start.resource)
+    lib.kernel(prefill_spec(d, kv_dtype)).launch(
+        stream, (math.ceil(longest / _PREFILL_QUERY_TILE), hq, num_seqs), _THREADS,
+        out, q, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables, max_pages_per_seq,
+        inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale,
+        label="prefill_attention", reads=(q.resource, *tables, *pages_read), writes=(out.resource,), lane=lane,
+    )
+
+
+# -- the executor's attention op ------------------------------------------------------------------------
+
+
+@dataclass
+class _Scratch:
+    q: DeviceBuffer
+    workspace: DecodeWorkspace
+
+
+# Scratch per (library, geometry, capacities): allocated by the first (eager) step of a shape and reused
+# by every later one, so a captured graph's addresses stay valid. Sized for the largest batch up front.
+_scratch: dict[tuple[Any, ...], tuple[KernelLibrary, _Scratch]] = {}
+
+
+def _scratch_for(lib: KernelLibrary, owner_buffer: Buffer, shape: AttentionShape, max_rows: int, max_seqs: int) -> _Scratch:
+    hq, hkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    key = (id(lib), hq, hkv, d, max_rows, max_seqs)
+    if key not in _scratch:
+        max_queries = decode_max_queries(hq, hkv)
+        sm_count = lib.device.sm_count
+        # The largest splits * sequences any batch size up to max_seqs asks for.
+        worst = max(decode_num_splits(b, hkv, sm_count) * b for b in range(1, max_seqs + 1))
+        acc_bytes, ml_bytes = decode_workspace_bytes(worst, 1, max_queries, hq, d)
+        owner = owner_buffer.owner
+        scratch = _Scratch(
+            q=DeviceBuffer(owner, max_rows * hq * d * _BF16, f"attention.q[{hq}x{d}]"),
+            workspace=DecodeWorkspace(
+                DeviceBuffer(owner, acc_bytes, f"attention.partial_acc[{hq}x{d}]"),
+                DeviceBuffer(owner, ml_bytes, f"attention.partial_ml[{hq}x{d}]"),
+            ),
+        )
+        _scratch[key] = (lib, scratch)  # holding lib keeps id(lib) from being reused
+    return _scratch[key][1]
+
+
+def attention(
+    lib: KernelLibrary,
+    stream: object,
+    qkv: Buffer,
+    out: Buffer,
+    params: AttentionParams,
+    kv: KVCache,
+    kv_layer: int,
+    *,
+    inputs: StepInputs,
+    query_lens: Sequence[int],
+    max_pages_per_seq: int,
+    pages_read: Sequence[Resource],
+    pages_written: Sequence[Resource],
+    lane: object = None,
+) -> None:
+    """The Executor's attention op on `qkv` [T, (Hq + 2 Hkv) D] -> out [T, Hq D]: rope_kv, then decode
+    attention for short sequences and prefill attention for long ones. The launch sequence depends only on
+    `query_lens` and the device (never on context lengths), so a decode step can be captured as a graph."""
+    shape = params.shape
+    kv_dtype = kv.spec.dtype
+    cache = kv.layers[kv_layer]
+    num_rows = sum(query_lens)
+    qkv_row_bytes = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim * _BF16
+    scratch = _scratch_for(lib, qkv, shape, qkv.nbytes // qkv_row_bytes, inputs.context_lens.nbytes // 4)
+    rope_kv(
+        lib, stream, qkv, scratch.q, cache, shape, inputs, num_rows, params.rope.buffer,
+        params.q_norm.buffer if params.q_norm is not None else None,
+        params.k_norm.buffer if params.k_norm is not None else None,
+        kv_dtype=kv_dtype, pages_written=pages_written, lane=lane,
+    )
+    max_queries = decode_max_queries(shape.num_heads, shape.num_kv_heads)
+    if any(1 <= n <= max_queries for n in query_lens):
+        num_splits = decode_num_splits(len(query_lens), shape.num_kv_heads, lib.device.sm_count)
+        decode_attention(
+            lib, stream, scratch.q, out, cache, shape, inputs, query_lens, max_pages_per_seq, scratch.workspace,
+            num_splits, kv_dtype=kv_dtype, pages_read=pages_read, lane=lane,
+        )
+    if any(n > max_queries for n in query_lens):
+        prefill_attention(
+            lib, stream, scratch.q, out, cache, shape, inputs, query_lens, max_pages_per_seq,
+            kv_dtype=kv_dtype, pages_read=pages_read, lane=lane,
+        )
