@@ -17,7 +17,8 @@ publish.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import ml_dtypes
@@ -129,7 +130,7 @@ class CudaExecutor:
         self._host_out: PinnedBuffer | None = None
         self._upload_ring: StagingRing | None = None
         self._batch: StepBatch | None = None
-        self._published: StepBatch | None = None
+        self._prepublished: StepBatch | None = None
         self.shape: StepShape | None = None
         self._lane: object = None
         self._pages_read: tuple[Resource, ...] = ()
@@ -180,11 +181,20 @@ class CudaExecutor:
         for name in STEP_INPUTS:
             data = np.ascontiguousarray(arrays[name], dtype=np.int32)
             self._staging.publish(self.compute, self._inputs[name], data, label=f"publish {name}", lane=lane)
-        self._published = batch
+
+    @contextmanager
+    def prepublished(self, batch: StepBatch, kv: KVCache) -> Iterator[None]:
+        """Publish `batch` now; forward passes over it inside the block skip their own publish (a capture
+        must not contain the staging copy, and a replay is preceded by an ordinary one)."""
+        self.publish(batch, kv)
+        self._prepublished = batch
+        try:
+            yield
+        finally:
+            self._prepublished = None
 
     def begin_step(self, batch: StepBatch, kv: KVCache) -> None:
-        """Publishes the inputs unless graphs.py already did for this very batch (before a replay)."""
-        if self._published is not batch:
+        if self._prepublished is not batch:
             self.publish(batch, kv)
         self._batch = batch
         self.shape = step_shape(batch)
@@ -249,12 +259,22 @@ class CudaExecutor:
         return out
 
     def attention(self, qkv: DeviceTensor, params: AttentionParams, kv: KVCache, kv_layer: int) -> DeviceTensor:
+        # Imported here while cuda/attention_ops.py (rope_kv + decode/prefill kernels) is being written
+        # in parallel; the contract it must meet for graphs: launch shapes (e.g. the decode split count)
+        # depend only on query_lens and the device, never on context lengths, which live on the device.
+        from ninfer_rt.cuda import attention_ops
+
         qkv = self._ready(qkv)
         out = self._tensor(qkv.rows, params.shape.q_size)
-        attention_ops.attention(
-            self.library, self.compute, qkv.buffer, out.buffer, params, kv, kv_layer,
-            inputs=attention_ops.StepInputs(**{name: self._inputs[name] for name in attention_ops.STEP_INPUT_NAMES}),
-            query_lens=self.shape.query_lens, max_pages_per_seq=self.max_pages_per_seq,
+        inputs = self._inputs
+        attention_ops.paged_attention(
+            self.library, self.compute, qkv=qkv.buffer, out=out.buffer, rows=qkv.rows, shape=params.shape,
+            rope=params.rope.buffer, q_norm=params.q_norm.buffer if params.q_norm is not None else None,
+            k_norm=params.k_norm.buffer if params.k_norm is not None else None,
+            layer=kv.layers[kv_layer], kv_spec=kv.spec, positions=inputs["positions"],
+            slot_mapping=inputs["slot_mapping"], query_start=inputs["query_start"],
+            context_lens=inputs["context_lens"], block_tables=inputs["block_tables"],
+            max_pages=self.max_pages_per_seq, query_lens=self.shape.query_lens,
             pages_read=self._pages_read, pages_written=self._pages_written, lane=self._lane,
         )
         return out
@@ -375,11 +395,11 @@ class GraphedForward:
         shape = step_shape(batch)
         if sum(shape.query_lens) > linear_ops.GEMV_MAX_ROWS:
             return forward(self.executor, self.model, batch, self.kv)
-        self.executor.publish(batch, self.kv)  # outside the graph, on the stream it replays on
-        graph = self.graphs.get(shape)
-        if graph is None:
-            graph = self.graphs[shape] = self._capture(batch)
-        self.executor.begin_step(batch, self.kv)  # host bookkeeping only: the inputs are published
+        with self.executor.prepublished(batch, self.kv):  # outside the graph, on the stream it replays on
+            graph = self.graphs.get(shape)
+            if graph is None:
+                graph = self.graphs[shape] = self._capture(batch)
+            self.executor.begin_step(batch, self.kv)  # host bookkeeping only
         pages_read, pages_written = self.executor.step_pages
         return graph.replay(pages_read, pages_written, lane=tuple(batch.lanes) or None)
 
