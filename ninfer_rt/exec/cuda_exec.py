@@ -8,7 +8,7 @@ after the last op that read it; the pool never frees, so addresses stay valid in
 
 Per op: linear is the decode GEMV for <= 8 rows (gemv.cu) and cuBLASLt above; a GEMV into gate_up is
 deferred and fused with the SwiGLU that consumes it (one pass over the weights, no gate_up round trip);
-attention uses attention_ops (decode kernel for sequences with <= 8 new rows, prefill kernel otherwise).
+attention is attention_ops.attention (rope_kv, then the decode or prefill kernel per sequence).
 
 Step inputs (rule 3) are published by `begin_step` through a StagingRing on the compute stream into fixed
 device buffers, which is what lets a captured step (GraphedForward, graphs.py) replay after a fresh
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from ninfer_rt.cuda import linear_ops, ops
+from ninfer_rt.cuda import attention_ops, linear_ops, ops
 from ninfer_rt.cuda.blas import Blas, GemmShape
 from ninfer_rt.cuda.graphs import Graph, capture
 from ninfer_rt.cuda.kernels import KernelLibrary
@@ -94,9 +94,8 @@ class DeferredSwiglu:
 class StepShape:
     """Everything host-side that decides which launches a step makes (a captured graph's key)."""
 
-    query_lens: tuple[int, ...]  # new rows per sequence
+    query_lens: tuple[int, ...]  # new rows per sequence: also picks each sequence's attention kernel
     logit_rows: int
-    decode: tuple[bool, ...]  # per sequence: decode attention kernel (<= 8 new rows) or prefill kernel
 
 
 class CudaExecutor:
@@ -163,9 +162,8 @@ class CudaExecutor:
 
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> DeviceTensor:
         """cos/sin table f32 [max_positions, 2, D/2], as rope_kv.cu reads it (row p: cos, then sin)."""
-        angles = np.arange(self.max_positions, dtype=np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None, :]
-        table = (np.stack([np.cos(angles), np.sin(angles)], axis=1) * attention_scaling).astype(np.float32)
-        tensor = self.empty_weight("rope", self.max_positions, 2 * angles.shape[1], "f32")
+        table = attention_ops.rope_table(inv_freq, attention_scaling, self.max_positions)
+        tensor = self.empty_weight("rope", self.max_positions, table.shape[1] * table.shape[2], "f32")
         self.upload(tensor.buffer, table, label="upload rope")
         return tensor
 
@@ -259,22 +257,12 @@ class CudaExecutor:
         return out
 
     def attention(self, qkv: DeviceTensor, params: AttentionParams, kv: KVCache, kv_layer: int) -> DeviceTensor:
-        # Imported here while cuda/attention_ops.py (rope_kv + decode/prefill kernels) is being written
-        # in parallel; the contract it must meet for graphs: launch shapes (e.g. the decode split count)
-        # depend only on query_lens and the device, never on context lengths, which live on the device.
-        from ninfer_rt.cuda import attention_ops
-
         qkv = self._ready(qkv)
         out = self._tensor(qkv.rows, params.shape.q_size)
-        inputs = self._inputs
-        attention_ops.paged_attention(
-            self.library, self.compute, qkv=qkv.buffer, out=out.buffer, rows=qkv.rows, shape=params.shape,
-            rope=params.rope.buffer, q_norm=params.q_norm.buffer if params.q_norm is not None else None,
-            k_norm=params.k_norm.buffer if params.k_norm is not None else None,
-            layer=kv.layers[kv_layer], kv_spec=kv.spec, positions=inputs["positions"],
-            slot_mapping=inputs["slot_mapping"], query_start=inputs["query_start"],
-            context_lens=inputs["context_lens"], block_tables=inputs["block_tables"],
-            max_pages=self.max_pages_per_seq, query_lens=self.shape.query_lens,
+        attention_ops.attention(
+            self.library, self.compute, qkv.buffer, out.buffer, params, kv, kv_layer,
+            inputs=attention_ops.StepInputs(**{name: self._inputs[name] for name in attention_ops.STEP_INPUT_NAMES}),
+            query_lens=self.shape.query_lens, max_pages_per_seq=self.max_pages_per_seq,
             pages_read=self._pages_read, pages_written=self._pages_written, lane=self._lane,
         )
         return out
@@ -372,12 +360,7 @@ class CudaExecutor:
 
 
 def step_shape(batch: StepBatch) -> StepShape:
-    query_lens = tuple(int(n) for n in np.diff(batch.query_start))
-    return StepShape(
-        query_lens=query_lens,
-        logit_rows=int(len(batch.logit_rows)),
-        decode=tuple(n <= linear_ops.GEMV_MAX_ROWS for n in query_lens),
-    )
+    return StepShape(tuple(int(n) for n in np.diff(batch.query_start)), int(len(batch.logit_rows)))
 
 
 class GraphedForward:
