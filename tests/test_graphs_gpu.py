@@ -31,22 +31,21 @@ def test_graph_replay_is_bit_identical_to_eager(gpu_tiny: Path) -> None:
 def test_batched_and_verify_width_graphs_match_eager(gpu_tiny: Path, widths: tuple[int, ...]) -> None:
     rng = np.random.default_rng(len(widths))
     prompts = [rng.integers(0, GPU_TINY["vocab"], PROMPT - 5 * i).tolist() for i in range(len(widths))]
+    steps = [[rng.integers(0, GPU_TINY["vocab"], w).tolist() for w in widths] for _ in range(3)]  # capture, 2 replays
     pages = [[2 * i, 2 * i + 1] for i in range(len(widths))]
-    results = []
-    for graphed in (False, True):
+
+    def run(graphed: bool) -> np.ndarray:
         rt = runtime(gpu_tiny, device=True)
-        step = GraphedForward(rt.executor, rt.model, rt.kv) if graphed else (lambda b, rt=rt: forward(rt.executor, rt.model, b, rt.kv))
+        step = GraphedForward(rt.executor, rt.model, rt.kv) if graphed else (lambda b: forward(rt.executor, rt.model, b, rt.kv))
         forward(rt.executor, rt.model, step_batch([SeqStep(p, 0, pg) for p, pg in zip(prompts, pages)], PAGE_SIZE), rt.kv)
-        cached = [len(p) for p in prompts]
-        logits = []
-        for _ in range(3):  # the first graphed step captures, the next two replay
-            parts = [SeqStep(rng.integers(0, GPU_TINY["vocab"], w).tolist(), c, pg) for w, c, pg in zip(widths, cached, pages)]
+        cached, logits = [len(p) for p in prompts], []
+        for new in steps:
+            parts = [SeqStep(t, c, pg) for t, c, pg in zip(new, cached, pages)]
             logits.append(rt.executor.to_host(step(step_batch(parts, PAGE_SIZE)).logits))
-            cached = [c + w for c, w in zip(cached, widths)]
-        results.append(np.concatenate(logits))
-        rng = np.random.default_rng(len(widths))  # the same tokens for the second run
-        prompts = [rng.integers(0, GPU_TINY["vocab"], PROMPT - 5 * i).tolist() for i in range(len(widths))]
-    np.testing.assert_array_equal(results[1], results[0])
+            cached = [c + len(t) for c, t in zip(cached, new)]
+        return np.concatenate(logits)
+
+    np.testing.assert_array_equal(run(graphed=True), run(graphed=False))
 
 
 def test_replays_allocate_nothing_and_declare_the_current_pages(gpu_tiny: Path) -> None:
