@@ -123,7 +123,7 @@ def test_an_engine_failure_fails_the_request_and_marks_the_server_unhealthy(tiny
         def broken_step() -> None:
             raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED (crash context in /tmp/crash.json)")
 
-        doomed.state.backend._engine.step = broken_step  # type: ignore[attr-defined]
+        doomed.state.backend._loop.engine.step = broken_step  # type: ignore[attr-defined]
         assert_error(doomed.post("/v1/chat/completions", GOOD), 500, "CUDA_ERROR_LAUNCH_FAILED", "crash.json")
         health = httpx.get(doomed.url + "/health")
         assert health.status_code == 503 and "CUDA_ERROR_LAUNCH_FAILED" in health.json()["error"]

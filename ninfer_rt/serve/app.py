@@ -496,6 +496,8 @@ class _Outputs:
                 if output.stats is not None:
                     self._metrics.generation_done(output.stats)
                 yield output
+        except ValueError as exc:  # refused by the engine after our checks (e.g. the pool changed): a 400
+            raise bad_request(str(exc)) from None
         except BackendFailed as exc:
             self._state.fatal = str(exc)
             self._state.on_fatal()
