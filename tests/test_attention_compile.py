@@ -1,0 +1,243 @@
+"""Attention families on the CPU: NVRTC compiles them for every target arch with every kernel the wrappers
+launch, and the wrappers' host-side math, checks, launch shapes and declared accesses are right."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from attention_refs import PAGE, make_batch, make_pages, neox_rope_ref, paged_attention_ref
+from ninfer_rt.cuda import attention_ops
+from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
+from ninfer_rt.cuda.compiler import compile_family
+from ninfer_rt.cuda.memory import DeviceBuffer
+from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.exec.base import AttentionParams, AttentionShape
+from ninfer_rt.kv.cache import KVCache, KVSpec, page_resource
+from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
+
+TARGET_ARCHS = ("sm_80", "sm_90a", "sm_120a")
+H200_SMS = 132
+
+
+def kernel_names() -> dict[str, set[str]]:
+    """Every kernel name the wrappers can launch, by family."""
+    names: dict[str, set[str]] = {"rope_kv": set(), "decode_attention": {"decode_attention_combine"}, "prefill_attention": set()}
+    for kind in attention_ops.KV_KINDS:
+        names["rope_kv"] |= {attention_ops.rope_kv_spec(d, kind).name for d in attention_ops.ROPE_HEAD_DIMS}
+        names["prefill_attention"] |= {attention_ops.prefill_spec(d, kind).name for d in attention_ops.PREFILL_HEAD_DIMS}
+        names["decode_attention"] |= {
+            attention_ops.decode_spec(d, kind, r).name for d in attention_ops.DECODE_HEAD_DIMS for r in attention_ops.DECODE_ROW_CAPACITIES
+        }
+    return names
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("attention_cubins")
+
+
+@pytest.mark.parametrize("arch", TARGET_ARCHS)
+@pytest.mark.parametrize("family", ["rope_kv", "decode_attention", "prefill_attention"])
+def test_family_compiles_with_every_kernel_the_wrappers_launch(family: str, arch: str, cache_dir: Path) -> None:
+    cubin = compile_family(family, arch, cache=cache_dir).cubin
+    missing = sorted(name for name in kernel_names()[family] if name.encode() + b"\0" not in cubin)
+    assert not missing, f"{family} for {arch} lacks {missing}"
+
+
+# -- host-side math -------------------------------------------------------------------------------------
+
+
+def test_num_splits_fills_an_h200_at_batch_one_for_a_114k_context() -> None:
+    splits = attention_ops.decode_num_splits(1, 8, H200_SMS, 114_812)
+    assert splits * 8 >= H200_SMS * attention_ops.DECODE_BLOCKS_PER_SM
+    assert -(-114_812 // PAGE) / splits >= attention_ops.MIN_PAGES_PER_SPLIT
+
+
+@pytest.mark.parametrize("context", [1, 63, 65, 256, 1000])
+def test_num_splits_never_cuts_short_contexts_below_two_pages_per_split(context: int) -> None:
+    splits = attention_ops.decode_num_splits(1, 8, H200_SMS, context)
+    assert splits == max(1, -(-context // PAGE) // attention_ops.MIN_PAGES_PER_SPLIT)
+
+
+@pytest.mark.parametrize("num_seqs", [1, 2, 7, 64, 512])
+@pytest.mark.parametrize("n_kv_heads", [1, 4, 8])
+def test_num_splits_without_a_context_depends_only_on_the_grid_and_stays_in_range(num_seqs: int, n_kv_heads: int) -> None:
+    splits = attention_ops.decode_num_splits(num_seqs, n_kv_heads, H200_SMS)
+    assert 1 <= splits <= attention_ops.MAX_SPLITS
+    if splits < attention_ops.MAX_SPLITS:
+        assert splits * num_seqs * n_kv_heads >= H200_SMS * attention_ops.DECODE_BLOCKS_PER_SM
+
+
+def test_decode_takes_up_to_eight_rows_per_sequence_within_the_row_capacity() -> None:
+    assert attention_ops.decode_max_queries(32, 8) == 8
+    assert attention_ops.decode_max_queries(64, 8) == 8  # group 8 x 8 rows = 64, the largest capacity
+    assert attention_ops.decode_max_queries(64, 4) == 4  # group 16
+    assert [attention_ops.decode_row_capacity(r) for r in (1, 8, 9, 32, 33, 64)] == [8, 8, 32, 32, 64, 64]
+    with pytest.raises(ValueError, match="at most 64"):
+        attention_ops.decode_row_capacity(65)
+
+
+@pytest.fixture
+def yarn_config(tiny_qwen3: Path) -> ModelConfig:
+    raw = json.loads((tiny_qwen3 / "config.json").read_text())
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    return ModelConfig.from_dict({**raw, "max_position_embeddings": 16384, "rope_scaling": scaling})
+
+
+def test_rope_table_holds_scaled_cos_then_sin_per_position(yarn_config: ModelConfig) -> None:
+    inv_freq, scaling = rope_inv_freq(yarn_config), rope_attention_scaling(yarn_config)
+    assert scaling != 1.0
+    table = attention_ops.rope_table(inv_freq, scaling, 5000)
+    assert table.shape == (5000, 2, yarn_config.head_dim // 2) and table.dtype == np.float32
+    angles = 4999 * inv_freq
+    np.testing.assert_allclose(table[4999, 0], np.cos(angles) * scaling, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(table[4999, 1], np.sin(angles) * scaling, rtol=1e-6, atol=1e-7)
+
+
+def test_rotating_with_the_rope_table_is_neox_rope(yarn_config: ModelConfig) -> None:
+    """What rope_kv.cu does with a table row equals the reference rotation (i pairs with i + D/2)."""
+    inv_freq, scaling = rope_inv_freq(yarn_config), rope_attention_scaling(yarn_config)
+    d = yarn_config.head_dim
+    table = attention_ops.rope_table(inv_freq, scaling, 300).astype(np.float64)
+    positions = np.array([0, 1, 17, 299])
+    x = np.random.default_rng(0).standard_normal((4, 3, d))
+    cos, sin = table[positions, 0][:, None, :], table[positions, 1][:, None, :]
+    a, b = x[..., : d // 2], x[..., d // 2 :]
+    kernel_math = np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    np.testing.assert_allclose(kernel_math, neox_rope_ref(x, positions, inv_freq, scaling), rtol=1e-5, atol=1e-6)
+
+
+def test_paged_reference_equals_dense_causal_attention_on_contiguous_keys() -> None:
+    """The GPU tests' reference itself: through shuffled pages it is plain causal attention."""
+    rng = np.random.default_rng(1)
+    batch = make_batch(rng, [3], [130])
+    k, v = (make_pages(rng, batch.num_pages, 2, 16, "bf16", batch.all_slots()) for _ in range(2))
+    q = rng.standard_normal((3, 4, 16))
+    out = paged_attention_ref(q, k.values, v.values, batch.block_tables, batch.context_lens, batch.query_start, 0.25)
+    pages = batch.block_tables[0, :3]
+    keys, values = k.values[pages].reshape(-1, 2, 16)[:130], v.values[pages].reshape(-1, 2, 16)[:130]
+    for j in range(3):
+        for h in range(4):
+            scores = keys[: 128 + j, h // 2] @ q[j, h] * 0.25
+            probs = np.exp(scores - scores.max())
+            np.testing.assert_allclose(out[j, h], probs @ values[: 128 + j, h // 2] / probs.sum(), rtol=1e-12)
+
+
+# -- launches: shapes, kernel choice and declared accesses (a recording library, no GPU) -----------------
+
+
+@dataclass
+class Launch:
+    name: str
+    grid: tuple[int, ...]
+    args: tuple[object, ...]
+    reads: tuple[object, ...]
+    writes: tuple[object, ...]
+
+
+@dataclass
+class RecordingLibrary:
+    device: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(sm_count=H200_SMS))
+    launches: list[Launch] = field(default_factory=list)
+
+    def kernel(self, spec: object) -> SimpleNamespace:
+        def launch(stream: object, grid: tuple[int, ...], block: int, *args: object, label: str, reads: tuple = (), writes: tuple = (), lane: object = None) -> None:
+            self.launches.append(Launch(spec.name, grid, args, tuple(reads), tuple(writes)))
+
+        return SimpleNamespace(launch=launch)
+
+
+def logical_step(query_lens: list[int], context_lens: list[int], kv_dtype: str = "bf16") -> SimpleNamespace:
+    streams = StreamSet(verify=False)
+    hq, hkv, d = 16, 4, 128
+    batch = make_batch(np.random.default_rng(0), query_lens, context_lens)
+    kv = KVCache(streams, KVSpec(num_layers=1, num_pages=batch.num_pages, n_kv_heads=hkv, head_dim=d, dtype=kv_dtype))
+    max_tokens = 512
+
+    def buf(nbytes: int, name: str) -> DeviceBuffer:
+        return DeviceBuffer(streams, nbytes, name)
+
+    inputs = StepInputs(
+        positions=buf(4 * max_tokens, "positions"), query_start=buf(4 * 9, "query_start"), context_lens=buf(4 * 8, "context_lens"),
+        block_tables=buf(4 * 8 * batch.block_tables.shape[1], "block_tables"), slot_mapping=buf(4 * max_tokens, "slot_mapping"),
+    )
+    shape = AttentionShape(num_heads=hq, num_kv_heads=hkv, head_dim=d, norm_eps=1e-6)
+    norm = SimpleNamespace(buffer=buf(2 * d, "norm"))
+    params = AttentionParams(shape, SimpleNamespace(buffer=buf(4 * 1024 * d, "rope")), norm, norm)
+    read = tuple(page_resource(p) for p in np.unique(batch.block_tables[batch.block_tables >= 0]))
+    written = tuple(page_resource(p) for p in np.unique(batch.slot_mapping // PAGE))
+    return SimpleNamespace(
+        streams=streams, stream=streams.create("compute"), kv=kv, inputs=inputs, params=params, batch=batch,
+        qkv=buf(max_tokens * (hq + 2 * hkv) * d * 2, "qkv"), out=buf(max_tokens * hq * d * 2, "out"), read=read, written=written,
+    )
+
+
+def run_attention_op(lib: RecordingLibrary, step: SimpleNamespace) -> None:
+    attention_ops.attention(
+        lib, step.stream, step.qkv, step.out, step.params, step.kv, 0, inputs=step.inputs,
+        query_lens=step.batch.query_lens.tolist(), max_pages_per_seq=step.batch.block_tables.shape[1],
+        pages_read=step.read, pages_written=step.written,
+    )
+
+
+def test_decode_step_is_rope_then_split_then_combine_with_a_context_free_grid() -> None:
+    lib, step = RecordingLibrary(), logical_step([1, 2], [5000, 70])
+    run_attention_op(lib, step)
+    names = [launch.name for launch in lib.launches]
+    assert names == ["rope_kv_d128_bf16", "decode_attention_d128_bf16_r8", "decode_attention_combine"]
+    rope, split, combine = lib.launches
+    splits = attention_ops.decode_num_splits(2, 4, H200_SMS)
+    assert rope.grid == (5, 3) and split.grid == (splits, 4, 2) and combine.grid == (2 * 8, 16)
+    assert set(step.written) <= set(rope.writes) and set(step.read) <= set(split.reads)
+    assert step.out.resource in combine.writes and not any(r[0] == "kv" for r in combine.reads)
+
+
+def test_mixed_step_adds_one_prefill_launch_and_verify_rows_pick_a_larger_row_capacity() -> None:
+    lib, step = RecordingLibrary(), logical_step([4, 300, 1], [900, 300, 64], kv_dtype="int8")
+    run_attention_op(lib, step)
+    names = [launch.name for launch in lib.launches]
+    # 4 verify rows x GQA group 4 = 16 rows per kv head: the r32 instantiation
+    assert names == ["rope_kv_d128_int8", "decode_attention_d128_int8_r32", "decode_attention_combine", "prefill_attention_d128_int8"]
+    prefill = lib.launches[-1]
+    assert prefill.grid == (5, 16, 3) and set(step.read) <= set(prefill.reads)
+
+
+def test_prefill_only_step_launches_no_decode_kernels() -> None:
+    lib, step = RecordingLibrary(), logical_step([100], [100])
+    run_attention_op(lib, step)
+    assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", "prefill_attention_d128_bf16"]
+
+
+def test_the_scratch_of_a_shape_is_allocated_once_and_reused() -> None:
+    lib, step = RecordingLibrary(), logical_step([1], [100])
+    run_attention_op(lib, step)
+    run_attention_op(lib, step)
+    q_args = {launch.args[0] for launch in lib.launches if launch.name.startswith("rope_kv")}
+    assert len(q_args) == 1
+
+
+def test_wrappers_refuse_bad_geometry_before_launching() -> None:
+    lib, step = RecordingLibrary(), logical_step([1], [100])
+    layer = step.kv.layers[0]
+    shape = AttentionShape(num_heads=12, num_kv_heads=8, head_dim=128, norm_eps=1e-6)
+    with pytest.raises(ValueError, match="multiple"):
+        attention_ops.prefill_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [100], 2, kv_dtype="bf16", pages_read=())
+    shape = AttentionShape(num_heads=16, num_kv_heads=4, head_dim=256, norm_eps=1e-6)
+    with pytest.raises(ValueError, match="head_dim 256"):
+        attention_ops.prefill_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [100], 2, kv_dtype="bf16", pages_read=())
+    shape = AttentionShape(num_heads=16, num_kv_heads=4, head_dim=128, norm_eps=1e-6)
+    workspace = DecodeWorkspace(step.out, step.out)
+    with pytest.raises(ValueError, match="num_splits"):
+        attention_ops.decode_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [1], 2, workspace, 0, kv_dtype="bf16", pages_read=())
+    with pytest.raises(ValueError, match="int8 KV needs"):
+        attention_ops.decode_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [1], 2, workspace, 4, kv_dtype="int8", pages_read=())
+    with pytest.raises(ValueError, match="holds"):  # partial buffers too small for 200 splits
+        attention_ops.decode_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [1], 2, workspace, 200, kv_dtype="bf16", pages_read=())
+    assert lib.launches == []

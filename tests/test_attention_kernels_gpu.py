@@ -1,0 +1,351 @@
+"""Attention kernels on the GPU against float64 numpy (kernels_src/{rope_kv,decode_attention,prefill_attention}.cu).
+
+Every output buffer is poisoned (0xFF bytes: NaN in bf16 and f32) before the launch and every element is
+checked; pages no sequence owns and slots past each context hold NaN, so a kernel that reads outside its
+context, or writes outside its rows, fails loudly. Failures print the relative L2 error, the max error and
+the first bad index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from attention_refs import (
+    BF16,
+    PAGE,
+    Batch,
+    PagedKV,
+    closeness_report,
+    dequantized,
+    make_batch,
+    make_pages,
+    neox_rope_ref,
+    paged_attention_ref,
+    quantize_int8_ref,
+    rms_normalize_ref,
+)
+from ninfer_rt.cuda import attention_ops
+from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
+from ninfer_rt.cuda.driver import open_device
+from ninfer_rt.cuda.kernels import KernelLibrary
+from ninfer_rt.cuda.memory import DeviceBuffer, PinnedBuffer, StagingRing
+from ninfer_rt.cuda.streams import Stream, StreamSet
+from ninfer_rt.exec.base import AttentionParams, AttentionShape
+from ninfer_rt.kv.cache import KVCache, KVLayer, KVSpec, page_resource
+
+pytestmark = pytest.mark.gpu
+POISON = 0xFF
+RTOL = 1e-2  # relative L2 bound for bf16 results
+
+
+@dataclass
+class Gpu:
+    streams: StreamSet
+    stream: Stream
+    lib: KernelLibrary
+
+    def upload(self, array: np.ndarray) -> DeviceBuffer:
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        buffer = DeviceBuffer(self.streams, max(raw.size, 16), "test")
+        ring = StagingRing(self.streams, 1, raw.size)
+        ring.publish(self.stream, buffer, raw, label="upload")
+        ring.free()
+        return buffer
+
+    def poisoned(self, nbytes: int) -> DeviceBuffer:
+        buffer = DeviceBuffer(self.streams, nbytes, "out")
+        self.stream.memset(buffer, POISON)
+        return buffer
+
+    def download(self, buffer: DeviceBuffer, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        host = PinnedBuffer(self.streams, buffer.nbytes, "host")
+        self.stream.copy(host, buffer)
+        self.stream.record().synchronize()
+        return host.read(np.dtype(dtype), shape, label="download")
+
+    def inputs(self, batch: Batch) -> StepInputs:
+        return StepInputs(
+            positions=self.upload(batch.positions),
+            query_start=self.upload(batch.query_start),
+            context_lens=self.upload(batch.context_lens),
+            block_tables=self.upload(batch.block_tables),
+            slot_mapping=self.upload(batch.slot_mapping),
+        )
+
+    def kv_layer(self, k: PagedKV, v: PagedKV) -> KVLayer:
+        scales = (self.upload(k.scale), self.upload(v.scale)) if k.scale is not None else (None, None)
+        return KVLayer(self.upload(k.raw), self.upload(v.raw), *scales)
+
+
+@pytest.fixture(scope="module")
+def gpu() -> Gpu:
+    device = open_device(0)
+    streams = StreamSet(device)
+    return Gpu(streams, streams.create("compute"), KernelLibrary(device))
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, what: str, rtol: float = RTOL) -> None:
+    rel_l2, problem = closeness_report(actual, expected, rtol=2 * rtol)
+    print(f"{what}: rel L2 {rel_l2:.3e}")
+    assert problem is None, f"{what}: {problem}"
+    assert rel_l2 < rtol, f"{what}: relative L2 error {rel_l2:.3e} >= {rtol}"
+
+
+def pages_of(batch: Batch) -> tuple[list, list]:
+    read = [page_resource(p) for p in np.unique(batch.block_tables[batch.block_tables >= 0])]
+    written = [page_resource(p) for p in np.unique(batch.slot_mapping[batch.slot_mapping >= 0] // PAGE)]
+    return read, written
+
+
+def shape_of(hq: int, hkv: int, d: int) -> AttentionShape:
+    return AttentionShape(num_heads=hq, num_kv_heads=hkv, head_dim=d, norm_eps=1e-6)
+
+
+# -- rope_kv --------------------------------------------------------------------------------------------
+
+
+def rope_inv_freq(d: int) -> np.ndarray:
+    return 1.0 / 1_000_000.0 ** (np.arange(0, d, 2, dtype=np.float64) / d)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 4, 128), (16, 2, 128), (8, 2, 64), (4, 1, 256)])
+@pytest.mark.parametrize("norms", [True, False], ids=["qk_norm", "no_norm"])
+def test_rope_kv_normalizes_rotates_and_writes_only_the_mapped_slots(
+    gpu: Gpu, kv_dtype: str, hq: int, hkv: int, d: int, norms: bool
+) -> None:
+    rng = np.random.default_rng(hq * 131 + d + norms)
+    batch = make_batch(rng, query_lens=[5, 1, 70], context_lens=[5, 1000, 200])
+    batch.slot_mapping[3] = -1  # a padding row: its K/V must not be written anywhere
+    t = batch.num_rows
+    qkv = (rng.standard_normal((t, (hq + 2 * hkv) * d)) * 2).astype(BF16)
+    q_norm = (1 + 0.1 * rng.standard_normal(d)).astype(BF16) if norms else None
+    k_norm = (1 + 0.1 * rng.standard_normal(d)).astype(BF16) if norms else None
+    scaling = 1.1  # a YaRN-like attention factor must reach both cos and sin
+    table = attention_ops.rope_table(rope_inv_freq(d), scaling, 4096)
+
+    elem = np.int8 if kv_dtype == "int8" else BF16
+    cache_shape = (batch.num_pages, PAGE, hkv, d)
+    k_buf, v_buf = gpu.poisoned(int(np.prod(cache_shape)) * np.dtype(elem).itemsize), gpu.poisoned(int(np.prod(cache_shape)) * np.dtype(elem).itemsize)
+    scales = (gpu.poisoned(batch.num_pages * PAGE * hkv * 4), gpu.poisoned(batch.num_pages * PAGE * hkv * 4)) if kv_dtype == "int8" else (None, None)
+    cache = KVLayer(k_buf, v_buf, *scales)
+    q_out = gpu.poisoned(t * hq * d * 2)
+    attention_ops.rope_kv(
+        gpu.lib, gpu.stream, gpu.upload(qkv), q_out, cache, shape_of(hq, hkv, d), gpu.inputs(batch), t,
+        gpu.upload(table), gpu.upload(q_norm) if norms else None, gpu.upload(k_norm) if norms else None,
+        kv_dtype=kv_dtype, pages_written=pages_of(batch)[1],
+    )
+
+    x = qkv.astype(np.float64).reshape(t, hq + 2 * hkv, d)
+    q, k, v = x[:, :hq], x[:, hq : hq + hkv], x[:, hq + hkv :]
+    if norms:
+        q, k = rms_normalize_ref(q, q_norm, 1e-6), rms_normalize_ref(k, k_norm, 1e-6)
+    q_ref = neox_rope_ref(q, batch.positions, rope_inv_freq(d), scaling)
+    k_ref = neox_rope_ref(k, batch.positions, rope_inv_freq(d), scaling)
+    assert_close(gpu.download(q_out, BF16, (t, hq, d)), q_ref, "q_out", rtol=5e-3)
+
+    written = batch.slot_mapping >= 0
+    slots = batch.slot_mapping[written]
+    k_raw = gpu.download(k_buf, elem, (batch.num_pages * PAGE, hkv, d))
+    v_raw = gpu.download(v_buf, elem, (batch.num_pages * PAGE, hkv, d))
+    untouched = np.setdiff1d(np.arange(batch.num_pages * PAGE), slots)
+    assert (k_raw[untouched].view(np.uint8) == POISON).all(), "K written outside slot_mapping"
+    assert (v_raw[untouched].view(np.uint8) == POISON).all(), "V written outside slot_mapping"
+    if kv_dtype == "bf16":
+        assert_close(k_raw[slots], k_ref[written], "K pages", rtol=5e-3)
+        np.testing.assert_array_equal(v_raw[slots].view(np.uint16), qkv.reshape(t, -1, d)[written, hq + hkv :].view(np.uint16))
+        return
+    k_scale = gpu.download(scales[0], np.float32, (batch.num_pages * PAGE, hkv))
+    v_scale = gpu.download(scales[1], np.float32, (batch.num_pages * PAGE, hkv))
+    assert (k_scale[untouched].view(np.uint32) == 0xFFFFFFFF).all(), "k_scale written outside slot_mapping"
+    for name, raw, scale, ref in (("K", k_raw, k_scale, k_ref[written]), ("V", v_raw, v_scale, v[written])):
+        _, ref_scale = quantize_int8_ref(ref)
+        np.testing.assert_allclose(scale[slots], ref_scale, rtol=1e-3, err_msg=f"{name} int8 scales")
+        step_error = np.abs(dequantized(raw[slots], scale[slots]) - ref) / ref_scale[..., None]
+        worst = np.unravel_index(int(np.argmax(step_error)), step_error.shape)
+        assert step_error.max() <= 1.0, f"{name} int8: {step_error.max():.3f} quantization steps off at {worst}"
+
+
+def test_rope_kv_int8_zero_row_stores_zeros_with_scale_one(gpu: Gpu) -> None:
+    hq, hkv, d = 2, 1, 128
+    batch = make_batch(np.random.default_rng(0), query_lens=[1], context_lens=[1], spare_pages=0)
+    qkv = np.zeros((1, (hq + 2 * hkv) * d), BF16)
+    cache = KVLayer(gpu.poisoned(PAGE * hkv * d), gpu.poisoned(PAGE * hkv * d), gpu.poisoned(PAGE * hkv * 4), gpu.poisoned(PAGE * hkv * 4))
+    attention_ops.rope_kv(
+        gpu.lib, gpu.stream, gpu.upload(qkv), gpu.poisoned(hq * d * 2), cache, shape_of(hq, hkv, d), gpu.inputs(batch), 1,
+        gpu.upload(attention_ops.rope_table(rope_inv_freq(d), 1.0, 8)), None, None,
+        kv_dtype="int8", pages_written=pages_of(batch)[1],
+    )
+    slot = int(batch.slot_mapping[0])
+    assert (gpu.download(cache.k, np.int8, (PAGE, hkv, d))[slot] == 0).all()
+    assert gpu.download(cache.k_scale, np.float32, (PAGE, hkv))[slot, 0] == 1.0
+
+
+# -- decode attention -----------------------------------------------------------------------------------
+
+
+def run_decode(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel output, float64 reference) over random K/V at every cached position."""
+    rng = np.random.default_rng(int(batch.context_lens.sum()) + hq + d)
+    slots = batch.all_slots()
+    k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
+    q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
+    splits = num_splits or attention_ops.decode_num_splits(len(batch.query_lens), hkv, gpu.lib.device.sm_count, int(batch.context_lens.max()))
+    max_queries = attention_ops.decode_max_queries(hq, hkv)
+    acc_bytes, ml_bytes = attention_ops.decode_workspace_bytes(splits, len(batch.query_lens), max_queries, hq, d)
+    out = gpu.poisoned(batch.num_rows * hq * d * 2)
+    attention_ops.decode_attention(
+        gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),
+        batch.query_lens.tolist(), batch.block_tables.shape[1], DecodeWorkspace(gpu.poisoned(acc_bytes), gpu.poisoned(ml_bytes)),
+        splits, kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
+    )
+    expected = paged_attention_ref(q, k.values, v.values, batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
+    return gpu.download(out, BF16, (batch.num_rows, hq, d)), expected
+
+
+CONTEXTS = [1, 63, 64, 65, 1000, 4097]
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (16, 4), (16, 2)], ids=["gqa1", "gqa4", "gqa8"])
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("queries", [1, 2, 3, 4])
+def test_decode_attention_matches_float64(gpu: Gpu, kv_dtype: str, hq: int, hkv: int, context: int, queries: int) -> None:
+    if queries > context:
+        pytest.skip("a sequence cannot have more new rows than tokens")
+    batch = make_batch(np.random.default_rng(context * 10 + queries), [queries], [context])
+    out, expected = run_decode(gpu, batch, hq, hkv, 128, kv_dtype)
+    assert_close(out, expected, f"decode {kv_dtype} hq={hq} hkv={hkv} L={context} Q={queries}")
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("d", [64, 256])
+def test_decode_attention_other_head_dims(gpu: Gpu, kv_dtype: str, d: int) -> None:
+    batch = make_batch(np.random.default_rng(d), [1, 3], [1000, 65])
+    out, expected = run_decode(gpu, batch, 8, 2, d, kv_dtype)
+    assert_close(out, expected, f"decode d={d} {kv_dtype}")
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("queries", [5, 8])
+def test_decode_attention_full_verify_width_with_gqa8_uses_all_64_rows(gpu: Gpu, kv_dtype: str, queries: int) -> None:
+    batch = make_batch(np.random.default_rng(queries), [queries, 1], [4097, 9])
+    out, expected = run_decode(gpu, batch, 16, 2, 128, kv_dtype)
+    assert_close(out, expected, f"decode verify width {queries}")
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 64, 256])
+def test_decode_attention_any_split_count_gives_the_same_result(gpu: Gpu, num_splits: int) -> None:
+    # 256 splits over 17 pages: most splits are empty and must not disturb the combine
+    batch = make_batch(np.random.default_rng(num_splits), [2, 1, 4], [1000, 1, 130])
+    out, expected = run_decode(gpu, batch, 8, 2, 128, "bf16", num_splits=num_splits)
+    assert_close(out, expected, f"decode with {num_splits} splits")
+
+
+def test_decode_attention_batch_of_mixed_contexts_and_widths(gpu: Gpu) -> None:
+    batch = make_batch(np.random.default_rng(7), [1, 2, 3, 4, 1, 1], [1, 63, 65, 1000, 4097, 128])
+    out, expected = run_decode(gpu, batch, 32, 8, 128, "int8")
+    assert_close(out, expected, "decode mixed batch")
+
+
+def test_decode_attention_long_context_fills_many_splits(gpu: Gpu) -> None:
+    batch = make_batch(np.random.default_rng(11), [1], [114_812])
+    out, expected = run_decode(gpu, batch, 32, 8, 128, "bf16")
+    assert_close(out, expected, "decode 114812 tokens")
+
+
+# -- prefill attention ----------------------------------------------------------------------------------
+
+
+def run_prefill(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(int(batch.context_lens.sum()) + 3 * hq + d)
+    slots = batch.all_slots()
+    k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
+    q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
+    out = gpu.poisoned(batch.num_rows * hq * d * 2)
+    attention_ops.prefill_attention(
+        gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),
+        batch.query_lens.tolist(), batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
+    )
+    expected = paged_attention_ref(q, k.values, v.values, batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
+    return gpu.download(out, BF16, (batch.num_rows, hq, d)), expected
+
+
+# (chunk, context): fresh prompts and chunks after a cached prefix, aligned and not
+PREFILL_CASES = [(9, 9), (64, 64), (100, 100), (65, 1000), (130, 4097), (300, 300), (9, 4097)]
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (16, 4), (16, 2)], ids=["gqa1", "gqa4", "gqa8"])
+@pytest.mark.parametrize(("chunk", "context"), PREFILL_CASES)
+def test_prefill_attention_matches_float64(gpu: Gpu, kv_dtype: str, hq: int, hkv: int, chunk: int, context: int) -> None:
+    batch = make_batch(np.random.default_rng(chunk * 7 + context), [chunk], [context])
+    out, expected = run_prefill(gpu, batch, hq, hkv, 128, kv_dtype)
+    assert_close(out, expected, f"prefill {kv_dtype} hq={hq} hkv={hkv} C={chunk} L={context}")
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_prefill_attention_head_dim_64(gpu: Gpu, kv_dtype: str) -> None:
+    batch = make_batch(np.random.default_rng(64), [77], [200])
+    out, expected = run_prefill(gpu, batch, 8, 2, 64, kv_dtype)
+    assert_close(out, expected, f"prefill d=64 {kv_dtype}")
+
+
+def test_prefill_attention_several_sequences_in_one_launch_leaves_decode_rows_alone(gpu: Gpu) -> None:
+    batch = make_batch(np.random.default_rng(5), [70, 3, 200, 20], [70, 500, 1100, 4097])
+    out, expected = run_prefill(gpu, batch, 16, 4, 128, "bf16")
+    decode_rows = np.arange(70, 73)  # the 3-row sequence is decode_attention's
+    prefill_rows = np.setdiff1d(np.arange(batch.num_rows), decode_rows)
+    assert_close(out[prefill_rows], expected[prefill_rows], "prefill multi-sequence")
+    assert (out[decode_rows].view(np.uint16) == 0xFFFF).all(), "prefill_attention wrote a decode sequence's rows"
+
+
+# -- the executor's op: rope_kv, then decode and prefill in one mixed step -------------------------------
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_attention_op_mixed_step_matches_float64(gpu: Gpu, kv_dtype: str) -> None:
+    hq, hkv, d = 16, 4, 128
+    rng = np.random.default_rng(99)
+    batch = make_batch(rng, query_lens=[1, 150, 4], context_lens=[700, 150, 66])
+    t = batch.num_rows
+    spec = KVSpec(num_layers=1, num_pages=batch.num_pages, n_kv_heads=hkv, head_dim=d, dtype=kv_dtype)
+    kv = KVCache(gpu.streams, spec)
+    prefix = [make_pages(rng, batch.num_pages, hkv, d, kv_dtype, batch.slots_before_step()) for _ in range(2)]
+    layer = kv.layers[0]
+    for buffer, data in ((layer.k, prefix[0].raw), (layer.v, prefix[1].raw), (layer.k_scale, prefix[0].scale), (layer.v_scale, prefix[1].scale)):
+        if buffer is not None:
+            ring = StagingRing(gpu.streams, 1, data.nbytes)
+            ring.publish(gpu.stream, buffer, data, label="prefix")
+            ring.free()
+    qkv = rng.standard_normal((t, (hq + 2 * hkv) * d)).astype(BF16)
+    norms = [(1 + 0.1 * rng.standard_normal(d)).astype(BF16) for _ in range(2)]
+    table = attention_ops.rope_table(rope_inv_freq(d), 1.0, 1024)
+    params = AttentionParams(
+        shape=shape_of(hq, hkv, d),
+        rope=SimpleNamespace(buffer=gpu.upload(table)),
+        q_norm=SimpleNamespace(buffer=gpu.upload(norms[0])),
+        k_norm=SimpleNamespace(buffer=gpu.upload(norms[1])),
+    )
+    out = gpu.poisoned(t * hq * d * 2)
+    read, written = pages_of(batch)
+    attention_ops.attention(
+        gpu.lib, gpu.stream, gpu.upload(qkv), out, params, kv, 0, inputs=gpu.inputs(batch),
+        query_lens=batch.query_lens.tolist(), max_pages_per_seq=batch.block_tables.shape[1],
+        pages_read=read, pages_written=written,
+    )
+
+    x = qkv.astype(np.float64).reshape(t, hq + 2 * hkv, d)
+    q = neox_rope_ref(rms_normalize_ref(x[:, :hq], norms[0], 1e-6), batch.positions, rope_inv_freq(d), 1.0)
+    # Attention is judged on the pages as rope_kv left them (its own accuracy is tested above).
+    elem = np.int8 if kv_dtype == "int8" else BF16
+    pages = []
+    for values, scale in ((layer.k, layer.k_scale), (layer.v, layer.v_scale)):
+        raw = gpu.download(values, elem, (batch.num_pages, PAGE, hkv, d))
+        pages.append(dequantized(raw, gpu.download(scale, np.float32, (batch.num_pages, PAGE, hkv)) if scale is not None else None))
+    expected = paged_attention_ref(q, pages[0], pages[1], batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
+    assert_close(gpu.download(out, BF16, (t, hq, d)), expected, f"attention op {kv_dtype}")
