@@ -146,3 +146,9 @@ def test_native_arch_without_a_gpu_is_a_clear_error(monkeypatch: pytest.MonkeyPa
 def test_cuda_headers_are_found() -> None:
     (include,) = compiler.cuda_include_dirs()
     assert (Path(include) / "cuda_bf16.h").is_file()
+
+
+def test_cuda_headers_are_found_without_cuda_pathfinder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiler, "_pathfinder_include_dir", lambda: None)
+    (include,) = compiler.cuda_include_dirs()
+    assert (Path(include) / "cuda_bf16.h").is_file()

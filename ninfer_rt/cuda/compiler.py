@@ -149,14 +149,9 @@ def _options(source: str, arch: str, defines: Mapping[str, object]) -> list[str]
 def cuda_include_dirs() -> list[str]:
     """Where cuda_fp16.h / cuda_bf16.h live: the nvidia-cuda-runtime wheel (found by cuda.pathfinder),
     else any nvidia wheel's include dir, else a CUDA toolkit."""
-    try:
-        from cuda.pathfinder import find_nvidia_header_directory
-    except ImportError:  # cuda-pathfinder releases before header lookup existed
-        find_nvidia_header_directory = None
-    if find_nvidia_header_directory is not None:
-        found = find_nvidia_header_directory("cudart")
-        if found:
-            return [found]
+    found = _pathfinder_include_dir()
+    if found:
+        return [found]
     candidates = [Path(p) / "nvidia" for p in sys.path if p]
     wheel_dirs = [inc for root in candidates if root.is_dir() for inc in sorted(root.glob("*/include"))]
     toolkit = [Path(os.environ[v]) / "include" for v in ("CUDA_HOME", "CUDA_PATH") if v in os.environ]
@@ -164,6 +159,15 @@ def cuda_include_dirs() -> list[str]:
         if (directory / "cuda_bf16.h").is_file():
             return [str(directory)]
     raise FileNotFoundError("cuda_bf16.h not found: install the nvidia-cuda-runtime wheel or set CUDA_HOME")
+
+
+def _pathfinder_include_dir() -> str | None:
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        return find_nvidia_header_directory("cudart")
+    except (ImportError, RuntimeError):  # older cuda-pathfinder: no header lookup, or none for cudart
+        return None
 
 
 def _cache_key(source: str, headers: Mapping[str, str], options: list[str]) -> str:
