@@ -24,6 +24,7 @@ from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 
 TARGET_ARCHS = ("sm_80", "sm_90a", "sm_120a")
 H200_SMS = 132
+RESIDENT = 7  # decode blocks per SM on an H200 (72 registers, 29 KiB of shared memory)
 
 
 def kernel_names() -> dict[str, set[str]]:
@@ -54,25 +55,26 @@ def test_family_compiles_with_every_kernel_the_wrappers_launch(family: str, arch
 # -- host-side math -------------------------------------------------------------------------------------
 
 
-def test_num_splits_fills_an_h200_at_batch_one_for_a_114k_context() -> None:
-    splits = attention_ops.decode_num_splits(1, 8, H200_SMS, 114_812)
-    assert splits * 8 >= H200_SMS * attention_ops.DECODE_BLOCKS_PER_SM
+def test_num_splits_fills_one_wave_of_an_h200_at_batch_one_for_a_114k_context() -> None:
+    splits = attention_ops.decode_num_splits(1, 8, H200_SMS, RESIDENT, 114_812)
+    assert H200_SMS * RESIDENT - 8 < splits * 8 <= H200_SMS * RESIDENT
     assert -(-114_812 // PAGE) / splits >= attention_ops.MIN_PAGES_PER_SPLIT
 
 
 @pytest.mark.parametrize("context", [1, 63, 65, 256, 1000])
 def test_num_splits_never_cuts_short_contexts_below_two_pages_per_split(context: int) -> None:
-    splits = attention_ops.decode_num_splits(1, 8, H200_SMS, context)
+    splits = attention_ops.decode_num_splits(1, 8, H200_SMS, RESIDENT, context)
     assert splits == max(1, -(-context // PAGE) // attention_ops.MIN_PAGES_PER_SPLIT)
 
 
 @pytest.mark.parametrize("num_seqs", [1, 2, 7, 64, 512])
 @pytest.mark.parametrize("n_kv_heads", [1, 4, 8])
-def test_num_splits_without_a_context_depends_only_on_the_grid_and_stays_in_range(num_seqs: int, n_kv_heads: int) -> None:
-    splits = attention_ops.decode_num_splits(num_seqs, n_kv_heads, H200_SMS)
+def test_num_splits_without_a_context_never_spills_into_a_second_wave(num_seqs: int, n_kv_heads: int) -> None:
+    splits = attention_ops.decode_num_splits(num_seqs, n_kv_heads, H200_SMS, RESIDENT)
     assert 1 <= splits <= attention_ops.MAX_SPLITS
-    if splits < attention_ops.MAX_SPLITS:
-        assert splits * num_seqs * n_kv_heads >= H200_SMS * attention_ops.DECODE_BLOCKS_PER_SM
+    blocks, wave = splits * num_seqs * n_kv_heads, H200_SMS * RESIDENT
+    assert blocks <= wave or splits == 1
+    assert blocks > wave - num_seqs * n_kv_heads or splits == attention_ops.MAX_SPLITS
 
 
 def test_decode_takes_up_to_eight_rows_per_sequence_within_the_row_capacity() -> None:
@@ -179,6 +181,11 @@ def logical_step(query_lens: list[int], context_lens: list[int], kv_dtype: str =
     )
 
 
+@pytest.fixture(autouse=True)
+def h200_occupancy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention_ops, "decode_blocks_per_sm", lambda kernel: RESIDENT)
+
+
 def run_attention_op(lib: RecordingLibrary, step: SimpleNamespace) -> None:
     attention_ops.attention(
         lib, step.stream, step.qkv, step.out, step.params, step.kv, 0, inputs=step.inputs,
@@ -193,7 +200,7 @@ def test_decode_step_is_rope_then_split_then_combine_with_a_context_free_grid() 
     names = [launch.name for launch in lib.launches]
     assert names == ["rope_kv_d128_bf16", "decode_attention_d128_bf16_r8", "decode_attention_combine"]
     rope, split, combine = lib.launches
-    splits = attention_ops.decode_num_splits(2, 4, H200_SMS)
+    splits = attention_ops.decode_num_splits(2, 4, H200_SMS, RESIDENT)
     assert rope.grid == (5, 3) and split.grid == (splits, 4, 2) and combine.grid == (2 * 8, 16)
     assert set(step.written) <= set(rope.writes) and set(step.read) <= set(split.reads)
     assert step.out.resource in combine.writes and not any(r[0] == "kv" for r in combine.reads)

@@ -194,8 +194,12 @@ def run_decode(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str,
     slots = batch.all_slots()
     k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
     q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
-    splits = num_splits or attention_ops.decode_num_splits(len(batch.query_lens), hkv, gpu.lib.device.sm_count, int(batch.context_lens.max()))
     max_queries = attention_ops.decode_max_queries(hq, hkv)
+    rows = int(batch.query_lens.max()) * (hq // hkv)
+    resident = attention_ops.decode_blocks_per_sm(gpu.lib.kernel(attention_ops.decode_spec(d, kv_dtype, attention_ops.decode_row_capacity(rows))))
+    splits = num_splits or attention_ops.decode_num_splits(
+        len(batch.query_lens), hkv, gpu.lib.device.sm_count, resident, int(batch.context_lens.max())
+    )
     acc_bytes, ml_bytes = attention_ops.decode_workspace_bytes(splits, len(batch.query_lens), max_queries, hq, d)
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
     attention_ops.decode_attention(

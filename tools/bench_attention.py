@@ -68,7 +68,9 @@ def bench_one(lib: KernelLibrary, streams: StreamSet, stream: Stream, context: i
         block_tables=upload_int32(streams, stream, np.random.default_rng(0).permutation(pages)[None, :], "block_tables"),
         slot_mapping=upload_int32(streams, stream, np.array([context - 1]), "slot_mapping"),
     )
-    num_splits = attention_ops.decode_num_splits(1, hkv, lib.device.sm_count, context)
+    kernel = lib.kernel(attention_ops.decode_spec(d, kv_dtype, attention_ops.decode_row_capacity(hq // hkv)))
+    resident = attention_ops.decode_blocks_per_sm(kernel)
+    num_splits = attention_ops.decode_num_splits(1, hkv, lib.device.sm_count, resident, context)
     acc_bytes, ml_bytes = attention_ops.decode_workspace_bytes(num_splits, 1, attention_ops.decode_max_queries(hq, hkv), hq, d)
     workspace = DecodeWorkspace(DeviceBuffer(streams, acc_bytes, "acc"), DeviceBuffer(streams, ml_bytes, "ml"))
     q, out = filled(streams, stream, hq * d * 2, "q"), DeviceBuffer(streams, hq * d * 2, "out")
@@ -96,7 +98,7 @@ def bench_one(lib: KernelLibrary, streams: StreamSet, stream: Stream, context: i
     rate = nbytes / (median_ms / 1e3)
     return {
         "kernel": "decode_attention", "context": context, "kv": kv_dtype, "q_heads": hq, "kv_heads": hkv, "head_dim": d,
-        "num_splits": num_splits, "us": median_ms * 1e3, "kv_bytes": nbytes, "GB/s": rate / 1e9, "of_peak": rate / H200_BYTES_PER_S,
+        "blocks_per_sm": resident, "num_splits": num_splits, "us": median_ms * 1e3, "kv_bytes": nbytes, "GB/s": rate / 1e9, "of_peak": rate / H200_BYTES_PER_S,
     }
 
 
@@ -126,7 +128,7 @@ def main() -> None:
         for context in args.contexts.split(",")
     ]
     print(f"{device.name}, {device.sm_count} SMs, commit {info['commit']}")
-    print_table(rows, ["kv", "context", "num_splits", "us", "kv_bytes", "GB/s", "of_peak"])
+    print_table(rows, ["kv", "context", "blocks_per_sm", "num_splits", "us", "kv_bytes", "GB/s", "of_peak"])
     print(f"appended to {append_results('attention', rows)}")
 
 

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from cuda.bindings import driver as cu
 
-from ninfer_rt.cuda.kernels import Arg, KernelLibrary, KernelSpec
+from ninfer_rt.cuda.driver import check
+from ninfer_rt.cuda.kernels import Arg, Kernel, KernelLibrary, KernelSpec
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.ops import _require_bytes, _require_positive
 from ninfer_rt.cuda.streams import require_stream
@@ -38,9 +40,9 @@ PREFILL_HEAD_DIMS = (64, 128)
 DECODE_ROW_CAPACITIES = (8, 32, 64)  # the r{R} instantiations of decode_attention.cu
 DECODE_MAX_QUERIES = 8  # new rows per sequence up to which decode attention is used (spec verify width)
 MAX_SPLITS = 256  # kMaxSplits in decode_attention.cu
-DECODE_BLOCKS_PER_SM = 8  # resident decode blocks per SM the split count aims for (registers allow ~5-7)
 MIN_PAGES_PER_SPLIT = 2  # below this a split's fixed cost outweighs the parallelism it adds
 _THREADS = 128  # every attention kernel runs 4 warps
+_MAX_BLOCKS_PER_SM = 2048 // _THREADS  # the hardware's resident-thread limit, for sizing scratch
 _ROPE_HEADS_PER_BLOCK = 4  # kRopeWarps
 _PREFILL_QUERY_TILE = 64  # kQueryTile
 _BF16 = 2
@@ -87,18 +89,26 @@ def rope_table(inv_freq: np.ndarray, attention_scaling: float, max_pos: int) -> 
     return (np.stack([np.cos(angles), np.sin(angles)], axis=1) * attention_scaling).astype(np.float32)
 
 
-def decode_num_splits(num_seqs: int, n_kv_heads: int, sm_count: int, max_context_len: int | None = None) -> int:
-    """KV splits per (sequence, kv head) so the decode grid fills the GPU: about DECODE_BLOCKS_PER_SM
-    blocks per SM (a 114k context at batch 1 becomes ~130 splits on an H200). With `max_context_len` no
-    split gets fewer than MIN_PAGES_PER_SPLIT pages. Captured graphs call it without a context length, so
-    the grid does not depend on it (the kernel divides each sequence's pages among the splits it is
-    given; surplus splits exit at once)."""
-    _require_positive("decode_num_splits", num_seqs=num_seqs, n_kv_heads=n_kv_heads, sm_count=sm_count)
-    splits = math.ceil(sm_count * DECODE_BLOCKS_PER_SM / (num_seqs * n_kv_heads))
+def decode_num_splits(
+    num_seqs: int, n_kv_heads: int, sm_count: int, blocks_per_sm: int, max_context_len: int | None = None
+) -> int:
+    """KV splits per (sequence, kv head) so the decode grid is one full wave: sm_count * blocks_per_sm
+    resident blocks (a 114k context at batch 1 on an H200 with 7 resident blocks: 115 splits of ~16
+    pages). A second, partial wave would double the time of a memory-bound kernel for a few blocks, so
+    the count rounds down. With `max_context_len` no split gets fewer than MIN_PAGES_PER_SPLIT pages.
+    Captured graphs call it without a context length, so the grid does not depend on it (the kernel
+    divides each sequence's pages among the splits it is given; surplus splits exit at once)."""
+    _require_positive("decode_num_splits", num_seqs=num_seqs, n_kv_heads=n_kv_heads, sm_count=sm_count, blocks_per_sm=blocks_per_sm)
+    splits = sm_count * blocks_per_sm // (num_seqs * n_kv_heads)
     if max_context_len is not None:
         pages = math.ceil(max_context_len / PAGE_SIZE)
         splits = min(splits, max(1, pages // MIN_PAGES_PER_SPLIT))
     return max(1, min(splits, MAX_SPLITS))
+
+
+def decode_blocks_per_sm(kernel: Kernel) -> int:
+    """Blocks of a decode kernel resident per SM (its registers and shared memory decide, per arch)."""
+    return int(check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, _THREADS, 0), "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
 
 
 def decode_max_queries(n_q_heads: int, n_kv_heads: int) -> int:
@@ -328,10 +338,10 @@ def _scratch_for(lib: KernelLibrary, owner_buffer: Buffer, shape: AttentionShape
     key = (id(lib), hq, hkv, d, max_rows, max_seqs)
     if key not in _scratch:
         max_queries = decode_max_queries(hq, hkv)
-        sm_count = lib.device.sm_count
-        # The largest splits * sequences any batch size up to max_seqs asks for.
-        worst = max(decode_num_splits(b, hkv, sm_count) * b for b in range(1, max_seqs + 1))
-        acc_bytes, ml_bytes = decode_workspace_bytes(worst, 1, max_queries, hq, d)
+        # splits * sequences never exceeds one wave of the most blocks an SM can hold (or max_seqs
+        # sequences of one split each), whatever the batch size and kernel occupancy.
+        wave = lib.device.sm_count * _MAX_BLOCKS_PER_SM // hkv
+        acc_bytes, ml_bytes = decode_workspace_bytes(max(wave, max_seqs), 1, max_queries, hq, d)
         owner = owner_buffer.owner
         scratch = _Scratch(
             q=DeviceBuffer(owner, max_rows * hq * d * _BF16, f"attention.q[{hq}x{d}]"),
@@ -342,6 +352,17 @@ def _scratch_for(lib: KernelLibrary, owner_buffer: Buffer, shape: AttentionShape
         )
         _scratch[key] = (lib, scratch)  # holding lib keeps id(lib) from being reused
     return _scratch[key][1]
+
+
+_occupancies: dict[tuple[int, KernelSpec], tuple[KernelLibrary, int]] = {}
+
+
+def _occupancy(lib: KernelLibrary, spec: KernelSpec) -> int:
+    """decode_blocks_per_sm, asked of the driver once per (library, kernel)."""
+    key = (id(lib), spec)
+    if key not in _occupancies:
+        _occupancies[key] = (lib, decode_blocks_per_sm(lib.kernel(spec)))
+    return _occupancies[key][1]
 
 
 def attention(
@@ -376,8 +397,12 @@ def attention(
         kv_dtype=kv_dtype, pages_written=pages_written, lane=lane,
     )
     max_queries = decode_max_queries(shape.num_heads, shape.num_kv_heads)
-    if any(1 <= n <= max_queries for n in query_lens):
-        num_splits = decode_num_splits(len(query_lens), shape.num_kv_heads, lib.device.sm_count)
+    decode_lens = [n for n in query_lens if 1 <= n <= max_queries]
+    if decode_lens:
+        group = shape.num_heads // shape.num_kv_heads
+        spec = decode_spec(shape.head_dim, kv_dtype, decode_row_capacity(max(decode_lens) * group))
+        resident = _occupancy(lib, spec)
+        num_splits = decode_num_splits(len(query_lens), shape.num_kv_heads, lib.device.sm_count, resident)
         decode_attention(
             lib, stream, scratch.q, out, cache, shape, inputs, query_lens, max_pages_per_seq, scratch.workspace,
             num_splits, kv_dtype=kv_dtype, pages_read=pages_read, lane=lane,
