@@ -52,18 +52,20 @@ def paged_attention_ref(
     """q [T, Hq, D]; k/v_pages float64 [num_pages, 64, Hkv, D] -> [T, Hq, D]. Row j of a sequence with Q
     rows and L keys attends to keys [0, L - Q + j]."""
     out = np.full(q.shape, np.nan)
-    group = q.shape[1] // k_pages.shape[2]
+    n_kv_heads, head_dim = k_pages.shape[2], k_pages.shape[3]
+    group = q.shape[1] // n_kv_heads  # q head h reads kv head h // group
     for seq, length in enumerate(context_lens):
         start, stop = int(query_start[seq]), int(query_start[seq + 1])
         pages = block_tables[seq, : math.ceil(length / PAGE)]
-        keys = np.repeat(k_pages[pages].reshape(-1, *k_pages.shape[2:])[:length], group, axis=1)
-        values = np.repeat(v_pages[pages].reshape(-1, *v_pages.shape[2:])[:length], group, axis=1)
+        keys = k_pages[pages].reshape(-1, n_kv_heads, head_dim)[:length]
+        values = v_pages[pages].reshape(-1, n_kv_heads, head_dim)[:length]
         for j, row in enumerate(range(start, stop)):
             visible = length - (stop - start) + j + 1
-            scores = np.einsum("hd,nhd->hn", q[row].astype(np.float64), keys[:visible]) * scale
-            probs = np.exp(scores - scores.max(axis=1, keepdims=True))
-            probs /= probs.sum(axis=1, keepdims=True)
-            out[row] = np.einsum("hn,nhd->hd", probs, values[:visible])
+            q_groups = q[row].astype(np.float64).reshape(n_kv_heads, group, head_dim)
+            scores = np.einsum("gjd,ngd->gjn", q_groups, keys[:visible]) * scale
+            probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            probs /= probs.sum(axis=-1, keepdims=True)
+            out[row] = np.einsum("gjn,ngd->gjd", probs, values[:visible]).reshape(-1, head_dim)
     return out
 
 
