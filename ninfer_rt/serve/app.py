@@ -59,11 +59,19 @@ class GenerationBackend(Protocol):
 
     def kv_stats(self) -> PoolStats: ...
 
+    def crash_context(self) -> dict[str, Any]:
+        """The engine's crash context now: last ops per stream, lane frontier, KV transactions and pages."""
+
     def shutdown(self) -> None: ...
 
 
 class BackendFailed(RuntimeError):
-    """The engine hit an error it cannot continue from (a sticky CUDA error): the server must restart."""
+    """The engine hit an error it cannot continue from (a sticky CUDA error, an ordering violation): the
+    server must restart."""
+
+    def __init__(self, message: str, ordering_violation: bool = False) -> None:
+        super().__init__(message)
+        self.ordering_violation = ordering_violation
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,7 @@ class ServeConfig:
     preserve_thinking: bool = True
     max_concurrency: int = 2
     max_queue: int = 64  # requests waiting beyond the running lanes before 429
+    verify_ordering: bool = False  # also serves /debug/crash-context, for replay harnesses to assert on
     sampling_defaults: Mapping[str, float] = field(default_factory=dict)  # from generation_config.json
 
 
@@ -149,6 +158,27 @@ def _install_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics, co
     async def prometheus() -> Response:
         kv = state.backend.kv_stats() if state.backend is not None else None
         return Response(metrics.render(kv), media_type="text/plain; version=0.0.4")
+
+    @app.get("/debug/crash-context")
+    async def crash_context() -> JSONResponse:
+        if not config.verify_ordering:
+            raise APIError(404, "/debug/crash-context is served only with --verify-ordering", code="not_found")
+        backend = state.backend
+        if backend is None:
+            raise APIError(503, "the model is still loading", type="server_error")
+        return JSONResponse(backend.crash_context())
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        # vLLM's route: harnesses that need exact prompt lengths (a prefix ending mid-page) measure here.
+        _authorize(request, config)
+        raw = await request.body()
+        chat = _is_chat_body(raw)
+        body = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
+        backend = _ready(state)
+        _check_model(body.model, config)
+        ids = _render_chat(body, state, config).ids if chat else _completion_prompt_ids(body, backend)
+        return JSONResponse({"count": len(ids), "max_model_len": backend.context_limit, "tokens": ids})
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
@@ -245,15 +275,8 @@ class _ChatJob(_Job):
     def build(cls, body: ChatCompletionRequest, state: ServerState, config: ServeConfig) -> _ChatJob:
         backend = _ready(state)
         _check_model(body.model, config)
-        if state.template is None:
-            raise bad_request("this model has no chat template; use /v1/completions")
-        kwargs = {"preserve_thinking": config.preserve_thinking, **(body.chat_template_kwargs or {})}
-        tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.parses_tool_calls else None
-        try:
-            prompt = state.template.render([m.for_template() for m in body.messages], tools=tools, **kwargs)
-        except ChatTemplateError as exc:
-            raise bad_request(str(exc), param="messages") from None
-        prompt_ids = backend.tokenizer.encode(prompt.text)
+        prompt = _render_chat(body, state, config)
+        prompt_ids = prompt.ids
         params = _sampling_params(body, body.requested_max_tokens, prompt_ids, backend, config)
         params = _with_logprobs(params, body.logprobs, body.top_logprobs or 0)
         return cls(
@@ -361,6 +384,34 @@ class _CompletionJob(_Job):
             "top_logprobs": [{self.tokenizer.decode([t]): lp for t, lp in e.top} for e in entries],
             "text_offset": [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))],
         }
+
+
+def _is_chat_body(raw: bytes) -> bool:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return False  # parse_body says what is wrong with it
+    return isinstance(data, dict) and "messages" in data
+
+
+@dataclass(frozen=True)
+class _ChatPrompt:
+    ids: list[int]
+    generation_prompt: str
+
+
+def _render_chat(body: ChatCompletionRequest, state: ServerState, config: ServeConfig) -> _ChatPrompt:
+    """The chat template applied to the request, tokenized: what generation and /tokenize both see."""
+    backend = _ready(state)
+    if state.template is None:
+        raise bad_request("this model has no chat template; use /v1/completions")
+    kwargs = {"preserve_thinking": config.preserve_thinking, **(body.chat_template_kwargs or {})}
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.parses_tool_calls else None
+    try:
+        prompt = state.template.render([m.for_template() for m in body.messages], tools=tools, **kwargs)
+    except ChatTemplateError as exc:
+        raise bad_request(str(exc), param="messages") from None
+    return _ChatPrompt(backend.tokenizer.encode(prompt.text), prompt.generation_prompt)
 
 
 def _check_model(model: str, config: ServeConfig) -> None:
@@ -499,6 +550,8 @@ class _Outputs:
         except ValueError as exc:  # refused by the engine after our checks (e.g. the pool changed): a 400
             raise bad_request(str(exc)) from None
         except BackendFailed as exc:
+            if exc.ordering_violation and self._state.fatal is None:
+                self._metrics.ordering_violations.inc()  # once: every in-flight request sees the same one
             self._state.fatal = str(exc)
             self._state.on_fatal()
             raise APIError(500, f"the engine failed: {exc}", type="server_error") from None

@@ -106,6 +106,7 @@ def run_server(model_path: Path, options: dict[str, Any]) -> int:
         preserve_thinking=options["preserve_thinking"],
         max_concurrency=options["max_concurrency"],
         max_queue=options["max_queue"],
+        verify_ordering=options["verify_ordering"],
         sampling_defaults=sampling_defaults(model_path),
     )
     app = create_app(lambda: EngineBackend.start(lambda: Engine.load(model_path, config)), serve_config)

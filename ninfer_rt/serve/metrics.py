@@ -34,6 +34,9 @@ class ServerMetrics:
         self.inter_token = Histogram(
             "ninfer_inter_token_latency_seconds", "Time between streamed tokens", buckets=ITL_BUCKETS, registry=r
         )
+        self.ordering_violations = Counter(
+            "ninfer_ordering_violations", "Ordering violations that stopped the engine (--verify-ordering)", registry=r
+        )
         self.kv_pages = Gauge("ninfer_kv_pages", "KV pages by state", ["state"], registry=r)
         self.requests_running = Gauge("ninfer_requests_running", "Requests admitted and not finished", registry=r)
 

@@ -1,0 +1,130 @@
+"""A replay's summary: the table a person reads, the verdict CI acts on, and per-request JSON lines."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ninfer_rt.replay.runner import RequestRecord
+from ninfer_rt.replay.server import ServerState
+
+PERCENTILES = (50, 90, 99)
+_CRASH_FILE = re.compile(r"crash context written to (\S+)")
+
+
+@dataclass
+class Summary:
+    requests: int
+    errors: int
+    wall_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cached_ratio_after_first: float | None  # cached / prompt tokens over turns 2.. of every conversation
+    ttft_s: dict[str, float]  # p50/p90/p99
+    itl_s: dict[str, float]
+    tokens_per_chunk: float | None  # streamed tokens per token-bearing chunk: the acceptance length with MTP
+    aligned: int  # turns that asked for a residue mod 64 and got it
+    misaligned: int
+    first_error: str | None
+    crash_files: list[str] = field(default_factory=list)
+    server: dict[str, Any] | None = None
+    server_died: str | None = None
+
+    def failures(self, expect_idle: bool = True, min_cached_ratio: float | None = None) -> list[str]:
+        """Why the replay failed; empty when it passed."""
+        reasons = []
+        if self.errors:
+            reasons.append(f"{self.errors} request(s) failed; first: {self.first_error}")
+        if self.server_died or (self.server is not None and not self.server["reachable"]):
+            reasons.append(f"the server died: {self.server_died or 'unreachable after the replay'}")
+        elif self.server is not None:
+            if self.server["ordering_violations"]:
+                reasons.append(f"{self.server['ordering_violations']} ordering violation(s) on the server")
+            kv = self.server["kv_pages"]
+            if expect_idle and kv is not None and not kv["idle"]:
+                reasons.append(f"KV pages not back to idle: {kv}")
+        if min_cached_ratio is not None and (self.cached_ratio_after_first or 0.0) < min_cached_ratio:
+            reasons.append(f"cached-token ratio from turn 2 is {self.cached_ratio_after_first}, below {min_cached_ratio}")
+        return reasons
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(records: Sequence[RequestRecord], wall_s: float, server: ServerState | None,
+              server_died: str | None) -> Summary:
+    ok = [r for r in records if r.ok]
+    later = [r for r in ok if r.turn >= 2]
+    later_prompt = sum(r.prompt_tokens for r in later)
+    streamed = [r for r in ok if r.stream and r.token_chunks]
+    errors = [r.error for r in records if r.error]
+    return Summary(
+        requests=len(records),
+        errors=len(errors),
+        wall_s=round(wall_s, 3),
+        prompt_tokens=sum(r.prompt_tokens for r in ok),
+        cached_tokens=sum(r.cached_tokens for r in ok),
+        completion_tokens=sum(r.completion_tokens for r in ok),
+        cached_ratio_after_first=round(sum(r.cached_tokens for r in later) / later_prompt, 4) if later_prompt else None,
+        ttft_s=percentiles([r.ttft_s for r in ok if r.ttft_s is not None]),
+        itl_s=percentiles([gap for r in ok for gap in r.token_gaps_s]),
+        tokens_per_chunk=(round(sum(r.completion_tokens for r in streamed) / sum(r.token_chunks for r in streamed), 3)
+                          if streamed else None),
+        aligned=sum(1 for r in ok if r.aligned is True),
+        misaligned=sum(1 for r in ok if r.aligned is False),
+        first_error=errors[0] if errors else None,
+        crash_files=sorted({m for e in errors for m in _CRASH_FILE.findall(e)}),
+        server=None if server is None else server.as_json(),
+        server_died=server_died,
+    )
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    """Nearest-rank percentiles (no interpolation: every reported latency is one that happened)."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {f"p{p}": round(ordered[min(len(ordered) - 1, max(0, -(-p * len(ordered) // 100) - 1))], 5)
+            for p in PERCENTILES}
+
+
+def format_table(summary: Summary) -> str:
+    def ms(stats: dict[str, float]) -> str:
+        return " / ".join(f"{stats[f'p{p}'] * 1000:.1f}" for p in PERCENTILES) if stats else "-"
+
+    kv = (summary.server or {}).get("kv_pages")
+    rows = [
+        ("requests", f"{summary.requests} ({summary.errors} errors) in {summary.wall_s:.1f} s"),
+        ("tokens", f"prompt {summary.prompt_tokens}, cached {summary.cached_tokens}, "
+                   f"completion {summary.completion_tokens}"),
+        ("cached ratio (turn >= 2)", _or_dash(summary.cached_ratio_after_first)),
+        ("TTFT p50/p90/p99 ms", ms(summary.ttft_s)),
+        ("ITL p50/p90/p99 ms", ms(summary.itl_s)),
+        ("acceptance (tokens/chunk)", _or_dash(summary.tokens_per_chunk)),
+        ("aligned prompts", f"{summary.aligned} ok, {summary.misaligned} missed"),
+        ("ordering violations", _or_dash((summary.server or {}).get("ordering_violations"))),
+        ("KV pages after", "-" if kv is None else
+         f"free {kv['free']}, in_use {kv['in_use']}, cached {kv['cached']}, total {kv['total']}"
+         f" ({'idle' if kv['idle'] else 'NOT idle'})"),
+    ]
+    if summary.first_error:
+        rows.append(("first error", summary.first_error))
+    for path in summary.crash_files:
+        rows.append(("crash context", path))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def write_records(records: Sequence[RequestRecord], path: str | Path) -> None:
+    with open(path, "w", encoding="utf-8") as out:
+        for record in sorted(records, key=lambda r: r.index):
+            out.write(json.dumps(record.as_json()) + "\n")
