@@ -10,27 +10,29 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ninfer_rt.cuda.driver import Device, device_count, open_device
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.output import OutputStream, RequestOutput
 from ninfer_rt.engine.request import FinishReason, Request, SamplingParams
 from ninfer_rt.engine.runner import ModelRunner
 from ninfer_rt.engine.scheduler import Scheduler, SchedulerConfig
-from ninfer_rt.exec.base import Executor
+from ninfer_rt.exec.base import Executor, StepBatch
+from ninfer_rt.exec.cuda_exec import CudaExecutor, GraphedForward
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.kv.capacity import check_fits, resolve_kv_capacity
 from ninfer_rt.kv.manager import KVManager
 from ninfer_rt.kv.pages import PoolStats
-from ninfer_rt.model.layers import prepare_model
+from ninfer_rt.model.layers import ForwardOutput, PreparedModel, prepare_model
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 
-DEVICES = ("cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 class EngineError(RuntimeError):
@@ -41,7 +43,7 @@ class EngineError(RuntimeError):
 class EngineConfig:
     """The flags `generate` and `serve` share."""
 
-    device: str = "cpu"
+    device: str = "auto"  # the GPU when one is present
     max_context: int = 32768
     kv_capacity: str = "auto"  # 'auto' or a page count
     max_concurrency: int = 2
@@ -62,17 +64,21 @@ class Engine:
     def __init__(self, weights: ModelWeights, tokenizer: Tokenizer, config: EngineConfig = EngineConfig()) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        self.streams = StreamSet(verify=config.verify_ordering)
-        self.executor = make_executor(config.device, self.streams)
+        self.device = resolve_device(config.device)
+        self.streams = StreamSet(open_device() if self.device == "cuda" else None, verify=config.verify_ordering)
         cfg = weights.config
+        max_context = min(config.max_context, cfg.max_position_embeddings)
+        self.executor = make_executor(config, self.streams, max_context)
         self.eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
-        self.kv = KVCache(self.streams, kv_spec(weights, config))
-        self.kv_manager = KVManager(self.streams, self.kv, min(config.max_context, cfg.max_position_embeddings))
+        model = prepare_model(self.executor, weights)
+        # KV is sized last: `--kv-capacity auto` takes what the weights and activations left free.
+        self.kv = KVCache(self.streams, kv_spec(weights, config, self.streams.device))
+        self.kv_manager = KVManager(self.streams, self.kv, max_context)
         self.ledger = KVLedger(
             self.kv_manager, self.executor.compute, self.streams.create("copy"), config.prefix_caching
         )
         self.scheduler = Scheduler(SchedulerConfig(config.max_concurrency, config.token_budget), self.ledger)
-        self.runner = ModelRunner(self.executor, prepare_model(self.executor, weights), self.kv, self.ledger)
+        self.runner = ModelRunner(self.executor, model, self.kv, self.ledger, step_forward_for(self.executor, model, self.kv))
         self._requests: dict[str, OutputStream] = {}
         self._pending: list[RequestOutput] = []  # outputs of requests ended between steps (abort)
         self._ids = itertools.count()
@@ -169,17 +175,37 @@ class Engine:
         me = threading.get_ident()
         if self._owner is None:
             self._owner = me
+            if self.streams.device is not None:
+                open_device(self.streams.device.ordinal)  # the CUDA context is current per thread
         elif self._owner != me:
             raise RuntimeError("the engine belongs to the thread that first used it; use EngineLoop from others")
 
 
-def make_executor(device: str, streams: StreamSet) -> Executor:
-    if device == "cuda":
-        raise EngineError("the CUDA executor is not available yet; use --device cpu")
-    return NumpyExecutor(streams)
+def resolve_device(device: str) -> str:
+    """'auto' is the GPU when one is present, else the CPU."""
+    if device == "auto":
+        return "cuda" if device_count() > 0 else "cpu"
+    return device
 
 
-def kv_spec(weights: ModelWeights, config: EngineConfig) -> KVSpec:
+def make_executor(config: EngineConfig, streams: StreamSet, max_context: int) -> Executor:
+    if streams.device is None:
+        return NumpyExecutor(streams)
+    return CudaExecutor(
+        streams,
+        max_tokens=config.token_budget,
+        max_seqs=config.max_concurrency,
+        max_pages_per_seq=-(-max_context // config.page_size) + 1,
+        max_positions=max_context,
+    )
+
+
+def step_forward_for(executor: Executor, model: PreparedModel, kv: KVCache) -> Callable[[StepBatch], ForwardOutput] | None:
+    """Decode steps replay CUDA graphs on the GPU; the numpy executor runs the plain forward."""
+    return GraphedForward(executor, model, kv) if isinstance(executor, CudaExecutor) else None
+
+
+def kv_spec(weights: ModelWeights, config: EngineConfig, device: Device | None) -> KVSpec:
     cfg = weights.config
     shape = dict(
         num_layers=cfg.num_hidden_layers + cfg.mtp_layers,
@@ -188,6 +214,9 @@ def kv_spec(weights: ModelWeights, config: EngineConfig) -> KVSpec:
         dtype=config.kv_dtype,
         page_size=config.page_size,
     )
-    free_bytes = None  # the CPU executor: memory is not the limit (the CUDA executor will pass its own)
+    free_bytes = None  # CPU: memory is not the limit
+    if device is not None:
+        # What prepare_model left free, less the activation pool, cuBLAS workspaces and graphs.
+        free_bytes = device.free_memory() - max(2 << 30, device.total_memory // 20)
     num_pages = resolve_kv_capacity(config.kv_capacity, KVSpec(num_pages=1, **shape), free_bytes)
     return KVSpec(num_pages=num_pages, **shape)

@@ -1,14 +1,14 @@
 """One step on the executor: scheduled chunks -> StepBatch -> forward -> sampled tokens.
 
 Executor-agnostic: it speaks exec.base.StepBatch and model.layers.forward, so the numpy executor and the
-CUDA executor run the same code. `run` returns a list of tokens per sampling request; today that list
-holds one token, and speculative decoding (MTP) will return the accepted drafts plus the bonus token
+CUDA executor run the same code. `run` returns a list of tokens per sampling request; here that list
+holds one token, and the speculative runner (spec.py) returns the accepted drafts plus the bonus token
 through the same shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,25 +19,72 @@ from ninfer_rt.engine.sampling import Sample, sample
 from ninfer_rt.engine.scheduler import ScheduledChunk
 from ninfer_rt.exec.base import Executor, StepBatch
 from ninfer_rt.kv.cache import KVCache
-from ninfer_rt.model.layers import PreparedModel, forward
+from ninfer_rt.kv.sequence import SequenceKV
+from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
 
 
 @dataclass(frozen=True)
 class SampledTokens:
     request: Request
     samples: list[Sample]
+    drafted: int = 0  # drafts verified this step (speculative decoding): len(samples) - 1 were accepted
+
+
+@dataclass(frozen=True)
+class SeqRows:
+    """One sequence's rows in a step: `token_ids` at positions start, start + 1, ...; logits are wanted
+    for the rows at `logit_offsets` (relative to the sequence's first row)."""
+
+    seq: SequenceKV
+    start: int
+    token_ids: Sequence[int]
+    logit_offsets: Sequence[int]
+    lane: str
+
+
+def step_batch(parts: Sequence[SeqRows]) -> StepBatch:
+    sizes = [len(part.token_ids) for part in parts]
+    query_start = np.cumsum([0, *sizes]).astype(np.int32)
+    positions = [np.arange(part.start, part.start + size) for part, size in zip(parts, sizes)]
+    width = max(len(part.seq.pages) for part in parts)
+    return StepBatch(
+        token_ids=np.concatenate([np.asarray(part.token_ids, np.int64) for part in parts]).astype(np.int32),
+        positions=np.concatenate(positions).astype(np.int32),
+        query_start=query_start,
+        context_lens=np.array([part.start + size for part, size in zip(parts, sizes)], np.int32),
+        block_tables=np.stack([part.seq.block_table_row(width) for part in parts]),
+        slot_mapping=np.concatenate([_slots(part.seq, pos) for part, pos in zip(parts, positions)]),
+        logit_rows=np.array(
+            [query_start[i] + offset for i, part in enumerate(parts) for offset in part.logit_offsets], np.int32
+        ),
+        lanes=tuple(part.lane for part in parts),
+    )
+
+
+def _slots(seq: SequenceKV, positions: np.ndarray) -> np.ndarray:
+    pages = np.asarray(seq.pages, np.int64)[positions // seq.page_size]
+    return (pages * seq.page_size + positions % seq.page_size).astype(np.int32)
 
 
 class ModelRunner:
-    def __init__(self, executor: Executor, model: PreparedModel, kv: KVCache, ledger: KVLedger) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        model: PreparedModel,
+        kv: KVCache,
+        ledger: KVLedger,
+        step_forward: Callable[[StepBatch], ForwardOutput] | None = None,
+    ) -> None:
         self.executor = executor
         self.model = model
         self.kv = kv
         self.ledger = ledger
+        # The CUDA executor replays decode-width steps from graphs; the default is the plain forward.
+        self.step_forward = step_forward or (lambda batch: forward(executor, model, batch, kv))
 
     def run(self, chunks: Sequence[ScheduledChunk]) -> list[SampledTokens]:
         batch = self.build_batch(chunks)
-        output = forward(self.executor, self.model, batch, self.kv)
+        output = self.step_forward(batch)
         logits = self.executor.to_host(output.logits)
         sampling = [chunk.request for chunk in chunks if chunk.samples]
         return [
@@ -46,20 +93,14 @@ class ModelRunner:
         ]
 
     def build_batch(self, chunks: Sequence[ScheduledChunk]) -> StepBatch:
-        sequences = [self.ledger.sequence(chunk.request) for chunk in chunks]
-        width = max(len(seq.pages) for seq in sequences)
-        starts = [chunk.request.num_computed for chunk in chunks]
-        sizes = [chunk.num_tokens for chunk in chunks]
-        query_start = np.cumsum([0, *sizes]).astype(np.int32)
-        return StepBatch(
-            token_ids=np.concatenate(
-                [chunk.request.all_ids[start : start + size] for chunk, start, size in zip(chunks, starts, sizes)]
-            ).astype(np.int32),
-            positions=np.concatenate([np.arange(start, start + size) for start, size in zip(starts, sizes)]).astype(np.int32),
-            query_start=query_start,
-            context_lens=np.array([start + size for start, size in zip(starts, sizes)], np.int32),
-            block_tables=np.stack([seq.block_table_row(width) for seq in sequences]),
-            slot_mapping=np.concatenate([seq.slot_mapping(size) for seq, size in zip(sequences, sizes)]),
-            logit_rows=np.array([query_start[i + 1] - 1 for i, chunk in enumerate(chunks) if chunk.samples], np.int32),
-            lanes=tuple(chunk.request.request_id for chunk in chunks),
+        return step_batch([self.chunk_rows(chunk) for chunk in chunks])
+
+    def chunk_rows(self, chunk: ScheduledChunk) -> SeqRows:
+        request, start, size = chunk.request, chunk.request.num_computed, chunk.num_tokens
+        return SeqRows(
+            self.ledger.sequence(request),
+            start,
+            request.all_ids[start : start + size],
+            [size - 1] if chunk.samples else [],
+            request.request_id,
         )
