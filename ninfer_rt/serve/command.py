@@ -64,7 +64,7 @@ def _kv_capacity(value: str) -> str:
 @click.option("--draft-tokens", default=3, show_default=True, type=click.IntRange(min=1))
 @click.option("--lm-head-draft", is_flag=True, help="Draft with a reduced lm_head.")
 @click.option("--preserve-thinking/--no-preserve-thinking", default=True, show_default=True)
-@click.option("--device", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]))
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]), help="auto: the GPU when one is present.")
 @click.option("--verify-ordering", is_flag=True, help="Run the happens-before verifier on every device op.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model_dir: str, **options: Any) -> None:
