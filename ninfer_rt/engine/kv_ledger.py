@@ -50,6 +50,14 @@ class KVLedger:
         seq = self.sequences[request.request_id]
         self.manager.commit(seq, request.all_ids[seq.num_tokens : request.num_computed])
 
+    def rollback(self, request: Request) -> None:
+        seq = self.sequences[request.request_id]
+        keep = -(-seq.num_tokens // self.manager.page_size)
+        if len(seq.pages) > keep:
+            # the fence follows the step's verify and drafting writes into these pages
+            self.manager.pool.release(reversed(seq.pages[keep:]), self.compute.record())
+            del seq.pages[keep:]
+
     def release(self, request: Request) -> None:
         seq = self.sequences.pop(request.request_id, None)
         if seq is not None:

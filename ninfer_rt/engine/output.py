@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ninfer_rt.engine.request import FinishReason, Request
 from ninfer_rt.engine.sampling import Sample, TokenLogprobs
+from ninfer_rt.engine.spec_stats import AcceptanceCounts
 from ninfer_rt.engine.stop import StopStringMatcher
 from ninfer_rt.model.tokenizer import Tokenizer
 
@@ -28,6 +29,7 @@ class RequestStats:
     ttft_s: float  # arrival to first token
     prefill_tok_s: float  # computed (uncached) prompt tokens per second of prefill
     decode_tok_s: float  # tokens after the first, per second
+    acceptance: AcceptanceCounts | None = None  # speculative decoding only
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,12 @@ class OutputStream:
         self._detokenizer = tokenizer.detokenizer(request.prompt_ids, skip_special_tokens=True)
         self._stop_strings = StopStringMatcher(request.params.stop)
         self._context_limit = context_limit
+        self._acceptance = AcceptanceCounts()
 
-    def accept(self, samples: Sequence[Sample]) -> RequestOutput:
-        """Append the step's samples (stopping at the first that ends the request) and return the delta."""
+    def accept(self, samples: Sequence[Sample], drafted: int = 0) -> RequestOutput:
+        """Append the step's samples (stopping at the first that ends the request) and return the delta.
+        `drafted` drafts were verified to produce them: all but the last sample are accepted drafts."""
+        self._acceptance.add(drafted, len(samples) - 1)
         request = self.request
         if request.first_token_time is None:
             request.first_token_time = time.monotonic()
@@ -110,5 +115,6 @@ class OutputStream:
             ttft_s=first - request.arrival,
             prefill_tok_s=computed_prompt / max(first - started, 1e-9),
             decode_tok_s=decoded / max(now - first, 1e-9) if decoded else 0.0,
+            acceptance=self._acceptance if self._acceptance.steps else None,
         )
 

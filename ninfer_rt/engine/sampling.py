@@ -53,9 +53,18 @@ def restrict_support(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     if params.top_p < 1.0:
         scaled = _top_p(scaled, params.top_p)
     if params.min_p > 0.0:
-        probs = _softmax(scaled)
+        probs = softmax(scaled)
         scaled = np.where(probs >= params.min_p * probs.max(), scaled, -np.inf)
     return scaled
+
+
+def final_logits(
+    logits: np.ndarray, params: SamplingParams, prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()
+) -> np.ndarray:
+    """The logits a token is chosen from: penalised, then (when sampling) temperature-scaled and restricted.
+    Greedy picks their argmax; sampling draws from their softmax."""
+    penalised = apply_penalties(logits, prompt_ids, output_ids, params)
+    return penalised if params.greedy else restrict_support(penalised, params)
 
 
 def sample(
@@ -65,19 +74,22 @@ def sample(
     prompt_ids: Sequence[int] = (),
     output_ids: Sequence[int] = (),
 ) -> Sample:
-    penalised = apply_penalties(logits, prompt_ids, output_ids, params)
+    final = final_logits(logits, params, prompt_ids, output_ids)
     if params.greedy:
-        final = penalised
         token = int(np.argmax(final))
     else:
-        final = restrict_support(penalised, params)
-        token = int(generator.choice(final.shape[0], p=_softmax(final)))
+        token = int(generator.choice(final.shape[0], p=softmax(final)))
+    return described(final, token, params)
+
+
+def described(final: np.ndarray, token: int, params: SamplingParams) -> Sample:
+    """`token` as a Sample, with logprobs from `final` (the distribution it came from) when asked for."""
     return Sample(token, _logprobs(final, token, params) if params.logprobs else None)
 
 
 def _top_p(scaled: np.ndarray, top_p: float) -> np.ndarray:
     order = np.argsort(-scaled, kind="stable")
-    probs = _softmax(scaled)[order]
+    probs = softmax(scaled)[order]
     mass_before = np.cumsum(probs) - probs
     # keep every token whose predecessors hold less than top_p: the smallest set reaching top_p
     keep = np.zeros(scaled.shape[0], dtype=bool)
@@ -85,7 +97,7 @@ def _top_p(scaled: np.ndarray, top_p: float) -> np.ndarray:
     return np.where(keep, scaled, -np.inf)
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
+def softmax(x: np.ndarray) -> np.ndarray:
     shifted = np.exp(x - np.max(x))
     return shifted / shifted.sum()
 

@@ -40,11 +40,15 @@ class PageLedger(Protocol):
     def release(self, request: Request) -> None:
         """Give back every page the request holds."""
 
+    def rollback(self, request: Request) -> None:
+        """Give back the pages wholly past the request's computed tokens (reserved, then not kept)."""
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_concurrency: int = 2
     token_budget: int = 2048  # tokens computed per step: the prefill chunk size when a lane decodes
+    lookahead: int = 0  # slots reserved past a sampling chunk's end (speculative verify and drafting)
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 1:
@@ -115,7 +119,8 @@ class Scheduler:
             if request not in self.running:  # preempted earlier in this loop to make room
                 continue
             size = min(request.num_remaining, budget)
-            if size and self._reserve_or_preempt(request, size, step):
+            extra = self.config.lookahead if size == request.num_remaining else 0
+            if size and self._reserve_or_preempt(request, size + extra, step):
                 step.chunks.append(ScheduledChunk(request, size))
                 budget -= size
         self._admit(budget, step)
@@ -130,6 +135,13 @@ class Scheduler:
             request.num_computed += chunk.num_tokens
             self.ledger.commit(request)
             request.state = RequestState.DECODING if request.num_remaining <= 1 else RequestState.PREFILLING
+
+    def settle(self, request: Request, accepted_drafts: int) -> None:
+        """The step's samples joined the request's output: the drafts among them were verified, so their
+        K/V (written by the verify rows) counts as computed; pages reserved past that go back."""
+        request.num_computed += accepted_drafts
+        self.ledger.commit(request)
+        self.ledger.rollback(request)
 
     # -- internals -------------------------------------------------------------------------------------
 

@@ -122,8 +122,11 @@ class Executor(Protocol):
     def silu_mul(self, gate_up: Tensor) -> Tensor:
         """silu(gate) * up for gate_up = [gate | up] along features."""
 
+    def select_rows(self, x: Tensor) -> Tensor:
+        """x[logit_rows]: [N, features] (the MTP draft chain's next hidden input)."""
+
     def logits(self, hidden: Tensor, lm_head: Tensor) -> Tensor:
-        """hidden[logit_rows] @ lm_head.T: [N, vocab]."""
+        """select_rows(hidden) @ lm_head.T: [N, vocab]."""
 
     def to_host(self, x: Tensor) -> np.ndarray:
         """Wait for the compute stream and return `x` as a host numpy array (float32, or the reference

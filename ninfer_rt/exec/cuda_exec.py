@@ -267,17 +267,19 @@ class CudaExecutor:
         )
         return out
 
-    def logits(self, hidden: DeviceTensor, lm_head: DeviceTensor) -> DeviceTensor:
-        hidden = self._ready(hidden)
-        rows = self.shape.logit_rows
-        if rows == 0:  # a prefill chunk that samples nothing
-            return DeviceTensor(hidden.buffer, 0, lm_head.rows, "f32")
-        picked = self._tensor(rows, hidden.cols)
+    def select_rows(self, x: DeviceTensor) -> DeviceTensor:
+        x = self._ready(x)
+        picked = self._tensor(self.shape.logit_rows, x.cols)
         linear_ops.gather_rows(
-            self.library, self.compute, hidden.buffer, hidden.rows, picked.buffer, rows, hidden.cols,
+            self.library, self.compute, x.buffer, x.rows, picked.buffer, picked.rows, x.cols,
             ids=self._inputs["logit_rows"], label="logit rows", lane=self._lane,
         )
-        return self._matmul(picked, lm_head, "f32", capacity=self.max_logit_rows)
+        return picked
+
+    def logits(self, hidden: DeviceTensor, lm_head: DeviceTensor) -> DeviceTensor:
+        if self.shape.logit_rows == 0:  # a prefill chunk that samples nothing
+            return DeviceTensor(self._ready(hidden).buffer, 0, lm_head.rows, "f32")
+        return self._matmul(self.select_rows(hidden), lm_head, "f32", capacity=self.max_logit_rows)
 
     def argmax(self, logits: DeviceTensor) -> DeviceTensor:
         """Greedy token per logits row, int32 [rows] (sampling.cu): 4 bytes per row to the host."""

@@ -210,9 +210,13 @@ class NumpyExecutor:
             ),
         )
 
-    def logits(self, hidden: np.ndarray, lm_head: np.ndarray) -> np.ndarray:
+    def select_rows(self, x: np.ndarray) -> np.ndarray:
         rows = self.inputs.resources("logit_rows")
-        return self._op("logits", lambda: hidden[self.inputs.read("logit_rows")] @ lm_head.T, reads=rows)
+        return self._op("select_rows", lambda: x[self.inputs.read("logit_rows")], reads=rows)
+
+    def logits(self, hidden: np.ndarray, lm_head: np.ndarray) -> np.ndarray:
+        picked = self.select_rows(hidden)
+        return self._op("logits", lambda: picked @ lm_head.T)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         self.compute.synchronize()

@@ -42,9 +42,17 @@ def prepare_mtp(executor: Executor, weights: ModelWeights, model: PreparedModel)
 
 
 def mtp_forward(
-    executor: Executor, model: PreparedModel, mtp: PreparedMTP, batch: StepBatch, hidden: Tensor, kv: KVCache
+    executor: Executor,
+    model: PreparedModel,
+    mtp: PreparedMTP,
+    batch: StepBatch,
+    hidden: Tensor,
+    kv: KVCache,
+    lm_head: Tensor | None = None,
 ) -> ForwardOutput:
-    """One MTP step: `batch.token_ids` are the next tokens x[p+1], `hidden` the main model's h[p] per row."""
+    """One MTP step: `batch.token_ids` are the next tokens x[p+1], `hidden` the main model's h[p] per row
+    (or, drafting further ahead, the MTP's own output for the row before). `lm_head` defaults to the
+    shared one; drafting over a reduced vocabulary passes those rows instead."""
     eps = model.config.rms_norm_eps
     executor.begin_step(batch, kv)
     embedded, _ = executor.rmsnorm(executor.embed(model.embed), mtp.norm_embedding, eps)
@@ -52,4 +60,4 @@ def mtp_forward(
     z = executor.linear(executor.concat([embedded, previous]), mtp.fc)
     x, residual = decoder_layer(executor, mtp.layer, eps, z, None, kv, mtp.kv_layer)
     out, _ = executor.rmsnorm(x, mtp.norm, eps, residual)
-    return ForwardOutput(hidden=out, logits=executor.logits(out, model.lm_head))
+    return ForwardOutput(hidden=out, logits=executor.logits(out, model.lm_head if lm_head is None else lm_head))

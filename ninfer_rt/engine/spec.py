@@ -1,0 +1,257 @@
+"""MTP speculative decoding: drafting with the checkpoint's MTP module, verification in one main forward.
+
+Positions. The MTP row at position p consumes (h[p], x[p+1]) -- the main model's final-normed hidden state
+and the token after it -- writes the MTP layer's K/V at p's slot (KV layer num_hidden_layers, in the same
+pages as the main layers) and predicts x[p+2].
+
+One step of a request whose last token x[N-1] is not yet computed and that holds drafts d1..dk for
+positions N..N+k-1 (drafted at the end of its previous step):
+
+1. Verify: one main forward over [x[N-1], d1..dk] at positions N-1..N+k-1 (1 + k rows, logits for all of
+   them; on the CUDA executor a graph replay keyed by the step shape, so batch size and verify width pick
+   the graph). spec_verify accepts a leading run of a drafts and emits them plus the correction or bonus
+   token b: the sequence now has N' = N + a + 1 tokens and K/V for positions 0..N'-2.
+2. Catch-up: one MTP forward over the same rows (same positions, slots and block tables; fixed shape, so it
+   never depends on a), with the tokens shifted by one: row i gets x[N+i], which is d(i+1) for i < a and b
+   for i = a. Rows 0..a -- exactly the newly accepted positions -- get correct MTP K/V from the verified
+   h; rows past a are rejected and write entries past the accepted length.
+3. Draft: row a's MTP logits give d'1 (for position N'); then the one MTP layer is reused k - 1 more times,
+   one row per request at positions N'-1, N', ..., fed the previous MTP output as its hidden input.
+
+A prefill chunk is the same with no drafts: the catch-up runs over all of its rows (the token after its
+last row is the sampled one, or the next prompt token for a chunk that samples nothing), so the MTP K/V
+always covers every computed position.
+
+Rollback. Nothing is ever copied back. The verify and drafting rows write K/V past the accepted length;
+after the step (Scheduler.settle) the accepted drafts count as computed, only their full pages enter the
+prefix cache, and pages wholly past the computed tokens go back to the pool behind a fence (KVLedger.
+rollback). Rejected entries left in the kept last page are never read: every later step writes a
+position's main and MTP K/V (rope_kv) before any row attends to it, and the next catch-up rewrites the
+MTP entries of whatever it accepts. The scheduler reserves `lookahead(k)` slots past a sampling chunk's
+end so verify and drafting have their pages; near the context limit (or right after admission) a request
+simply drafts and verifies fewer tokens.
+
+Known approximation (draft quality only, never output): a prefix-cache hit of M tokens reuses the MTP
+entry at position M-1, which the earlier owner computed with its own x[M].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ninfer_rt.engine.kv_ledger import KVLedger
+from ninfer_rt.engine.request import Request
+from ninfer_rt.engine.runner import SampledTokens, SeqRows, step_batch
+from ninfer_rt.engine.sampling import Sample, described, final_logits, softmax
+from ninfer_rt.engine.scheduler import ScheduledChunk
+from ninfer_rt.engine.spec_verify import Verdict, verify_greedy, verify_sampled
+from ninfer_rt.engine.spec_vocab import DraftVocab
+from ninfer_rt.exec.base import Executor, StepBatch, Tensor
+from ninfer_rt.kv.cache import KVCache
+from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
+from ninfer_rt.model.mtp import PreparedMTP, mtp_forward
+from ninfer_rt.model.weights import ModelWeights
+
+StepForward = Callable[[StepBatch], ForwardOutput]
+
+
+def lookahead(draft_tokens: int) -> int:
+    """Slots past a sampling chunk's end that one speculative step writes: k verify rows, then drafting
+    k - 1 positions past the (at most k) accepted ones."""
+    return 2 * draft_tokens - 1
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    probs: list[np.ndarray] = field(default_factory=list)  # per token, the full-vocabulary q it was drawn from (sampling only)
+
+    def clipped(self, room: int) -> Draft:
+        return Draft(self.tokens[:room], self.probs[:room])
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One sampling request's share of a step after verification."""
+
+    request: Request
+    drafted: int
+    verdict: Verdict
+    finals: list[np.ndarray]  # the target's final logits per verify row (logprobs of the emitted tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        """The request's tokens once the emitted ones are appended."""
+        return self.request.num_tokens + len(self.verdict.tokens)
+
+    def samples(self) -> list[Sample]:
+        params = self.request.params
+        return [described(final, token, params) for final, token in zip(self.finals, self.verdict.tokens)]
+
+
+class DraftHead:
+    """The lm_head rows drafting scores: all of them, or the `--lm-head-draft` subset (spec_vocab.py)."""
+
+    def __init__(self, executor: Executor, model: PreparedModel, weights: ModelWeights, vocab: DraftVocab | None) -> None:
+        self.executor = executor
+        self.weights = weights
+        self.vocab = vocab
+        self.tensor: Tensor = model.lm_head if vocab is None else self._prepare()
+
+    def token(self, column: int) -> int:
+        return column if self.vocab is None else int(self.vocab.ids[column])
+
+    def expand(self, probs: np.ndarray) -> np.ndarray:
+        """Draft-column probabilities as a full-vocabulary distribution (zero outside the subset)."""
+        if self.vocab is None:
+            return probs
+        full = np.zeros(self.weights.config.vocab_size)
+        full[self.vocab.ids] = probs
+        return full
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        if self.vocab is not None and self.vocab.observe(tokens):
+            self.tensor = self._prepare()
+
+    def _prepare(self) -> Tensor:
+        return self.executor.prepare_weight("mtp.lm_head_draft", [np.asarray(self.weights.lm_head)[self.vocab.ids]])
+
+
+class SpecRunner:
+    """ModelRunner's drop-in for `--spec mtp`: `run` returns the accepted drafts plus one token per request."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        model: PreparedModel,
+        mtp: PreparedMTP,
+        kv: KVCache,
+        ledger: KVLedger,
+        draft_tokens: int,
+        head: DraftHead,
+        step_forward: StepForward | None = None,
+    ) -> None:
+        self.executor = executor
+        self.model = model
+        self.mtp = mtp
+        self.kv = kv
+        self.ledger = ledger
+        self.draft_tokens = draft_tokens
+        self.head = head
+        # The verify forward: on the CUDA executor, graphs keyed by step shape (batch x verify width).
+        self.forward = step_forward or (lambda batch: forward(executor, model, batch, kv))
+        self.drafts: dict[str, Draft] = {}  # made at the end of a request's step, verified in its next one
+
+    def run(self, chunks: Sequence[ScheduledChunk]) -> list[SampledTokens]:
+        parts, drafts = zip(*(self._rows(chunk) for chunk in chunks))
+        batch = step_batch(parts)
+        out = self.forward(batch)
+        logits = self.executor.to_host(out.logits)
+        verified, row = [], 0
+        for chunk, part, draft in zip(chunks, parts, drafts):
+            if chunk.samples:
+                rows = logits[row : row + len(part.logit_offsets)]
+                verified.append(self._verify(chunk.request, draft, rows))
+                row += len(part.logit_offsets)
+        self.head.observe([token for v in verified for token in v.verdict.tokens])
+        self.drafts = self._draft(chunks, parts, batch, out.hidden, verified)
+        return [SampledTokens(v.request, v.samples(), v.drafted) for v in verified]
+
+    # -- verification ----------------------------------------------------------------------------------
+
+    def _rows(self, chunk: ScheduledChunk) -> tuple[SeqRows, Draft]:
+        """The chunk's rows, with the request's drafts appended to a decode (as many as its pages hold)."""
+        request = chunk.request
+        seq = self.ledger.sequence(request)
+        start, size = request.num_computed, chunk.num_tokens
+        tokens = request.all_ids[start : start + size]
+        if not chunk.samples:
+            return SeqRows(seq, start, tokens, [], request.request_id), Draft()
+        held = self.drafts.get(request.request_id, Draft()) if size == 1 else Draft()
+        draft = held.clipped(max(self._room(request) - request.num_tokens, 0))
+        offsets = list(range(size - 1, size + len(draft.tokens)))
+        return SeqRows(seq, start, tokens + draft.tokens, offsets, request.request_id), draft
+
+    def _verify(self, request: Request, draft: Draft, rows: np.ndarray) -> Verified:
+        params = request.params
+        # Row i's target is conditioned on the drafts before it (penalties see them as output).
+        finals = [
+            final_logits(row, params, request.prompt_ids, request.output_ids + draft.tokens[:i])
+            for i, row in enumerate(rows)
+        ]
+        if params.greedy:
+            verdict = verify_greedy(draft.tokens, [int(np.argmax(final)) for final in finals])
+        else:
+            target = np.stack([softmax(final) for final in finals])
+            q = np.array(draft.probs).reshape(len(draft.tokens), target.shape[1])
+            verdict = verify_sampled(draft.tokens, q, target, request.generator)
+        return Verified(request, len(draft.tokens), verdict, finals)
+
+    # -- drafting --------------------------------------------------------------------------------------
+
+    def _draft(
+        self,
+        chunks: Sequence[ScheduledChunk],
+        parts: Sequence[SeqRows],
+        batch: StepBatch,
+        hidden: Tensor,
+        verified: list[Verified],
+    ) -> dict[str, Draft]:
+        """Catch-up over the step's rows, then k - 1 single-row MTP steps for every sampling request."""
+        by_request = {id(v.request): v for v in verified}
+        found = [by_request.get(id(chunk.request)) for chunk in chunks]
+        catch_up = replace(
+            batch,
+            token_ids=np.concatenate([_next_tokens(c, p, v) for c, p, v in zip(chunks, parts, found)]).astype(np.int32),
+            logit_rows=np.array(
+                [batch.query_start[i] + c.num_tokens - 1 + v.verdict.accepted for i, (c, v) in enumerate(zip(chunks, found)) if v],
+                np.int32,
+            ),
+        )
+        out = mtp_forward(self.executor, self.model, self.mtp, catch_up, hidden, self.kv, self.head.tensor)
+        if not verified:
+            return {}
+        state = self.executor.select_rows(out.hidden)  # now: the next publish replaces the logit rows
+        drafts = {v.request.request_id: Draft() for v in verified}
+        self._pick(verified, self.executor.to_host(out.logits), drafts)
+        # Draft j (0-based) is written at position N' - 2 + j: it must stay inside the request's pages.
+        steps = min([self.draft_tokens, *(self._room(v.request) - v.num_tokens + 2 for v in verified)])
+        for j in range(1, steps):
+            rows = [
+                SeqRows(self.ledger.sequence(v.request), v.num_tokens - 2 + j, drafts[v.request.request_id].tokens[-1:], [0], v.request.request_id)
+                for v in verified
+            ]
+            out = mtp_forward(self.executor, self.model, self.mtp, step_batch(rows), state, self.kv, self.head.tensor)
+            state = out.hidden
+            self._pick(verified, self.executor.to_host(out.logits), drafts)
+        return drafts
+
+    def _pick(self, verified: list[Verified], logits: np.ndarray, drafts: dict[str, Draft]) -> None:
+        """One more draft per request: the argmax for greedy requests, else a draw from q (kept for
+        verification). q takes the request's temperature and top-k/p but no penalties: any q is exact."""
+        for v, row in zip(verified, logits):
+            params, draft = v.request.params, drafts[v.request.request_id]
+            if params.greedy:
+                draft.tokens.append(self.head.token(int(np.argmax(row))))
+                continue
+            q = softmax(final_logits(row, params))
+            draft.tokens.append(self.head.token(int(v.request.generator.choice(q.shape[0], p=q))))
+            draft.probs.append(self.head.expand(q))
+
+    def _room(self, request: Request) -> int:
+        """Tokens the request's pages (and the context limit) can hold this step."""
+        seq = self.ledger.sequence(request)
+        return min(len(seq.pages) * seq.page_size, self.ledger.manager.context_limit)
+
+
+def _next_tokens(chunk: ScheduledChunk, part: SeqRows, verified: Verified | None) -> list[int]:
+    """The token after each of the part's rows (the MTP's x[p+1]). A sampling part's rows past its
+    accepted ones get a filler: their MTP K/V lies past the accepted length and is rewritten before use."""
+    request, start, size = chunk.request, chunk.request.num_computed, chunk.num_tokens
+    if verified is None:  # a prefill chunk that samples nothing: the next prompt tokens
+        return request.all_ids[start + 1 : start + size + 1]
+    following = request.all_ids[start + 1 : start + size] + verified.verdict.tokens
+    return following + following[-1:] * (len(part.token_ids) - len(following))
