@@ -16,31 +16,11 @@
 // warp load is 512 contiguous bytes; kUnroll * 2 loads are in flight per lane. Decode is memory bound:
 // W streams through with L1::no_allocate so it does not evict x, which every warp of the SM re-reads.
 // Partial sums are reduced with warp shuffles; there is no cross-warp communication.
-#include "common.cuh"
+#include "gemv_common.cuh"
 
 constexpr int kRowsPerWarp = 2;
 constexpr int kUnroll = 4;
 constexpr int kWarpsPerBlock = 4;
-
-enum Epilogue { kStore = 0, kResidual = 1, kSwiglu = 2 };
-
-__forceinline__ uint4 load_streaming(const uint4* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-// A bf16 is the top half of an f32: shifting/masking converts a packed pair without cvt instructions.
-__forceinline__ void unpack8(const uint4 v, float (&f)[8]) {
-    const unsigned int words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        f[2 * i] = __uint_as_float(words[i] << 16);
-        f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-    }
-}
 
 __forceinline__ void dot8(float& acc, const uint4 w, const float (&x)[8]) {
     float wf[8];
@@ -61,18 +41,6 @@ __forceinline__ void accumulate(float (&acc)[kRowsPerWarp][B], const uint4 (&w)[
         for (int j = 0; j < kRowsPerWarp; ++j) dot8(acc[j][b], w[j], xf);
     }
 }
-
-__forceinline__ float round_bf16(float v) {
-    return __bfloat162float(__float2bfloat16(v));
-}
-
-// Same formula as activation.cu, so the fused SwiGLU epilogue matches the unfused pair bit for bit.
-__forceinline__ float silu(float g) {
-    return g / (1.0f + expf(-g));
-}
-
-__forceinline__ void store(bf16* y, long long i, float v) { y[i] = __float2bfloat16(v); }
-__forceinline__ void store(float* y, long long i, float v) { y[i] = v; }
 
 template <int B, int EPI, typename OutT>
 __forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* residual, int rows, int n, int k) {
@@ -116,12 +84,7 @@ __forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* res
         accumulate<B>(acc, wv, x4, rows, kc, c);
     }
 
-#pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j)
-#pragma unroll
-        for (int b = 0; b < B; ++b)
-#pragma unroll
-            for (int offset = 16; offset > 0; offset >>= 1) acc[j][b] += __shfl_xor_sync(0xffffffffu, acc[j][b], offset);
+    warp_sum(acc);
     if (lane != 0) return;
 
 #pragma unroll

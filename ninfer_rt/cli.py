@@ -7,6 +7,7 @@ import click
 from ninfer_rt import __version__
 from ninfer_rt.cli_generate import generate
 from ninfer_rt.cli_kernels import kernels
+from ninfer_rt.cli_quantize import quantize_command
 from ninfer_rt.cli_replay import replay
 from ninfer_rt.serve.command import serve
 
@@ -19,5 +20,6 @@ def main() -> None:
 
 main.add_command(generate)
 main.add_command(kernels)
+main.add_command(quantize_command)
 main.add_command(serve)
 main.add_command(replay)

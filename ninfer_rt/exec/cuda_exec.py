@@ -6,7 +6,8 @@ from a pool of buffers sized for `max_tokens` rows; a tensor returns its buffer 
 drops it. Everything runs on the one `compute` stream, so a buffer reused by a later op is always ordered
 after the last op that read it; the pool never frees, so addresses stay valid inside captured graphs.
 
-Per op: linear is the decode GEMV for <= 8 rows (gemv.cu) and cuBLASLt above; a GEMV into gate_up is
+Per op: linear is the decode GEMV for <= 8 rows (gemv.cu; gemv_quant.cu for int4/int8 weights, which
+wider steps dequantize into one bf16 scratch matrix first) and cuBLASLt above; a GEMV into gate_up is
 deferred and fused with the SwiGLU that consumes it (one pass over the weights, no gate_up round trip);
 attention is attention_ops.attention (rope_kv, then the decode or prefill kernel per sequence).
 
@@ -24,16 +25,18 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from ninfer_rt.cuda import attention_ops, linear_ops, ops
+from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops
 from ninfer_rt.cuda.blas import Blas, GemmShape
 from ninfer_rt.cuda.graphs import Graph, capture
 from ninfer_rt.cuda.kernels import KernelLibrary
 from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
 from ninfer_rt.cuda.memory import DeviceBuffer, PinnedBuffer, StagingRing
+from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, StepBatch
 from ninfer_rt.kv.cache import KVCache, page_resource
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
+from ninfer_rt.model.quant import Linear, QuantizedWeight, concat_rows
 from ninfer_rt.ordering.verifier import Resource
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -87,7 +90,7 @@ class DeferredSwiglu:
     """linear(x, gate_up) for a decode-width x, not yet run: silu_mul fuses it into one GEMV."""
 
     x: DeviceTensor
-    gate_up: DeviceTensor
+    gate_up: DeviceTensor | QuantizedDeviceWeight
 
 
 @dataclass(frozen=True)
@@ -135,13 +138,29 @@ class CudaExecutor:
         self._pages_read: tuple[Resource, ...] = ()
         self._pages_written: tuple[Resource, ...] = ()
         self._vocab = 0  # rows of the embedding table, for validating token ids
+        self._dequant_elements = 0  # of the largest quantized weight: the prefill scratch's size
+        self._dequant_scratch: DeviceBuffer | None = None
 
     # -- preparation -------------------------------------------------------------------------------------
 
-    def prepare_weight(self, name: str, parts: Sequence[np.ndarray]) -> DeviceTensor:
+    def prepare_weight(self, name: str, parts: Sequence[Linear]) -> DeviceTensor | QuantizedDeviceWeight:
+        if isinstance(parts[0], QuantizedWeight):
+            return self._prepare_quantized(name, concat_rows(parts))
         array = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0).astype(BF16)
         tensor = self.empty_weight(name, *array.shape)
         self.upload(tensor.buffer, array, label=f"upload {name}")
+        return tensor
+
+    def _prepare_quantized(self, name: str, weight: QuantizedWeight) -> QuantizedDeviceWeight:
+        rows, cols = weight.shape
+        tensor = QuantizedDeviceWeight(
+            DeviceBuffer(self.streams, weight.qweight.nbytes, f"w.{name}"),
+            DeviceBuffer(self.streams, weight.scales.nbytes, f"w.{name}.scales"),
+            rows, cols, weight.bits, weight.group_size,
+        )
+        self.upload(tensor.qweight, weight.qweight, label=f"upload {name}")
+        self.upload(tensor.scales, weight.scales, label=f"upload {name}.scales")
+        self._dequant_elements = max(self._dequant_elements, rows * cols)
         return tensor
 
     def empty_weight(self, name: str, rows: int, cols: int, dtype: str = "bf16") -> DeviceTensor:
@@ -247,10 +266,7 @@ class CudaExecutor:
         if isinstance(gate_up, DeferredSwiglu):
             x, w = gate_up.x, gate_up.gate_up
             out = self._tensor(x.rows, w.rows // 2)
-            linear_ops.gemv(
-                self.library, self.compute, x.buffer, w.buffer, out.buffer, x.rows, out.cols, x.cols,
-                Epilogue.SWIGLU, label="gate_up+swiglu", lane=self._lane,
-            )
+            self._gemv(x, w, out, Epilogue.SWIGLU, "gate_up+swiglu")
             return out
         out = self._tensor(gate_up.rows, gate_up.cols // 2)
         ops.silu_mul(self.library, self.compute, gate_up.buffer, out.buffer, gate_up.rows, out.cols, lane=self._lane)
@@ -303,22 +319,42 @@ class CudaExecutor:
 
     # -- internals ---------------------------------------------------------------------------------------
 
-    def _matmul(self, x: DeviceTensor, weight: DeviceTensor, out_dtype: str, capacity: int | None = None) -> DeviceTensor:
+    def _matmul(
+        self, x: DeviceTensor, weight: DeviceTensor | QuantizedDeviceWeight, out_dtype: str, capacity: int | None = None
+    ) -> DeviceTensor:
         """x @ weight^T: the GEMV at decode widths (memory bound), cuBLASLt above (compute bound)."""
         out = self._tensor(x.rows, weight.rows, out_dtype, capacity)
         label = f"linear {weight.buffer.name}"
         if x.rows <= linear_ops.GEMV_MAX_ROWS:
-            epilogue = Epilogue.STORE_F32 if out_dtype == "f32" else Epilogue.STORE
-            linear_ops.gemv(
-                self.library, self.compute, x.buffer, weight.buffer, out.buffer, x.rows, weight.rows, x.cols,
-                epilogue, label=label, lane=self._lane,
-            )
-        else:
-            self.blas.gemm(
-                self.compute, x.buffer, weight.buffer, out.buffer, GemmShape(x.rows, weight.rows, x.cols, out_dtype),
-                label=label, lane=self._lane,
-            )
+            self._gemv(x, weight, out, Epilogue.STORE_F32 if out_dtype == "f32" else Epilogue.STORE, label)
+            return out
+        dense = weight.buffer
+        if isinstance(weight, QuantizedDeviceWeight):
+            dense = self._dequantized(weight, label)
+        self.blas.gemm(
+            self.compute, x.buffer, dense, out.buffer, GemmShape(x.rows, weight.rows, x.cols, out_dtype),
+            label=label, lane=self._lane,
+        )
         return out
+
+    def _gemv(
+        self, x: DeviceTensor, weight: DeviceTensor | QuantizedDeviceWeight, out: DeviceTensor, epilogue: Epilogue, label: str
+    ) -> None:
+        if isinstance(weight, QuantizedDeviceWeight):
+            quant_ops.gemv(self.library, self.compute, x.buffer, weight, out.buffer, x.rows, epilogue, label=label, lane=self._lane)
+            return
+        linear_ops.gemv(
+            self.library, self.compute, x.buffer, weight.buffer, out.buffer, x.rows, out.cols, x.cols, epilogue,
+            label=label, lane=self._lane,
+        )
+
+    def _dequantized(self, weight: QuantizedDeviceWeight, label: str) -> DeviceBuffer:
+        """`weight` as bf16 in the scratch matrix, for cuBLASLt. One scratch serves every layer: it is
+        rewritten only by later ops of the same compute stream, ordered after the GEMM that read it."""
+        if self._dequant_scratch is None:
+            self._dequant_scratch = DeviceBuffer(self.streams, self._dequant_elements * 2, "dequant_scratch")
+        quant_ops.dequantize(self.library, self.compute, weight, self._dequant_scratch, label=f"dequantize {label}", lane=self._lane)
+        return self._dequant_scratch
 
     def _ready(self, x: DeviceTensor | DeferredSwiglu) -> DeviceTensor:
         """A deferred gate_up consumed by anything but silu_mul is computed as the plain product."""

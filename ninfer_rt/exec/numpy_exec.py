@@ -19,6 +19,7 @@ from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
 from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
 from ninfer_rt.kv.cache import KVCache, KVLayer, page_resource
+from ninfer_rt.model.quant import Linear, dense
 from ninfer_rt.ordering.verifier import Resource
 
 STEP_INPUTS = ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows")
@@ -154,8 +155,10 @@ class NumpyExecutor:
 
     # -- preparation -------------------------------------------------------------------------------------
 
-    def prepare_weight(self, name: str, parts: Sequence[np.ndarray]) -> np.ndarray:
-        return np.concatenate([np.asarray(part, dtype=self.dtype) for part in parts], axis=0)
+    def prepare_weight(self, name: str, parts: Sequence[Linear]) -> np.ndarray:
+        # Quantized weights are dequantized exactly here: the reference computes with the weights the
+        # kernels dequantize in registers.
+        return np.concatenate([dense(part, self.dtype) for part in parts], axis=0)
 
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> RopeTable:
         return RopeTable(np.asarray(inv_freq, dtype=np.float64), float(attention_scaling))

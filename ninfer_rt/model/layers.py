@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ninfer_rt.exec.base import AttentionParams, AttentionShape, Executor, StepBatch, Tensor
 from ninfer_rt.kv.cache import KVCache
 from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.quant import Linear
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 from ninfer_rt.model.weights import LayerWeights, ModelWeights
 
@@ -54,7 +53,7 @@ def attention_shape(cfg: ModelConfig) -> AttentionShape:
 def prepare_layer(
     executor: Executor, cfg: ModelConfig, rope: Tensor, weights: LayerWeights, name: str
 ) -> PreparedLayer:
-    def prepare(suffix: str, *parts: np.ndarray) -> Tensor:
+    def prepare(suffix: str, *parts: Linear) -> Tensor:
         return executor.prepare_weight(f"{name}.{suffix}", parts)
 
     has_qk_norm = weights.q_norm is not None

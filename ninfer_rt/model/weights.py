@@ -18,6 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.quant import Linear, QuantFormatError, convert_quantized, quantized_layout, scheme_from_dir
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
@@ -162,14 +163,15 @@ def _tensor_location(path: Path, name: str, entry: dict, data_start: int) -> _Te
     return _TensorLocation(dtype=dtype, shape=shape, begin=data_start + begin, end=data_start + end)
 
 
-class Checkpoint(Mapping[str, np.ndarray]):
-    """Name -> array as stored (bf16 stays ml_dtypes.bfloat16, memory-mapped), plus the model config."""
+class Checkpoint(Mapping[str, Linear]):
+    """Name -> array as stored (bf16 stays ml_dtypes.bfloat16, memory-mapped), plus the model config.
+    A quantized linear weight is a QuantizedWeight under its plain name (``...q_proj.weight``)."""
 
-    def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray]) -> None:
+    def __init__(self, config: ModelConfig, tensors: dict[str, Linear]) -> None:
         self.config = config
         self._tensors = tensors
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> Linear:
         return self._tensors[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -188,11 +190,18 @@ def load_checkpoint(model_dir: str | Path, config: ModelConfig | None = None) ->
     cfg = config or ModelConfig.from_dir(model_dir)
     files = _open_files(model_dir)
     located = _locate_tensors(model_dir, files)
-    expected = expected_tensors(cfg)
-    problems = _layout_problems(cfg, expected, {name: f.shape(name) for name, f in located.items()})
-    if problems:
-        raise WeightsError(f"{model_dir}: checkpoint does not match config.json: " + "; ".join(problems))
-    return Checkpoint(cfg, {name: located[name].tensor(name) for name in expected})
+    found = {name: f.shape(name) for name, f in located.items()}
+    try:
+        scheme = scheme_from_dir(model_dir)
+        expected, quantized = quantized_layout(scheme, expected_tensors(cfg), found) if scheme else (expected_tensors(cfg), set())
+        problems = _layout_problems(cfg, expected, found)
+        if problems:
+            raise WeightsError(f"{model_dir}: checkpoint does not match config.json: " + "; ".join(problems))
+        tensors = {name: located[name].tensor(name) for name in expected}
+        # Quantized linears become QuantizedWeight (imports converted to the project's layout here).
+        return Checkpoint(cfg, convert_quantized(scheme, tensors, quantized) if scheme else tensors)
+    except QuantFormatError as err:
+        raise WeightsError(f"{model_dir}: {err}") from None
 
 
 def _open_files(model_dir: Path) -> list[SafetensorsFile]:
@@ -260,17 +269,17 @@ def _layout_problems(cfg: ModelConfig, expected: dict[str, Shape], found: dict[s
 
 @dataclass(frozen=True)
 class LayerWeights:
-    q_proj: np.ndarray
-    k_proj: np.ndarray
-    v_proj: np.ndarray
-    o_proj: np.ndarray
+    q_proj: Linear
+    k_proj: Linear
+    v_proj: Linear
+    o_proj: Linear
     q_norm: np.ndarray | None  # None for architectures without q/k norm (llama)
     k_norm: np.ndarray | None
     input_norm: np.ndarray
     post_norm: np.ndarray
-    gate_proj: np.ndarray
-    up_proj: np.ndarray
-    down_proj: np.ndarray
+    gate_proj: Linear
+    up_proj: Linear
+    down_proj: Linear
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, prefix: str) -> LayerWeights:
@@ -291,7 +300,7 @@ class LayerWeights:
 
 @dataclass(frozen=True)
 class MTPWeights:
-    fc: np.ndarray  # [hidden, 2*hidden]; input is cat(norm_embedding(embed), norm_hidden(h))
+    fc: Linear  # [hidden, 2*hidden]; input is cat(norm_embedding(embed), norm_hidden(h))
     norm_embedding: np.ndarray
     norm_hidden: np.ndarray
     layer: LayerWeights
@@ -316,7 +325,7 @@ class ModelWeights:
     embed: np.ndarray
     layers: list[LayerWeights]
     norm: np.ndarray
-    lm_head: np.ndarray  # the embedding array itself when tie_word_embeddings
+    lm_head: Linear  # the embedding array itself when tie_word_embeddings
     mtp: MTPWeights | None
 
     @classmethod

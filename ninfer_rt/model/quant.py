@@ -1,0 +1,352 @@
+"""Groupwise integer weights: the project's layout, its numpy reference, and GPTQ/AWQ import.
+
+The layout (DESIGN.md "Data layouts"; kernels_src/gemv_quant.cu reads it): a linear weight W [out, in] is
+stored as
+  ``<name>.qweight`` uint8 [out, in * bits / 8]: codes u = q + 2^(bits-1) (offset binary), row-major along
+      the input. int4: byte j of a row holds input 2j in its low nibble and input 2j+1 in its high nibble.
+  ``<name>.scales`` bf16 [out, in / group_size]
+and W[o, i] = (u[o, i] - 2^(bits-1)) * scales[o, i // group_size]. Symmetric: no zero points. Offset binary
+makes GPTQ's symmetric codes (zero point 8) the stored codes unchanged, and lets the GPU build floats
+from codes with a single OR (see gemv_quant.cu).
+
+Imported checkpoints are converted when loaded: GPTQ (4-bit, sym, no act-order) into int4 as is; AWQ GEMM
+4-bit into int4 when every zero point is 8, otherwise exactly into int8 (q - zero lies in [-15, 15], which
+int4 symmetric cannot hold; int8 keeps the weights bit-exact at twice the bytes). Scales become bf16.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+QUANT_METHOD = "ninfer-groupwise"
+SUPPORTED_BITS = (4, 8)
+MIN_GROUP_SIZE = 32  # one 16-byte int4 chunk of the GEMV; groups are whole chunks
+# AutoAWQ's GEMM packing puts output column ORDER[i] of each 8 in nibble i; REVERSE undoes it.
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+LAYOUT_DOC = (
+    "<name>.qweight uint8 [out, in*bits/8], row-major along in; codes u = q + 2^(bits-1); int4: byte j holds "
+    "in-index 2j (low nibble) and 2j+1 (high nibble). <name>.scales bf16 [out, in/group_size]. "
+    "W[o, i] = (u[o, i] - 2^(bits-1)) * scales[o, i // group_size]; symmetric, no zero points."
+)
+
+Shape = tuple[int, ...]
+
+
+class QuantFormatError(ValueError):
+    """A quantized checkpoint (or quantization request) ninfer-rt cannot represent; one-line message."""
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A linear weight [out, in] in the project's groupwise layout (module docstring)."""
+
+    bits: int
+    group_size: int
+    qweight: np.ndarray  # uint8 [out, in * bits / 8]
+    scales: np.ndarray  # bf16 [out, in / group_size]
+
+    def __post_init__(self) -> None:
+        if self.bits not in SUPPORTED_BITS:
+            raise QuantFormatError(f"{self.bits}-bit weights are not supported (only {SUPPORTED_BITS})")
+        out, in_features = self.shape
+        if self.qweight.dtype != np.uint8 or self.scales.dtype != BF16:
+            raise QuantFormatError(f"qweight must be uint8 and scales bf16, got {self.qweight.dtype}, {self.scales.dtype}")
+        if self.scales.shape != (out, in_features // self.group_size) or in_features % self.group_size:
+            raise QuantFormatError(
+                f"scales {list(self.scales.shape)} do not fit a [{out}, {in_features}] weight in groups of {self.group_size}"
+            )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.qweight.shape[0], self.qweight.shape[1] * 8 // self.bits
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.nbytes + self.scales.nbytes
+
+
+Linear = np.ndarray | QuantizedWeight
+
+
+def check_group_size(group_size: int) -> None:
+    if group_size < MIN_GROUP_SIZE or group_size & (group_size - 1):
+        raise QuantFormatError(f"group size {group_size} is not supported (a power of two >= {MIN_GROUP_SIZE})")
+
+
+# -- codes and packing ------------------------------------------------------------------------------------
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned codes [out, in] (0..2^bits-1) -> qweight uint8 [out, in * bits / 8]."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    if bits == 8:
+        return np.ascontiguousarray(codes)
+    return np.ascontiguousarray(codes[:, 0::2] | (codes[:, 1::2] << 4))
+
+
+def unpack(qweight: np.ndarray, bits: int) -> np.ndarray:
+    """qweight uint8 -> unsigned codes uint8 [out, in]."""
+    if bits == 8:
+        return np.asarray(qweight, dtype=np.uint8)
+    codes = np.empty((qweight.shape[0], qweight.shape[1] * 2), dtype=np.uint8)
+    codes[:, 0::2] = qweight & 0xF
+    codes[:, 1::2] = qweight >> 4
+    return codes
+
+
+def signed(codes: np.ndarray, bits: int) -> np.ndarray:
+    return codes.astype(np.int16) - (1 << (bits - 1))
+
+
+# -- reference quantize / dequantize ----------------------------------------------------------------------
+
+
+def quantize(weight: np.ndarray, bits: int, group_size: int) -> QuantizedWeight:
+    """Symmetric round-to-nearest per group of ``group_size`` inputs.
+
+    The grid is GPTQ's symmetric one: scale = absmax / (2^(bits-1) - 0.5), q in [-2^(bits-1), 2^(bits-1) - 1],
+    so int4 uses all 16 levels (absmax/7 would waste one) and |W - dequantize| <= scale / 2 everywhere. The
+    scale is rounded *up* to bf16, so no value is clipped by more than rounding would move it.
+    """
+    check_group_size(group_size)
+    w = np.asarray(weight, dtype=np.float32)
+    out, in_features = w.shape
+    if in_features % group_size:
+        raise QuantFormatError(f"input dimension {in_features} is not a multiple of the group size {group_size}")
+    grouped = w.reshape(out, in_features // group_size, group_size)
+    half = 1 << (bits - 1)
+    scales = _bf16_round_up(np.abs(grouped).max(axis=-1) / (half - 0.5))
+    safe = np.where(scales > 0, scales.astype(np.float32), 1.0)[..., None]
+    q = np.clip(np.rint(grouped / safe), -half, half - 1).reshape(out, in_features)
+    return QuantizedWeight(bits, group_size, pack((q + half).astype(np.uint8), bits), scales)
+
+
+def _bf16_round_up(values: np.ndarray) -> np.ndarray:
+    """The smallest bf16 >= each (non-negative, finite) value."""
+    rounded = values.astype(BF16)
+    low = rounded.astype(np.float32) < values
+    bits = rounded.view(np.uint16)
+    bits[low] += 1  # the next bf16 up, for positive values
+    return rounded
+
+
+def dequantize(weight: QuantizedWeight, dtype: type = np.float32) -> np.ndarray:
+    """W [out, in] in ``dtype`` (exact for float32 and wider: q and bf16 scales multiply exactly)."""
+    out, in_features = weight.shape
+    q = signed(unpack(weight.qweight, weight.bits), weight.bits).astype(dtype)
+    scales = np.repeat(weight.scales.astype(dtype), weight.group_size, axis=1)
+    return (q * scales).reshape(out, in_features)
+
+
+def dense(part: Linear, dtype: type) -> np.ndarray:
+    """A checkpoint array or a quantized weight as a dense array of ``dtype``."""
+    return dequantize(part, dtype) if isinstance(part, QuantizedWeight) else np.asarray(part, dtype=dtype)
+
+
+def concat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
+    """Stack quantized weights along the output dimension (fused qkv / gate_up). Parts of different widths
+    are widened to the widest exactly (an int4 code re-centred as int8)."""
+    group_sizes = {p.group_size for p in parts}
+    if len(group_sizes) != 1:
+        raise QuantFormatError(f"cannot fuse weights with different group sizes {sorted(group_sizes)}")
+    bits = max(p.bits for p in parts)
+    qweights = [p.qweight if p.bits == bits else _widen(p.qweight, p.bits, bits) for p in parts]
+    return QuantizedWeight(
+        bits, parts[0].group_size, np.concatenate(qweights, axis=0), np.concatenate([p.scales for p in parts], axis=0)
+    )
+
+
+def _widen(qweight: np.ndarray, bits: int, to_bits: int) -> np.ndarray:
+    q = signed(unpack(qweight, bits), bits)
+    return pack((q + (1 << (to_bits - 1))).astype(np.uint8), to_bits)
+
+
+# -- GPTQ / AWQ ------------------------------------------------------------------------------------------
+
+
+def _unpack_int32_nibbles(packed: np.ndarray, axis: int) -> np.ndarray:
+    """int32 words -> their 8 nibbles (nibble p = bits 4p..4p+3), expanded along ``axis`` in nibble order."""
+    words = np.ascontiguousarray(packed).view(np.uint32)
+    shifts = np.arange(0, 32, 4, dtype=np.uint32)
+    nibbles = ((words[..., None] >> shifts) & 0xF).astype(np.uint8)  # [..., 8] after the packed axis
+    if axis == 0:  # [rows/8, cols, 8] -> [rows, cols]
+        return nibbles.transpose(0, 2, 1).reshape(words.shape[0] * 8, words.shape[1])
+    return nibbles.reshape(words.shape[0], words.shape[1] * 8)
+
+
+def from_gptq(
+    qweight: np.ndarray,
+    qzeros: np.ndarray,
+    scales: np.ndarray,
+    g_idx: np.ndarray | None,
+    group_size: int,
+    zero_stored_minus_one: bool,
+) -> QuantizedWeight:
+    """GPTQ 4-bit symmetric -> int4. qweight int32 [in/8, out] packs 8 consecutive inputs per word (input
+    8r+p in nibble p); qzeros int32 [in/group, out/8] packs 8 consecutive outputs; scales fp16
+    [in/group, out]; W = scale * (q - zero). The original GPTQ format stores zero - 1
+    (``zero_stored_minus_one``); gptq_v2 stores the zero itself. Symmetric means every zero is 8."""
+    codes = _unpack_int32_nibbles(qweight, axis=0)  # [in, out], 0..15
+    in_features = codes.shape[0]
+    zeros = _unpack_int32_nibbles(qzeros, axis=1).astype(np.int16) + int(zero_stored_minus_one)
+    if not np.all(zeros == 8):
+        found = sorted(set(np.unique(zeros).tolist()))[:4]
+        raise QuantFormatError(f"GPTQ zero points are not all 8 (found {found}): asymmetric GPTQ is not supported")
+    if g_idx is not None and not np.array_equal(np.asarray(g_idx), np.arange(in_features) // group_size):
+        raise QuantFormatError("GPTQ g_idx is not sequential (act-order / desc_act checkpoints are not supported)")
+    return QuantizedWeight(4, group_size, pack(codes.T, 4), np.ascontiguousarray(scales.T).astype(BF16))
+
+
+def from_awq(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, group_size: int) -> QuantizedWeight:
+    """AWQ GEMM 4-bit -> int4 (every zero 8) or int8 (exact). qweight int32 [in, out/8] and qzeros int32
+    [in/group, out/8] pack 8 outputs per word in AWQ_ORDER; scales fp16 [in/group, out]; W = scale * (q - zero)."""
+    codes = _awq_unpack(qweight)  # [in, out]
+    zeros = _awq_unpack(qzeros)  # [in/group, out]
+    scales_t = np.ascontiguousarray(scales.T).astype(BF16)
+    if np.all(zeros == 8):
+        return QuantizedWeight(4, group_size, pack(codes.T, 4), scales_t)
+    q = codes.astype(np.int16) - np.repeat(zeros.astype(np.int16), group_size, axis=0)
+    return QuantizedWeight(8, group_size, pack((q.T + 128).astype(np.uint8), 8), scales_t)
+
+
+def _awq_unpack(packed: np.ndarray) -> np.ndarray:
+    nibbles = _unpack_int32_nibbles(packed, axis=1)
+    columns = np.arange(nibbles.shape[1]).reshape(-1, 8)[:, list(AWQ_REVERSE_ORDER)].reshape(-1)
+    return nibbles[:, columns]
+
+
+# -- checkpoints ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """What a checkpoint's ``quantization_config`` says, validated."""
+
+    method: str  # QUANT_METHOD | "gptq" | "awq"
+    bits: int
+    group_size: int
+    zero_stored_minus_one: bool = False  # GPTQ's original format
+
+    def tensor_shapes(self, out: int, in_features: int) -> dict[str, Shape]:
+        """The stored tensors (suffix -> shape) of one quantized [out, in] linear weight."""
+        groups = in_features // self.group_size
+        if self.method == QUANT_METHOD:
+            return {"qweight": (out, in_features * self.bits // 8), "scales": (out, groups)}
+        if self.method == "gptq":
+            return {"qweight": (in_features // 8, out), "qzeros": (groups, out // 8), "scales": (groups, out)}
+        return {"qweight": (in_features, out // 8), "qzeros": (groups, out // 8), "scales": (groups, out)}
+
+    def convert(self, stored: Mapping[str, np.ndarray]) -> QuantizedWeight:
+        if self.method == QUANT_METHOD:
+            return QuantizedWeight(self.bits, self.group_size, stored["qweight"], stored["scales"])
+        if self.method == "gptq":
+            return from_gptq(
+                stored["qweight"], stored["qzeros"], stored["scales"], stored.get("g_idx"), self.group_size,
+                self.zero_stored_minus_one,
+            )
+        return from_awq(stored["qweight"], stored["qzeros"], stored["scales"], self.group_size)
+
+
+def scheme_from_dir(model_dir: str | Path) -> QuantScheme | None:
+    """The checkpoint's quantization scheme, or None for a plain (bf16) checkpoint."""
+    path = Path(model_dir) / "config.json"
+    config = json.loads(path.read_text()).get("quantization_config") if path.is_file() else None
+    return None if config is None else scheme_from_config(config)
+
+
+def scheme_from_config(config: Mapping[str, Any]) -> QuantScheme:
+    method = str(config.get("quant_method", "")).lower()
+    bits = int(config.get("bits", config.get("w_bit", 0)))
+    group_size = int(config.get("group_size", config.get("q_group_size", 0)))
+    if method == QUANT_METHOD:
+        if bits not in SUPPORTED_BITS:
+            raise QuantFormatError(f"{QUANT_METHOD} checkpoint with bits={bits} (supported: {SUPPORTED_BITS})")
+    elif method == "gptq":
+        _check_gptq(config, bits)
+    elif method == "awq":
+        _check_awq(config, bits)
+    else:
+        raise QuantFormatError(f"quant_method {method!r} is not supported (supported: {QUANT_METHOD}, gptq, awq)")
+    check_group_size(group_size)
+    zero_minus_one = method == "gptq" and str(config.get("checkpoint_format", "gptq")).lower() != "gptq_v2"
+    return QuantScheme(method, bits, group_size, zero_minus_one)
+
+
+def _check_gptq(config: Mapping[str, Any], bits: int) -> None:
+    if bits != 4:
+        raise QuantFormatError(f"GPTQ with bits={bits} is not supported (only 4-bit)")
+    if config.get("desc_act"):
+        raise QuantFormatError("GPTQ with desc_act=true (act-order) is not supported")
+    if not config.get("sym", True):
+        raise QuantFormatError("GPTQ with sym=false (asymmetric) is not supported")
+
+
+def _check_awq(config: Mapping[str, Any], bits: int) -> None:
+    if bits != 4:
+        raise QuantFormatError(f"AWQ with bits={bits} is not supported (only 4-bit)")
+    version = str(config.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise QuantFormatError(f"AWQ version {version!r} is not supported (only the GEMM layout)")
+
+
+def quantized_layout(
+    scheme: QuantScheme, expected: Mapping[str, Shape], found: Mapping[str, Shape]
+) -> tuple[dict[str, Shape], set[str]]:
+    """(expected tensors of the stored checkpoint, names of the linear weights stored quantized).
+
+    A linear ``X.weight`` counts as quantized when ``X.qweight`` is stored, so checkpoints that keep some
+    modules in bf16 (lm_head, GPTQ's modules_to_not_convert) load too. Embeddings are never quantized."""
+    stored: dict[str, Shape] = {}
+    quantized: set[str] = set()
+    for name, shape in expected.items():
+        base = name.removesuffix(".weight")
+        if len(shape) != 2 or f"{base}.qweight" not in found or name == "model.embed_tokens.weight":
+            stored[name] = shape
+            continue
+        quantized.add(name)
+        if shape[1] % scheme.group_size:
+            stored[name] = shape  # reported as a misshapen weight; the kernels need whole groups
+            continue
+        stored.update({f"{base}.{suffix}": s for suffix, s in scheme.tensor_shapes(*shape).items()})
+        if scheme.method == "gptq" and f"{base}.g_idx" in found:
+            stored[f"{base}.g_idx"] = (shape[1],)
+    return stored, quantized
+
+
+def convert_quantized(
+    scheme: QuantScheme, tensors: Mapping[str, np.ndarray], quantized: set[str]
+) -> dict[str, np.ndarray | QuantizedWeight]:
+    """Stored tensors -> name -> array, with each quantized linear as one QuantizedWeight under X.weight."""
+    out: dict[str, np.ndarray | QuantizedWeight] = {}
+    for name in quantized:
+        base = name.removesuffix(".weight")
+        prefix = base + "."
+        stored = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix) and "." not in key[len(prefix):]}
+        try:
+            out[name] = scheme.convert(stored)
+        except QuantFormatError as err:
+            raise QuantFormatError(f"{base}: {err}") from None
+    owned = {f"{n.removesuffix('.weight')}.{s}" for n in quantized for s in ("qweight", "qzeros", "scales", "g_idx")}
+    out.update({name: value for name, value in tensors.items() if name not in owned})
+    return out
+
+
+def quantization_config(bits: int, group_size: int, lm_head: bool) -> dict[str, Any]:
+    """The ``quantization_config`` block ``ninfer-rt quantize`` writes into config.json."""
+    return {
+        "quant_method": QUANT_METHOD,
+        "bits": bits,
+        "group_size": group_size,
+        "sym": True,
+        "lm_head": lm_head,
+        "layout": LAYOUT_DOC,
+    }

@@ -1,0 +1,222 @@
+"""Groupwise int4/int8 weights (model/quant.py): the reference quantizer's error bound, the packed layout,
+and GPTQ / AWQ checkpoints built here from known integers, which must load to exactly the weights those
+integers define."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from ninfer_rt.model.quant import (
+    AWQ_ORDER,
+    QuantFormatError,
+    QuantizedWeight,
+    concat_rows,
+    dequantize,
+    pack,
+    quantize,
+    scheme_from_config,
+    unpack,
+)
+from ninfer_rt.model.tiny import make_tiny_model
+from ninfer_rt.model.weights import WeightsError, load_model_weights
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+TINY = dict(hidden=128, heads=4, kv_heads=2, head_dim=64, intermediate=256, vocab=512, layers=1)
+GROUP = 128
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_quantize_error_is_at_most_half_a_step_everywhere(bits: int, group_size: int) -> None:
+    rng = np.random.default_rng(bits + group_size)
+    w = (rng.standard_normal((48, 256)) * rng.uniform(0.001, 2.0, (48, 1))).astype(np.float32)
+    w[3, :group_size] = 0.0  # an all-zero group: scale 0, codes 0, weights exactly 0
+    qw = quantize(w, bits, group_size)
+    step = np.repeat(qw.scales.astype(np.float64), group_size, axis=1)
+    error = np.abs(dequantize(qw, np.float64) - w)
+    assert np.all(error <= step / 2 + 1e-12 * np.abs(w))
+    assert np.all(dequantize(qw)[3, :group_size] == 0.0)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantize_grid_is_absmax_over_half_levels_minus_a_half(bits: int) -> None:
+    """GPTQ's symmetric grid: the largest magnitude lands at +-(2^(bits-1) - 0.5) steps, so the top code
+    2^(bits-1) - 1 is used (absmax / 7 would leave one int4 level unused); codes are stored offset."""
+    half = 1 << (bits - 1)
+    w = np.tile(np.linspace(-1.0, 1.0, 128, dtype=np.float32), (2, 1))
+    qw = quantize(w, bits, 128)
+    assert np.all(qw.scales.astype(np.float64) >= 1.0 / (half - 0.5))  # rounded up to bf16
+    assert np.all(qw.scales.astype(np.float64) < 1.0 / (half - 0.5) * (1 + 2**-7))
+    codes = unpack(qw.qweight, bits).astype(int) - half
+    assert codes.min() == -(half - 1) and codes.max() == half - 1
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_unpack_round_trip(bits: int) -> None:
+    codes = np.random.default_rng(bits).integers(0, 1 << bits, (5, 64)).astype(np.uint8)
+    packed = pack(codes, bits)
+    assert packed.shape == (5, 64 * bits // 8) and packed.dtype == np.uint8
+    np.testing.assert_array_equal(unpack(packed, bits), codes)
+
+
+def test_int4_byte_holds_the_even_input_in_its_low_nibble() -> None:
+    codes = np.array([[0x1, 0x2, 0x3, 0x4]], np.uint8)
+    np.testing.assert_array_equal(pack(codes, 4), [[0x21, 0x43]])
+
+
+def test_fused_rows_of_different_widths_widen_exactly_to_int8() -> None:
+    rng = np.random.default_rng(0)
+    a, b = quantize(rng.standard_normal((4, 128)), 4, GROUP), quantize(rng.standard_normal((6, 128)), 8, GROUP)
+    fused = concat_rows([a, b])
+    assert fused.bits == 8 and fused.shape == (10, 128)
+    np.testing.assert_array_equal(dequantize(fused), np.concatenate([dequantize(a), dequantize(b)]))
+
+
+# -- GPTQ / AWQ from known integers -----------------------------------------------------------------------
+
+
+def known_weight(rng: np.random.Generator, out: int, in_features: int) -> tuple[np.ndarray, np.ndarray]:
+    """(codes uint8 [in, out] in 0..15, scales [in/GROUP, out] exact in fp16 and bf16)."""
+    codes = rng.integers(0, 16, (in_features, out)).astype(np.uint8)
+    scales = rng.integers(1, 256, (in_features // GROUP, out)) * 2.0**-14  # 8-bit mantissas, fp16-normal
+    return codes, scales
+
+
+def pack_int32_along_rows(values: np.ndarray) -> np.ndarray:
+    """GPTQ's qweight packing (AutoGPTQ's pack loop): word [r, c] holds rows 8r..8r+7, row 8r+p in bits 4p."""
+    packed = np.zeros((values.shape[0] // 8, values.shape[1]), np.uint32)
+    for p in range(8):
+        packed |= values[p::8].astype(np.uint32) << (4 * p)
+    return packed.view(np.int32)
+
+
+def pack_int32_along_columns(values: np.ndarray, order: tuple[int, ...] = tuple(range(8))) -> np.ndarray:
+    """Word [r, c] holds columns 8c..8c+7: nibble i holds column 8c + order[i] (GPTQ qzeros: identity;
+    AWQ: AWQ_ORDER, as AutoAWQ's WQLinear_GEMM.from_linear packs)."""
+    packed = np.zeros((values.shape[0], values.shape[1] // 8), np.uint32)
+    for i, column in enumerate(order):
+        packed |= values[:, column::8].astype(np.uint32) << (4 * i)
+    return packed.view(np.int32)
+
+
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def imported_checkpoint(tmp_path: Path, method: str, config: dict, zeros_of: callable) -> tuple[Path, dict[str, np.ndarray]]:
+    """A tiny model whose linear weights are stored as GPTQ or AWQ tensors of known integers; returns the
+    directory and the float64 weights [out, in] those integers define, W = scale * (q - zero)."""
+    model_dir = make_tiny_model(tmp_path / method, **TINY)
+    raw = json.loads((model_dir / "config.json").read_text())
+    raw["quantization_config"] = {"quant_method": method, "bits": 4, "group_size": GROUP, **config}
+    (model_dir / "config.json").write_text(json.dumps(raw))
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    rng = np.random.default_rng(7)
+    expected: dict[str, np.ndarray] = {}
+    for module in LINEARS:
+        name = f"model.layers.0.{module}"
+        out, in_features = tensors.pop(f"{name}.weight").shape
+        codes, scales = known_weight(rng, out, in_features)
+        zeros = zeros_of(rng, in_features // GROUP, out)
+        expected[f"{name}.weight"] = (
+            (codes.astype(np.float64) - np.repeat(zeros, GROUP, axis=0)) * np.repeat(scales, GROUP, axis=0)
+        ).T
+        tensors.update(stored_tensors(method, name, codes, zeros, scales, config))
+    save_file(tensors, str(model_dir / "model.safetensors"))
+    return model_dir, expected
+
+
+def stored_tensors(method: str, name: str, codes: np.ndarray, zeros: np.ndarray, scales: np.ndarray, config: dict) -> dict:
+    if method == "gptq":
+        stored_zeros = zeros - (0 if config.get("checkpoint_format") == "gptq_v2" else 1)
+        return {
+            f"{name}.qweight": pack_int32_along_rows(codes),
+            f"{name}.qzeros": pack_int32_along_columns(stored_zeros),
+            f"{name}.scales": scales.astype(np.float16),
+            f"{name}.g_idx": (np.arange(codes.shape[0]) // GROUP).astype(np.int32),
+        }
+    return {
+        f"{name}.qweight": pack_int32_along_columns(codes, AWQ_ORDER),
+        f"{name}.qzeros": pack_int32_along_columns(zeros, AWQ_ORDER),
+        f"{name}.scales": scales.astype(np.float16),
+    }
+
+
+def symmetric_zeros(rng: np.random.Generator, groups: int, out: int) -> np.ndarray:
+    return np.full((groups, out), 8)
+
+
+def asymmetric_zeros(rng: np.random.Generator, groups: int, out: int) -> np.ndarray:
+    return rng.integers(0, 16, (groups, out))
+
+
+def assert_loads_to(model_dir: Path, expected: dict[str, np.ndarray], bits: int) -> None:
+    layer = load_model_weights(model_dir).layers[0]
+    for name, weight in expected.items():
+        loaded = getattr(layer, name.split(".")[-2])
+        assert isinstance(loaded, QuantizedWeight) and loaded.bits == bits
+        np.testing.assert_array_equal(dequantize(loaded, np.float64), weight)
+
+
+@pytest.mark.parametrize("checkpoint_format", ["gptq", "gptq_v2"])
+def test_gptq_loads_to_the_weights_its_integers_define(tmp_path: Path, checkpoint_format: str) -> None:
+    config = {"sym": True, "desc_act": False, "checkpoint_format": checkpoint_format}
+    model_dir, expected = imported_checkpoint(tmp_path, "gptq", config, symmetric_zeros)
+    assert_loads_to(model_dir, expected, bits=4)
+
+
+def test_awq_with_zero_points_8_loads_as_int4(tmp_path: Path) -> None:
+    model_dir, expected = imported_checkpoint(tmp_path, "awq", {"version": "gemm", "zero_point": True}, symmetric_zeros)
+    assert_loads_to(model_dir, expected, bits=4)
+
+
+def test_awq_with_arbitrary_zero_points_loads_exactly_as_int8(tmp_path: Path) -> None:
+    model_dir, expected = imported_checkpoint(tmp_path, "awq", {"version": "gemm", "zero_point": True}, asymmetric_zeros)
+    assert_loads_to(model_dir, expected, bits=8)
+
+
+def test_gptq_and_awq_of_the_same_integers_load_to_the_same_weights(tmp_path: Path) -> None:
+    gptq_dir, gptq_expected = imported_checkpoint(tmp_path, "gptq", {"sym": True}, symmetric_zeros)
+    awq_dir, awq_expected = imported_checkpoint(tmp_path, "awq", {"version": "gemm"}, symmetric_zeros)
+    assert all(np.array_equal(gptq_expected[n], awq_expected[n]) for n in gptq_expected)  # same seed: same integers
+    gptq, awq = load_model_weights(gptq_dir).layers[0], load_model_weights(awq_dir).layers[0]
+    for module in LINEARS:
+        attr = module.split(".")[-1]
+        np.testing.assert_array_equal(dequantize(getattr(gptq, attr)), dequantize(getattr(awq, attr)))
+
+
+def test_gptq_with_asymmetric_zero_points_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    model_dir, _ = imported_checkpoint(tmp_path, "gptq", {"sym": True}, asymmetric_zeros)
+    with pytest.raises(WeightsError, match=r"q_proj: GPTQ zero points are not all 8"):
+        load_model_weights(model_dir)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}, "act-order"),
+        ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "bits=8"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False}, "asymmetric"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": -1}, "group size -1"),
+        ({"quant_method": "awq", "bits": 3, "group_size": 128}, "bits=3"),
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "GEMM"),
+        ({"quant_method": "fp8"}, "not supported"),
+    ],
+)
+def test_unsupported_variants_are_refused_with_a_clear_message(config: dict, message: str) -> None:
+    with pytest.raises(QuantFormatError, match=message):
+        scheme_from_config(config)
+
+
+def test_refusal_surfaces_as_a_weights_error_when_loading(tmp_path: Path) -> None:
+    model_dir, _ = imported_checkpoint(tmp_path, "gptq", {"sym": True, "desc_act": True}, symmetric_zeros)
+    with pytest.raises(WeightsError, match="act-order"):
+        load_model_weights(model_dir)
