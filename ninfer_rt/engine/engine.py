@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ninfer_rt.cuda.driver import Device, device_count, open_device
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.engine.kv_ledger import KVLedger
@@ -21,6 +23,9 @@ from ninfer_rt.engine.output import OutputStream, RequestOutput
 from ninfer_rt.engine.request import FinishReason, Request, SamplingParams
 from ninfer_rt.engine.runner import ModelRunner
 from ninfer_rt.engine.scheduler import Scheduler, SchedulerConfig
+from ninfer_rt.engine.spec import Drafter, DraftHead, SpecRunner
+from ninfer_rt.engine.spec import lookahead as spec_lookahead
+from ninfer_rt.engine.spec_vocab import DraftVocab, load_token_frequencies
 from ninfer_rt.exec.base import Executor, StepBatch
 from ninfer_rt.exec.cuda_exec import CudaExecutor, GraphedForward
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
@@ -29,10 +34,12 @@ from ninfer_rt.kv.capacity import check_fits, resolve_kv_capacity
 from ninfer_rt.kv.manager import KVManager
 from ninfer_rt.kv.pages import PoolStats
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, prepare_model
+from ninfer_rt.model.mtp import prepare_mtp
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 
 DEVICES = ("auto", "cpu", "cuda")
+SPEC_METHODS = ("none", "mtp")
 
 
 class EngineError(RuntimeError):
@@ -52,16 +59,33 @@ class EngineConfig:
     token_budget: int = 2048  # tokens per step: bounds the prefill chunk that shares a step with decodes
     prefix_caching: bool = True
     verify_ordering: bool | None = None  # None: NINFER_VERIFY_ORDERING decides
+    spec: str = "none"  # speculative decoding: 'none' or 'mtp' (the checkpoint's MTP module drafts)
+    draft_tokens: int = 3  # drafts verified per step
+    lm_head_draft: int | None = None  # draft over the N most frequent tokens only (engine/spec_vocab.py)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.max_context < 2:
             raise ValueError(f"max_context must be at least 2, got {self.max_context}")
+        if self.spec not in SPEC_METHODS:
+            raise ValueError(f"spec must be one of {SPEC_METHODS}, got {self.spec!r}")
+        if self.draft_tokens < 1:
+            raise ValueError(f"draft_tokens must be at least 1, got {self.draft_tokens}")
+        if self.lm_head_draft is not None and self.lm_head_draft < 1:
+            raise ValueError(f"lm_head_draft must be at least 1, got {self.lm_head_draft}")
 
 
 class Engine:
-    def __init__(self, weights: ModelWeights, tokenizer: Tokenizer, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(
+        self,
+        weights: ModelWeights,
+        tokenizer: Tokenizer,
+        config: EngineConfig = EngineConfig(),
+        token_frequencies: np.ndarray | None = None,  # for --lm-head-draft (spec_vocab.py)
+    ) -> None:
+        if config.spec == "mtp" and weights.mtp is None:
+            raise EngineError("--spec mtp: the checkpoint has no MTP weights (no mtp.* tensors); use --spec none")
         self.config = config
         self.tokenizer = tokenizer
         self.device = resolve_device(config.device)
@@ -71,14 +95,20 @@ class Engine:
         self.executor = make_executor(config, self.streams, max_context)
         self.eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         model = prepare_model(self.executor, weights)
+        drafter = make_drafter(self.executor, weights, model, config, token_frequencies)  # before KV sizing
         # KV is sized last: `--kv-capacity auto` takes what the weights and activations left free.
         self.kv = KVCache(self.streams, kv_spec(weights, config, self.streams.device))
         self.kv_manager = KVManager(self.streams, self.kv, max_context)
         self.ledger = KVLedger(
             self.kv_manager, self.executor.compute, self.streams.create("copy"), config.prefix_caching
         )
-        self.scheduler = Scheduler(SchedulerConfig(config.max_concurrency, config.token_budget), self.ledger)
-        self.runner = ModelRunner(self.executor, model, self.kv, self.ledger, step_forward_for(self.executor, model, self.kv))
+        lookahead = spec_lookahead(config.draft_tokens) if config.spec == "mtp" else 0
+        self.scheduler = Scheduler(SchedulerConfig(config.max_concurrency, config.token_budget, lookahead), self.ledger)
+        step_forward = step_forward_for(self.executor, model, self.kv)
+        if drafter is None:
+            self.runner = ModelRunner(self.executor, model, self.kv, self.ledger, step_forward)
+        else:
+            self.runner = SpecRunner(self.executor, model, self.kv, self.ledger, drafter, step_forward)
         self._requests: dict[str, OutputStream] = {}
         self._pending: list[RequestOutput] = []  # outputs of requests ended between steps (abort)
         self._ids = itertools.count()
@@ -87,7 +117,9 @@ class Engine:
 
     @classmethod
     def load(cls, model_dir: str | Path, config: EngineConfig = EngineConfig()) -> Engine:
-        return cls(load_model_weights(model_dir), Tokenizer(model_dir), config)
+        weights = load_model_weights(model_dir)
+        frequencies = load_token_frequencies(model_dir, weights.config.vocab_size) if config.lm_head_draft else None
+        return cls(weights, Tokenizer(model_dir), config, frequencies)
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -141,10 +173,12 @@ class Engine:
         self.scheduler.complete(plan)
         for result in sampled:
             stream = self._requests[result.request.request_id]
-            output = stream.accept(result.samples)
+            output = stream.accept(result.samples, result.drafted)
             if output.finished:
                 self.scheduler.finish(result.request, output.finish_reason)
                 del self._requests[result.request.request_id]
+            else:
+                self.scheduler.settle(result.request, accepted_drafts=len(result.samples) - 1)
             outputs.append(output)
         return outputs
 
@@ -198,6 +232,17 @@ def make_executor(config: EngineConfig, streams: StreamSet, max_context: int) ->
         max_pages_per_seq=-(-max_context // config.page_size) + 1,
         max_positions=max_context,
     )
+
+
+def make_drafter(
+    executor: Executor, weights: ModelWeights, model: PreparedModel, config: EngineConfig, token_frequencies: np.ndarray | None
+) -> Drafter | None:
+    if config.spec == "none":
+        return None
+    vocab = None
+    if config.lm_head_draft is not None:
+        vocab = DraftVocab(config.lm_head_draft, weights.config.vocab_size, token_frequencies)
+    return Drafter(prepare_mtp(executor, weights, model), DraftHead(executor, model, weights, vocab), config.draft_tokens)
 
 
 def step_forward_for(executor: Executor, model: PreparedModel, kv: KVCache) -> Callable[[StepBatch], ForwardOutput] | None:

@@ -120,6 +120,13 @@ class DraftHead:
         return self.executor.prepare_weight("mtp.lm_head_draft", [np.asarray(self.weights.lm_head)[self.vocab.ids]])
 
 
+@dataclass(frozen=True)
+class Drafter:
+    mtp: PreparedMTP
+    head: DraftHead
+    draft_tokens: int  # k: drafts per step
+
+
 class SpecRunner:
     """ModelRunner's drop-in for `--spec mtp`: `run` returns the accepted drafts plus one token per request."""
 
@@ -127,20 +134,18 @@ class SpecRunner:
         self,
         executor: Executor,
         model: PreparedModel,
-        mtp: PreparedMTP,
         kv: KVCache,
         ledger: KVLedger,
-        draft_tokens: int,
-        head: DraftHead,
+        drafter: Drafter,
         step_forward: StepForward | None = None,
     ) -> None:
         self.executor = executor
         self.model = model
-        self.mtp = mtp
         self.kv = kv
         self.ledger = ledger
-        self.draft_tokens = draft_tokens
-        self.head = head
+        self.mtp = drafter.mtp
+        self.head = drafter.head
+        self.draft_tokens = drafter.draft_tokens
         # The verify forward: on the CUDA executor, graphs keyed by step shape (batch x verify width).
         self.forward = step_forward or (lambda batch: forward(executor, model, batch, kv))
         self.drafts: dict[str, Draft] = {}  # made at the end of a request's step, verified in its next one
