@@ -29,9 +29,10 @@ checks it against a brute-force graph).
 from __future__ import annotations
 
 import threading
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # A whole-key access covers [0, WHOLE); no buffer is this large, so spans and whole keys compare uniformly.
 WHOLE = 1 << 62
@@ -71,8 +72,7 @@ class OrderingViolation(RuntimeError):
         self.later = later
 
 
-@dataclass(frozen=True)
-class OpRef:
+class OpRef(NamedTuple):  # a tuple, not a dataclass: one is made per declared op, on the enqueue path
     """Enough about an op to name it in a violation or a crash dump."""
 
     timeline: str
@@ -103,12 +103,9 @@ class Timeline:
             if mine.get(idx, 0) < count:
                 mine[idx] = count
 
-    def covers(self, access: _Access) -> bool:
-        return self.clock.get(access.timeline_index, 0) >= access.count
 
 
-@dataclass(frozen=True)
-class _Access:
+class _Access(NamedTuple):
     timeline_index: int
     count: int
     op: OpRef
@@ -132,11 +129,18 @@ class _Segments:
         self.starts: list[int] = [0]
         self.states: list[_State] = [_State()]
 
-    def covering(self, start: int, end: int) -> range:
-        """Indices of the segments that exactly tile [start, end), splitting at its ends if needed."""
-        first = self._split(start)
-        stop = self._split(end) if end < WHOLE else len(self.starts)
-        return range(first, stop)
+    def split(self, start: int, end: int) -> None:
+        """Make `start` and `end` segment bounds (each half keeps the history of the segment split)."""
+        self._split(start)
+        if end < WHOLE:
+            self._split(end)
+
+    def indices(self, start: int, end: int) -> range:
+        """The segments that tile [start, end); its ends must already be bounds (see `split`)."""
+        starts = self.starts
+        if len(starts) == 1:
+            return range(0, 1 if start < end else 0)
+        return range(bisect_left(starts, start), bisect_left(starts, end) if end < WHOLE else len(starts))
 
     def bounds(self, i: int) -> tuple[int, int]:
         return self.starts[i], self.starts[i + 1] if i + 1 < len(self.starts) else WHOLE
@@ -146,13 +150,11 @@ class _Segments:
         self.starts[span.start + 1 : span.stop] = []
         self.states[span.start : span.stop] = [_State(written)]
 
-    def _split(self, at: int) -> int:
+    def _split(self, at: int) -> None:
         i = bisect_right(self.starts, at) - 1
-        if self.starts[i] == at:
-            return i
-        self.starts.insert(i + 1, at)
-        self.states.insert(i + 1, self.states[i].copy())
-        return i + 1
+        if self.starts[i] != at:
+            self.starts.insert(i + 1, at)
+            self.states.insert(i + 1, self.states[i].copy())
 
 
 class Verifier:
@@ -184,25 +186,29 @@ class Verifier:
     ) -> OpRef:
         """Declare one op issued on `tl` by the calling host thread. Raises OrderingViolation on the first
         unordered conflict, leaving the history as it was (the op is not recorded)."""
-        reads, writes = tuple(reads), tuple(writes)
         with self._lock:
             self._issue(tl)
-            ref = OpRef(tl.name, tl.clock.get(tl.index, 0) + 1, label, lane)
-            me = _Access(tl.index, ref.seq, ref)
-            for res in reads + writes:
-                self._split_for(res)  # all splits first, so the segment indices below stay valid
-            for res in reads:
-                self._check(tl, res, me, is_write=False)
-            for res in writes:
-                self._check(tl, res, me, is_write=True)
+            seq = tl.clock.get(tl.index, 0) + 1
+            ref = OpRef(tl.name, seq, label, lane)
+            me = _Access(tl.index, seq, ref)
+            read_places = [self._place(res) for res in reads]
+            write_places = [self._place(res) for res in writes]
+            # every split before any indices are taken, so indices stay valid until the first write applies
+            for _res, segments, start, end in read_places + write_places:
+                if (start, end) != (0, WHOLE):
+                    segments.split(start, end)
+            for res, segments, start, end in read_places:
+                _check(tl.clock, res, segments, segments.indices(start, end), me, is_write=False)
+            for res, segments, start, end in write_places:
+                _check(tl.clock, res, segments, segments.indices(start, end), me, is_write=True)
             tl.tick()
-            for res in reads:
-                segments, span = self._split_for(res)
-                for i in span:
+            for _res, segments, start, end in read_places:
+                for i in segments.indices(start, end):
                     segments.states[i].reads[tl.index] = me
-            for res in writes:
-                segments, span = self._split_for(res)  # again: an earlier write of this op may have re-joined
-                segments.rejoin_written(span, me)
+            for _res, segments, start, end in write_places:
+                if (start, end) != (0, WHOLE):
+                    segments.split(start, end)  # again: an earlier write of this op may have re-joined
+                segments.rejoin_written(segments.indices(start, end), me)
             self.ops_checked += 1
             return ref
 
@@ -250,29 +256,30 @@ class Verifier:
         if tl is not host:
             tl.merge(host.clock)
 
-    def _split_for(self, res: Resource) -> tuple[_Segments, range]:
-        key = res.key if isinstance(res, Span) else res
+    def _place(self, res: Resource) -> tuple[Resource, _Segments, int, int]:
+        """The resource's key history and the bytes it covers."""
+        if isinstance(res, Span):
+            key, start, end = res.key, res.start, res.end
+        else:
+            key, start, end = res, 0, WHOLE
         segments = self._resources.get(key)
         if segments is None:
             segments = self._resources[key] = _Segments()
-        return segments, segments.covering(*_bounds_of(res))
-
-    def _check(self, tl: Timeline, res: Resource, me: _Access, is_write: bool) -> None:
-        segments, span = self._split_for(res)
-        kind = "write" if is_write else "read"
-        for i in span:
-            state = segments.states[i]
-            w = state.last_write
-            if w is not None and not tl.covers(w):
-                raise OrderingViolation(_describe(res, segments, i), w.op, "write", me.op, kind)
-            if is_write:
-                for r in state.reads.values():
-                    if not tl.covers(r):
-                        raise OrderingViolation(_describe(res, segments, i), r.op, "read", me.op, kind)
+        return res, segments, start, end
 
 
-def _bounds_of(res: Resource) -> tuple[int, int]:
-    return (res.start, res.end) if isinstance(res, Span) else (0, WHOLE)
+def _check(clock: dict[int, int], res: Resource, segments: _Segments, indices: range, me: _Access, is_write: bool) -> None:
+    """Raise unless every conflicting earlier access in these segments is covered by `clock`."""
+    kind = "write" if is_write else "read"
+    for i in indices:
+        state = segments.states[i]
+        w = state.last_write
+        if w is not None and clock.get(w.timeline_index, 0) < w.count:
+            raise OrderingViolation(_describe(res, segments, i), w.op, "write", me.op, kind)
+        if is_write:
+            for r in state.reads.values():
+                if clock.get(r.timeline_index, 0) < r.count:
+                    raise OrderingViolation(_describe(res, segments, i), r.op, "read", me.op, kind)
 
 
 def _describe(res: Resource, segments: _Segments, segment: int) -> str:
