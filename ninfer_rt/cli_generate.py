@@ -15,6 +15,7 @@ import click
 from ninfer_rt.engine.engine import Engine, EngineConfig, EngineError
 from ninfer_rt.engine.output import RequestStats
 from ninfer_rt.engine.request import SamplingParams
+from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
 from ninfer_rt.serve.chat import ChatTemplate
 
 
@@ -55,6 +56,12 @@ def _kv_capacity(value: str) -> str:
 @click.option("--max-concurrency", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--kv-dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "int8"]))
 @click.option("--verify-ordering", is_flag=True, help="Run the happens-before verifier on every device op.")
+@click.option("--spec", default="none", show_default=True, type=click.Choice(["none", "mtp"]), help="mtp: speculative decoding with the checkpoint's MTP module.")
+@click.option("--draft-tokens", default=3, show_default=True, type=click.IntRange(min=1), help="Drafts verified per step (--spec mtp).")
+@click.option(
+    "--lm-head-draft", type=click.IntRange(min=1), is_flag=False, flag_value=DEFAULT_DRAFT_VOCAB, default=None,
+    help=f"Draft over the N most frequent tokens only (N defaults to {DEFAULT_DRAFT_VOCAB}); verification stays exact.",
+)
 def generate(model_dir: str | None, prompt: str | None, prompt_file: Any, chat: bool, **options: Any) -> None:
     """Generate text from a prompt, or chat with --chat."""
     if model_dir is None:
@@ -94,6 +101,9 @@ def _engine_config(options: dict[str, Any]) -> EngineConfig:
         max_concurrency=options["max_concurrency"],
         kv_dtype=options["kv_dtype"],
         verify_ordering=options["verify_ordering"] or None,
+        spec=options["spec"],
+        draft_tokens=options["draft_tokens"],
+        lm_head_draft=options["lm_head_draft"],
     )
 
 
@@ -129,7 +139,9 @@ def _chat(engine: Engine, params: SamplingParams) -> None:
 
 
 def _format_stats(stats: RequestStats) -> str:
+    acceptance = f", {stats.acceptance.describe()}" if stats.acceptance is not None else ""
     return (
         f"[{stats.prompt_tokens} prompt tokens ({stats.cached_tokens} cached), {stats.completion_tokens} generated; "
-        f"TTFT {stats.ttft_s * 1000:.0f} ms, prefill {stats.prefill_tok_s:.1f} tok/s, decode {stats.decode_tok_s:.1f} tok/s]"
+        f"TTFT {stats.ttft_s * 1000:.0f} ms, prefill {stats.prefill_tok_s:.1f} tok/s, decode {stats.decode_tok_s:.1f} tok/s"
+        f"{acceptance}]"
     )

@@ -8,7 +8,6 @@ engine error so that the supervisor restarts it, and 0 after SIGTERM once in-fli
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 import sys
@@ -19,6 +18,7 @@ import click
 import uvicorn
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
 from ninfer_rt.serve.app import ServeConfig, create_app, sampling_defaults
 from ninfer_rt.serve.backend import EngineBackend
 
@@ -62,7 +62,10 @@ def _kv_capacity(value: str) -> str:
 @click.option("--kv-dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "int8"]))
 @click.option("--spec", default="none", show_default=True, type=click.Choice(["none", "mtp"]))
 @click.option("--draft-tokens", default=3, show_default=True, type=click.IntRange(min=1))
-@click.option("--lm-head-draft", is_flag=True, help="Draft with a reduced lm_head.")
+@click.option(
+    "--lm-head-draft", type=click.IntRange(min=1), is_flag=False, flag_value=DEFAULT_DRAFT_VOCAB, default=None,
+    help=f"Draft over the N most frequent tokens only (N defaults to {DEFAULT_DRAFT_VOCAB}); verification stays exact.",
+)
 @click.option("--preserve-thinking/--no-preserve-thinking", default=True, show_default=True)
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]), help="auto: the GPU when one is present.")
 @click.option("--verify-ordering", is_flag=True, help="Run the happens-before verifier on every device op.")
@@ -77,21 +80,18 @@ def serve(model_dir: str, **options: Any) -> None:
 
 
 def engine_config(options: dict[str, Any]) -> EngineConfig:
-    """The engine's share of the flags. Speculative decoding flags apply once the engine takes them."""
-    config = {
-        "device": options["device"],
-        "max_context": options["max_context"],
-        "kv_capacity": options["kv_capacity"],
-        "max_concurrency": options["max_concurrency"],
-        "kv_dtype": options["kv_dtype"],
-        "verify_ordering": options["verify_ordering"] or None,
-    }
-    spec = {"spec": options["spec"], "draft_tokens": options["draft_tokens"], "lm_head_draft": options["lm_head_draft"]}
-    known = {f.name for f in dataclasses.fields(EngineConfig)}
-    if options["spec"] != "none" and not set(spec) <= known:
-        log.warning("--spec %s: this engine has no speculative decoding yet; decoding without drafts", options["spec"])
-    config.update({key: value for key, value in spec.items() if key in known})
-    return EngineConfig(**config)
+    """The engine's share of the flags."""
+    return EngineConfig(
+        device=options["device"],
+        max_context=options["max_context"],
+        kv_capacity=options["kv_capacity"],
+        max_concurrency=options["max_concurrency"],
+        kv_dtype=options["kv_dtype"],
+        verify_ordering=options["verify_ordering"] or None,
+        spec=options["spec"],
+        draft_tokens=options["draft_tokens"],
+        lm_head_draft=options["lm_head_draft"],
+    )
 
 
 def run_server(model_path: Path, options: dict[str, Any]) -> int:

@@ -6,11 +6,14 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ninfer_rt.engine.output import RequestStats
+from ninfer_rt.engine.spec_stats import AcceptanceCounts
 from ninfer_rt.kv.pages import PoolStats
 
 # Agent turns range from a cached 100k-token prompt (fast) to a cold one (tens of seconds).
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
+# Tokens a verify step emits, averaged over one request: 1 (no draft accepted) .. draft_tokens + 1.
+ACCEPTANCE_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
 
 
 class ServerMetrics:
@@ -37,6 +40,16 @@ class ServerMetrics:
         self.ordering_violations = Counter(
             "ninfer_ordering_violations", "Ordering violations that stopped the engine (--verify-ordering)", registry=r
         )
+        # vLLM's spec-decode counters: acceptance rate = accepted / draft tokens, per position too.
+        self.spec_drafts = Counter("ninfer_spec_decode_num_drafts", "Verify steps that checked drafts", registry=r)
+        self.spec_draft_tokens = Counter("ninfer_spec_decode_num_draft_tokens", "Drafted tokens verified", registry=r)
+        self.spec_accepted_tokens = Counter("ninfer_spec_decode_num_accepted_tokens", "Drafted tokens accepted", registry=r)
+        self.spec_accepted_per_pos = Counter(
+            "ninfer_spec_decode_num_accepted_tokens_per_pos", "Drafted tokens accepted, by draft position", ["position"], registry=r
+        )
+        self.spec_acceptance_length = Histogram(
+            "ninfer_spec_decode_acceptance_length", "Mean tokens per verify step, per request", buckets=ACCEPTANCE_BUCKETS, registry=r
+        )
         self.kv_pages = Gauge("ninfer_kv_pages", "KV pages by state", ["state"], registry=r)
         self.requests_running = Gauge("ninfer_requests_running", "Requests admitted and not finished", registry=r)
 
@@ -52,6 +65,16 @@ class ServerMetrics:
             self.prefix_cache_hits.inc()
         self.preemptions.inc(stats.preemptions)
         self.ttft.observe(stats.ttft_s)
+        if stats.acceptance is not None:
+            self._acceptance_done(stats.acceptance)
+
+    def _acceptance_done(self, counts: AcceptanceCounts) -> None:
+        self.spec_drafts.inc(counts.steps)
+        self.spec_draft_tokens.inc(sum(counts.proposed))
+        self.spec_accepted_tokens.inc(sum(counts.accepted))
+        for position, accepted in enumerate(counts.accepted):
+            self.spec_accepted_per_pos.labels(position=str(position)).inc(accepted)
+        self.spec_acceptance_length.observe(counts.mean_acceptance_length)
 
     def token_gap(self, seconds: float) -> None:
         self.inter_token.observe(seconds)
