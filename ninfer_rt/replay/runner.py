@@ -121,7 +121,11 @@ class Replayer:
         async with httpx.AsyncClient(base_url=self.config.url, headers=headers, timeout=timeout) as client:
             self._client = client
             if not self._model:
-                self._model = await self._discover_model()
+                try:
+                    self._model = await self._discover_model()
+                except httpx.TransportError as exc:
+                    self.server_died = f"server unreachable: {exc!r}"
+                    return self.records
             lanes: dict[str, list[tuple[int, Turn]]] = {}
             for index, turn in enumerate(turns):
                 lanes.setdefault(turn.lane, []).append((index, turn))

@@ -1,0 +1,82 @@
+"""A real CPU server for replay tests: uvicorn on a free port in a thread, the engine with the ordering
+verifier on, and /debug/crash-context served (what `ninfer-rt serve --verify-ordering` runs)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.serve.app import ServeConfig, ServerState, create_app
+from ninfer_rt.serve.backend import EngineBackend
+
+MODEL = "tiny"
+
+
+@dataclass
+class RunningServer:
+    url: str
+    state: ServerState
+
+    def engine(self) -> Engine:
+        backend = self.state.backend
+        assert isinstance(backend, EngineBackend)
+        return backend._loop.engine
+
+
+@contextmanager
+def verified_server(
+    model_dir: Path,
+    kv_pages: int,
+    max_context: int = 4096,
+    on_engine: Callable[[Engine], None] = lambda e: None,
+    exit_on_fatal: bool = False,  # as `ninfer-rt serve` does; off, a failed server stays up to be inspected
+) -> Iterator[RunningServer]:
+    engine_config = EngineConfig(device="cpu", max_context=max_context, kv_capacity=str(kv_pages),
+                                 max_concurrency=2, verify_ordering=True)
+
+    def build() -> Engine:
+        engine = Engine.load(model_dir, engine_config)
+        on_engine(engine)
+        return engine
+
+    app = create_app(lambda: EngineBackend.start(build), ServeConfig(served_model_name=MODEL, verify_ordering=True))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    if exit_on_fatal:
+        app.state.server.on_fatal = lambda: setattr(server, "should_exit", True)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    _wait_healthy(url)
+    try:
+        yield RunningServer(url, app.state.server)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not become healthy")
