@@ -1,0 +1,118 @@
+"""Quantized decode GEMV and dequantization on the GPU against float64 numpy (kernels_src/gemv_quant.cu),
+and the CUDA executor against the numpy executor on int4/int8 checkpoints written by `ninfer-rt quantize`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from forward_helpers import relative_error
+from ninfer_rt.cli import main
+from ninfer_rt.cuda import ops, quant_ops
+from ninfer_rt.cuda.linear_ops import Epilogue
+from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
+from ninfer_rt.model.quant import QuantizedWeight, dequantize, quantize
+from ninfer_rt.model.tiny import make_tiny_model
+from test_cuda_exec_gpu import GPU_TINY, PROMPT, STEPS, TOLERANCE, runtime, sequence
+from test_gemv_gpu import BF16, Gpu, bf16_random, gpu, relative_l2  # noqa: F401 - gpu is the fixture
+
+pytestmark = pytest.mark.gpu
+
+# (n, k, group): odd n leaves some of a warp's four rows unused; k spans 1..4 chunks per lane and the unroll tail.
+SHAPES = [(64, 128, 128), (131, 256, 64), (1000, 4096, 128), (4096, 4096, 128), (515, 1024, 32)]
+
+
+def quantized(rng: np.random.Generator, n: int, k: int, bits: int, group: int) -> QuantizedWeight:
+    # Row magnitudes spread over 3 decades: per-row scales must follow the rows.
+    return quantize(rng.standard_normal((n, k)) * rng.uniform(0.01, 10.0, (n, 1)), bits, group)
+
+
+def upload(gpu: Gpu, w: QuantizedWeight) -> QuantizedDeviceWeight:
+    n, k = w.shape
+    return QuantizedDeviceWeight(gpu.upload(w.qweight), gpu.upload(w.scales), n, k, w.bits, w.group_size)
+
+
+def reference(x: np.ndarray, w: QuantizedWeight) -> np.ndarray:
+    return x.astype(np.float64) @ dequantize(w, np.float64).T
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize(("n", "k", "group"), SHAPES)
+def test_gemv_matches_float64_and_writes_only_its_rows(gpu: Gpu, bits: int, rows: int, n: int, k: int, group: int) -> None:
+    rng = np.random.default_rng(rows * 7919 + n + bits)
+    x, w = bf16_random(rng, rows, k), quantized(rng, n, k, bits, group)
+    y = gpu.poisoned((rows + 1) * n * 2)  # one spare row: must stay poisoned
+    quant_ops.gemv(gpu.lib, gpu.stream, gpu.upload(x), upload(gpu, w), y, rows)
+    out = gpu.download(y, BF16, (rows + 1, n)).astype(np.float64)
+    assert relative_l2(out[:rows], reference(x, w)) < 4e-3  # bf16 output rounding is 2^-9 relative
+    assert np.isnan(out[rows]).all()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_f32_epilogue_keeps_the_f32_accumulation(gpu: Gpu, bits: int, rows: int) -> None:
+    rng = np.random.default_rng(rows + bits)
+    x, w = bf16_random(rng, rows, 1024), quantized(rng, 517, 1024, bits, 128)
+    y = gpu.poisoned(rows * 517 * 4)
+    quant_ops.gemv(gpu.lib, gpu.stream, gpu.upload(x), upload(gpu, w), y, rows, Epilogue.STORE_F32)
+    assert relative_l2(gpu.download(y, np.float32, (rows, 517)), reference(x, w)) < 1e-5
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 4, 7])
+def test_residual_epilogue_adds_in_place(gpu: Gpu, bits: int, rows: int) -> None:
+    rng = np.random.default_rng(rows + bits)
+    x, w, r = bf16_random(rng, rows, 512), quantized(rng, 257, 512, bits, 128), bf16_random(rng, rows, 257)
+    y = gpu.upload(r)  # y aliases the residual
+    quant_ops.gemv(gpu.lib, gpu.stream, gpu.upload(x), upload(gpu, w), y, rows, Epilogue.RESIDUAL, residual=y)
+    expected = reference(x, w) + r.astype(np.float64)
+    assert relative_l2(gpu.download(y, BF16, (rows, 257)), expected) < 4e-3
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(("rows", "inter"), [(1, 384), (2, 385), (5, 130), (8, 384)])
+def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(gpu: Gpu, bits: int, rows: int, inter: int) -> None:
+    rng = np.random.default_rng(rows + bits)
+    k = 256
+    x, w = gpu.upload(bf16_random(rng, rows, k)), upload(gpu, quantized(rng, 2 * inter, k, bits, 128))
+    gate_up, unfused, fused = gpu.poisoned(rows * 2 * inter * 2), gpu.poisoned(rows * inter * 2), gpu.poisoned(rows * inter * 2)
+    quant_ops.gemv(gpu.lib, gpu.stream, x, w, gate_up, rows)
+    ops.silu_mul(gpu.lib, gpu.stream, gate_up, unfused, rows, inter)
+    quant_ops.gemv(gpu.lib, gpu.stream, x, w, fused, rows, Epilogue.SWIGLU)
+    a, b = gpu.download(fused, np.uint16, (rows, inter)), gpu.download(unfused, np.uint16, (rows, inter))
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(("n", "k", "group"), [(131, 256, 64), (1000, 4096, 128), (7, 32 * 8, 32)])
+def test_dequantize_is_the_reference_rounded_to_bf16(gpu: Gpu, bits: int, n: int, k: int, group: int) -> None:
+    rng = np.random.default_rng(n + bits)
+    w = quantized(rng, n, k, bits, group)
+    out = gpu.poisoned((n + 1) * k * 2)
+    quant_ops.dequantize(gpu.lib, gpu.stream, upload(gpu, w), out)
+    got = gpu.download(out, np.uint16, ((n + 1) * k,))
+    np.testing.assert_array_equal(got[: n * k].reshape(n, k), dequantize(w, np.float32).astype(BF16).view(np.uint16))
+    assert (got[n * k :] == 0xFFFF).all()
+
+
+@pytest.fixture(scope="module", params=[8, 4], ids=["int8", "int4"])
+def quantized_tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    bf16 = make_tiny_model(tmp_path_factory.mktemp("bf16"), **GPU_TINY)
+    out = tmp_path_factory.mktemp("quantized") / "model"
+    result = CliRunner().invoke(main, ["quantize", "--model", str(bf16), "--out", str(out), "--bits", str(request.param),
+                                       "--quantize-lm-head"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_cuda_executor_matches_the_numpy_executor_on_a_quantized_checkpoint(quantized_tiny: Path) -> None:
+    """Prefill (dequantize + cuBLASLt) then 64 decode steps (GEMV, fused SwiGLU, quantized lm_head)."""
+    tokens = sequence(quantized_tiny)
+    ours = runtime(quantized_tiny, device=True).run(tokens, STEPS)
+    reference = runtime(quantized_tiny, device=False).run(tokens, STEPS)
+    assert relative_error(ours[:PROMPT], reference[:PROMPT]) < TOLERANCE
+    assert relative_error(ours[PROMPT:], reference[PROMPT:]) < TOLERANCE
