@@ -158,7 +158,7 @@ class TraceStats:
     requests: int = 0
     lanes: set[str] = field(default_factory=set)
     conversations: set[str] = field(default_factory=set)
-    new_units: int = 0  # synthesized words + token ids
+    new_units: int = 0  # words and token ids of new content and system prompts: about their tokens
     max_tokens: int = 0
 
     @classmethod
@@ -168,9 +168,13 @@ class TraceStats:
             stats.requests += 1
             stats.lanes.add(turn.lane)
             stats.conversations.add(turn.conversation)
-            stats.new_units += sum(c for c in (turn.content, turn.system) if isinstance(c, int))
+            stats.new_units += sum(_units(c) for c in (turn.content, turn.system) if c is not None)
             stats.max_tokens += turn.max_tokens
         return stats
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "lanes": len(self.lanes), "conversations": len(self.conversations)}
+
+
+def _units(content: Content) -> int:
+    return content if isinstance(content, int) else len(content.split())
