@@ -4,230 +4,401 @@
 // L = context_lens[b] keys (already including this step's rows, written by rope_kv). Row j (0-based)
 // attends causally to keys [0, L - Q + j]. For every q head h (kv head h / (Hq/Hkv)):
 //   out[row, h] = sum_k softmax_k(scale * q[row, h] . K[k]) V[k]
-// with K/V bf16, or int8 dequantized in registers as value * scale[page, slot, kv_head].
+// with K/V bf16, or int8 values times scale[page, slot, kv_head].
 //
 // Two kernels:
-//   decode_attention_d{D}_{bf16,int8}_r{R}, D in {64, 128, 256}, R in {8, 32, 64}:
-//     grid (num_splits, Hkv, B), block 128. Block (s, g, b) takes the R' = Q * (Hq/Hkv) rows of sequence b
-//     that share kv head g (R' <= R, the instantiation's row capacity) and split s of b's pages (pages_per_split = ceil(ceil(L/64) / num_splits), page-aligned),
-//     so each K/V tile is read from memory once for all heads of the group and all verify rows. Tiles of
-//     kTileKeys keys (2-4 KiB of K) stream through a 3-stage cp.async pipeline; per tile: scores (thread
-//     per (key, row group)), online softmax (warp per row), P.V (thread per (row group, dim pair)).
-//     Writes unnormalized partials: acc f32 [num_splits, B * max_queries, Hq, D] and (max, sum) f32
-//     [num_splits, B * max_queries, Hq, 2] in the log2 domain, row slot b * max_queries + j. A split with
-//     no pages writes (-inf, 0) and no acc. Sequences with Q > max_queries (or Q = 0) are skipped: they
-//     belong to prefill_attention in a mixed step.
+//   decode_attention_d{D}_{bf16,int8}, D in {64, 128, 256}: grid (num_splits * row_groups, Hkv, B),
+//     block 128 (4 warps). Block (split * row_groups + rg, g, b) takes rows rg*8 .. rg*8+7 of the
+//     Q * (Hq/Hkv) rows of sequence b that share kv head g (row r: query r / group, head g*group + r % group)
+//     and split `split` of b's pages (pages_per_split = ceil(ceil(L/64) / num_splits), page-aligned).
+//     Warp w takes keys w*16 .. w*16+15 of every page of the split: it loads them from global memory
+//     straight into registers (16-byte loads; a step's K and V loads are in flight together), in the
+//     layouts of mma.sync.m16n8k16 fragments, and keeps its own online softmax. The 4 warps merge in
+//     shared memory once at the end: the main loop has no block-wide barrier.
+//       S = Q K^T      A = q (8 real rows of 16), B = K (k = dims, n = 8 keys). A lane's 16-byte chunk of
+//                      a K row is its B fragment as loaded: dims are permuted alike in q and K, which a
+//                      dot product does not see.
+//       O^T += V^T P^T A = V^T (m = 16 dims, k = 16 keys), B = P^T (k = keys, n = 8 rows): S's C fragment
+//                      is P's B fragment as it lies; V words are re-paired by key with byte permutes.
+//     bf16 KV: bf16 mma; P rounded to bf16 (as in prefill_attention). int8 KV: f16 mma on the exact
+//     integer values (int8 -> f16 through the 0x6400 exponent trick, no conversion instructions); q
+//     rounded to f16 (exact for bf16 values of magnitude 6.1e-5 .. 65504); P * v_scale * 256 rounded to
+//     f16 (the 256 keeps small products out of f16's subnormals; it is divided out at the end, so v_scale
+//     must stay below 255). Softmax in f32, log2 domain. Writes unnormalized partials: acc f32
+//     [num_splits, B * max_queries, Hq, D] and (max, sum) f32 [num_splits, B * max_queries, Hq, 2], row slot
+//     b * max_queries + j. A split with no pages (or no visible key) writes (-inf, 0). Sequences with
+//     Q > max_queries (or Q = 0) are skipped: they belong to prefill_attention in a mixed step.
 //   decode_attention_combine: grid (B * max_queries, Hq), block 128: for the slots of decoded rows,
 //     out = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp2(m_s - max_s m_s); splits with w_s = 0 are never
-//     read (their acc is unwritten).
+//     read (their acc may be unwritten).
 //
 // Layout: q bf16 [T, Hq, D]; K, V [num_pages, 64, Hkv, D] bf16 or int8; k_scale, v_scale f32
 // [num_pages, 64, Hkv] (int8 only, else null); block_tables int32 [B, max_pages]; context_lens int32 [B];
-// query_start int32 [B+1]; out bf16 [T, Hq, D]. Static shared memory only (< 48 KiB, asserted per
-// instantiation). Host contract: max_queries * Hq/Hkv <= R, num_splits <= kMaxSplits, Hq % Hkv == 0.
+// query_start int32 [B+1]; out bf16 [T, Hq, D]. Static shared memory: the warps' merge buffer (16 KiB at
+// D = 128). Host contract: row_groups * 8 >= max_queries * Hq/Hkv, num_splits <= kMaxSplits, Hq % Hkv == 0.
+#include <cuda_fp16.h>
+
 #include "attention_common.cuh"
 
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
+constexpr int kRowsPerBlock = 8;   // n of the P.V mma
+constexpr int kKeysPerWarp = 16;   // per page: two n8 key tiles of S, the k16 of P.V
 constexpr int kMaxSplits = 256;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kInt8PScale = 256.0f;
+constexpr unsigned kF16Magic = 0x64646464u;  // high bytes of f16 1024 + u, u a byte
+constexpr unsigned kF16Bias = 0x64806480u;   // f16x2 (1152, 1152): 1024 + the 128 of the sign flip
 
-template <int D, bool kInt8, int kMaxRows>
+static_assert(kPageSize == kDecodeWarps * kKeysPerWarp, "one page per block step: each warp's keys stay in a page");
+
+template <int D, bool kInt8>
 struct DecodeShape {
     static constexpr int kElemBytes = kInt8 ? 1 : 2;
-    static constexpr int kRowBytes = D * kElemBytes;
-    // Smaller tiles for the 64-row instantiations keep q + scores + stages under 48 KiB.
-    static constexpr int kTileBytes = kMaxRows >= 64 ? 2048 : 4096;
-    static constexpr int kTileKeys = kTileBytes / kRowBytes < 32 ? kTileBytes / kRowBytes : 32;
-    static constexpr int kChunksPerRow = kRowBytes / 16;
-    // Padded shared row: 16-byte reads of 8 consecutive keys land on distinct bank quads.
-    static constexpr int kStride = kRowBytes + 16;
-    static constexpr int kStages = 3;
-    static constexpr int kScoreGroups = kDecodeThreads / kTileKeys;  // row groups in the score phase
-    static constexpr int kPairs = D / 2;                             // dim pairs in the P.V phase
-    static constexpr int kPvGroups = kDecodeThreads / kPairs;
-    static constexpr int kRowsPerThread = kMaxRows / kPvGroups;
-    static_assert(kPageSize % kTileKeys == 0, "a tile must never straddle two pages");
-    static_assert(kTileKeys <= 32, "the softmax phase gives one key per lane");
-    static_assert(kDecodeThreads % kTileKeys == 0 && kDecodeThreads % kPairs == 0, "thread mapping");
+    static constexpr int kChunkDims = 16 / kElemBytes;       // dims per 16-byte load
+    static constexpr int kKChunks = D / (4 * kChunkDims);    // a K row is shared by the 4 lanes of a quad
+    static constexpr int kSlices = D / 16;                   // k16 slices of S
+    static constexpr int kSlicesPerChunk = kChunkDims / 4;   // a slice takes 4 dims of a lane's chunk
+    static constexpr int kLaneDims = D / 8;                  // V dims owned by a lane (its mma group)
+    static constexpr int kVWords = kLaneDims * kElemBytes / 4;
+    static constexpr int kDimTiles = D / 16;                 // m16 tiles of O^T
+    // At D = 256 K and V registers together would spill: V is loaded once S has consumed K.
+    static constexpr bool kLateV = D > 128;
+    static_assert(kKChunks >= 1 && kVWords % 2 == 0, "head dim too small for the fragment layout");
 };
 
+// Registers of one warp step: 16 keys of K (two tiles of 8) and V, and the int8 scales.
 template <class S>
-struct DecodeStage {
-    alignas(16) unsigned char k[S::kTileKeys * S::kStride];
-    alignas(16) unsigned char v[S::kTileKeys * S::kStride];
-    float k_scale[S::kTileKeys];
-    float v_scale[S::kTileKeys];
+struct StepRegs {
+    uint4 k[2][S::kKChunks];
+    unsigned v[4][S::kVWords];  // keys 2t, 2t+1, 8+2t, 9+2t (t = lane % 4): the P fragment's keys
+    float k_scale[4];
+    float v_scale[4];
 };
 
-template <int D, class S, int kMaxRows>
-struct DecodeSmem {
-    DecodeStage<S> stage[S::kStages];
-    alignas(16) unsigned short q[kMaxRows * D];  // bf16 bits, row r = j * group + hh
-    float p[kMaxRows][S::kTileKeys];             // scores, then probabilities (times v_scale for int8)
-    float m[kMaxRows];                           // running max (log2 domain)
-    float l[kMaxRows];                           // running sum of probabilities
-    float alpha[kMaxRows];                       // rescale of this tile: exp2(m_old - m_new)
-};
+// KV is read once per step: keep it out of L1.
+__forceinline__ uint4 load_kv16(const unsigned char* p, bool valid) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (valid) asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
 
-// Everything a block needs to know about its (split, kv head, sequence).
+__forceinline__ uint2 load_kv8(const unsigned char* p, bool valid) {
+    uint2 v = make_uint2(0u, 0u);
+    if (valid) asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+template <int N>
+__forceinline__ void load_words(unsigned (&w)[N], const unsigned char* p, bool valid) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; ++i) {
+            const uint4 v = load_kv16(p + 16 * i, valid);
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else {
+        static_assert(N == 2, "8- or 16n-byte lane slices");
+        const uint2 v = load_kv8(p, valid);
+        w[0] = v.x, w[1] = v.y;
+    }
+}
+
+template <bool kF16>
+__forceinline__ void mma16816(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    if constexpr (kF16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+
+// Two sign-flipped int8 bytes of `x` (picked by `selector`, as bytes 0 and 2) -> their exact f16x2 values.
+__forceinline__ unsigned int8x2_to_f16x2(unsigned flipped, unsigned selector) {
+    const unsigned biased = __byte_perm(flipped, kF16Magic, selector);  // f16 1024 + (x + 128)
+    unsigned out;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(biased), "r"(kF16Bias));
+    return out;
+}
+
+__forceinline__ unsigned pack_f16x2(float lo, float hi) {
+    const __half2 pair = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&pair);
+}
+
+// Everything a block needs to know about its (split, row group, kv head, sequence).
 struct DecodeWork {
-    int seq, kv_head, group, row0, queries, rows, ctx, key_begin, key_end;
+    int seq, kv_head, group, row0, queries, rows, ctx, split, row_base;
     int slot0, num_slots;  // first partial row slot of the sequence, slots in all (B * max_queries)
 };
 
-template <class S, class Smem>
-__forceinline__ void load_tile(Smem& sm, int stage, int tile, const DecodeWork& w, const void* k_cache,
-                               const void* v_cache, const float* k_scale, const float* v_scale,
-                               const int* block_tables, int max_pages, int num_kv_heads, bool int8) {
-    const int key0 = w.key_begin + tile * S::kTileKeys;
-    const long long page = block_tables[(long long)w.seq * max_pages + key0 / kPageSize];
-    const long long slot0 = page * kPageSize + key0 % kPageSize;
-    DecodeStage<S>& st = sm.stage[stage];
-    for (int c = threadIdx.x; c < S::kTileKeys * S::kChunksPerRow; c += kDecodeThreads) {
-        const int key = c / S::kChunksPerRow;
-        const int part = c % S::kChunksPerRow;
-        const bool valid = key0 + key < w.key_end;
-        const long long byte = valid ? kv_row_offset(slot0 + key, w.kv_head, num_kv_heads, 1) * S::kRowBytes + part * 16 : 0;
-        cp_async16(st.k + key * S::kStride + part * 16, static_cast<const unsigned char*>(k_cache) + byte, valid);
-        cp_async16(st.v + key * S::kStride + part * 16, static_cast<const unsigned char*>(v_cache) + byte, valid);
-    }
-    if (int8) {
-        for (int key = threadIdx.x; key < S::kTileKeys; key += kDecodeThreads) {
-            const bool valid = key0 + key < w.key_end;
-            const long long index = valid ? (slot0 + key) * num_kv_heads + w.kv_head : 0;
-            cp_async4(&st.k_scale[key], k_scale + index, valid);
-            cp_async4(&st.v_scale[key], v_scale + index, valid);
-        }
-    }
-}
-
-// q . k over one 16-byte chunk of the key row: 8 bf16 or 16 int8 values (int8 scale applied by caller).
-template <bool kInt8>
-__forceinline__ float dot_chunk(const unsigned short* q, const unsigned char* k) {
-    const uint4 kw = *reinterpret_cast<const uint4*>(k);
-    const unsigned kwords[4] = {kw.x, kw.y, kw.z, kw.w};
-    float dot = 0.0f;
-    if constexpr (kInt8) {
-        const uint4 qa = *reinterpret_cast<const uint4*>(q);
-        const uint4 qb = *reinterpret_cast<const uint4*>(q + 8);
-        const unsigned qwords[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            dot += bf16_lo(qwords[2 * i]) * int8_at(kwords[i], 0) + bf16_hi(qwords[2 * i]) * int8_at(kwords[i], 1);
-            dot += bf16_lo(qwords[2 * i + 1]) * int8_at(kwords[i], 2) + bf16_hi(qwords[2 * i + 1]) * int8_at(kwords[i], 3);
-        }
-    } else {
-        const uint4 qa = *reinterpret_cast<const uint4*>(q);
-        const unsigned qwords[4] = {qa.x, qa.y, qa.z, qa.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) dot += bf16_lo(qwords[i]) * bf16_lo(kwords[i]) + bf16_hi(qwords[i]) * bf16_hi(kwords[i]);
-    }
-    return dot;
-}
-
-// Scores of the tile: thread (key, row group) computes rows rg, rg + kScoreGroups, ...; keys a row may not
-// see (causal, or past the context) get -inf.
-template <int D, bool kInt8, class S, class Smem>
-__forceinline__ void tile_scores(Smem& sm, const DecodeStage<S>& st, int key0, const DecodeWork& w, float scale_log2) {
-    const int key = threadIdx.x % S::kTileKeys;
-    const int key_pos = key0 + key;
-    const unsigned char* k_row = st.k + key * S::kStride;
-    constexpr int kDimsPerChunk = 16 / S::kElemBytes;
-    for (int r = threadIdx.x / S::kTileKeys; r < w.rows; r += S::kScoreGroups) {
-        // Row r is query j = r / group; it sees keys up to L - Q + j, which also excludes every
-        // zero-filled key past the context (key_end only cuts a split mid-page at the context end).
-        const bool visible = key_pos <= w.ctx - w.queries + r / w.group;
-        float score = neg_inf();
-        if (visible) {
-            float dot = 0.0f;
-#pragma unroll
-            for (int c = 0; c < S::kChunksPerRow; ++c) dot += dot_chunk<kInt8>(sm.q + r * D + c * kDimsPerChunk, k_row + c * 16);
-            score = dot * scale_log2 * (kInt8 ? st.k_scale[key] : 1.0f);
-        }
-        sm.p[r][key] = score;
-    }
-}
-
-// Online softmax, one warp per row: new running max, probabilities in place, rescale factor, running sum.
-template <bool kInt8, class S, class Smem>
-__forceinline__ void tile_softmax(Smem& sm, const DecodeStage<S>& st, const DecodeWork& w) {
-    const int lane = threadIdx.x & 31;
-    for (int r = threadIdx.x >> 5; r < w.rows; r += kDecodeWarps) {
-        const float score = lane < S::kTileKeys ? sm.p[r][lane] : neg_inf();
-        const float m_old = sm.m[r];
-        const float m_new = fmaxf(m_old, warp_max(score));
-        const float m_use = m_new == neg_inf() ? 0.0f : m_new;  // a row with nothing visible yet stays at 0
-        const float prob = exp2f(score - m_use);
-        const float tile_sum = warp_sum(prob);
-        if (lane < S::kTileKeys) sm.p[r][lane] = kInt8 ? prob * st.v_scale[lane] : prob;
-        if (lane == 0) {
-            const float alpha = exp2f(m_old - m_use);
-            sm.alpha[r] = alpha;
-            sm.l[r] = sm.l[r] * alpha + tile_sum;
-            sm.m[r] = m_new;
-        }
-    }
-}
-
-// acc[row][dim pair] = acc * alpha + sum_k p[row][k] * V[k][pair]; thread (row group, pair).
-template <int D, bool kInt8, class S, class Smem>
-__forceinline__ void tile_pv(float (&acc)[S::kRowsPerThread][2], const Smem& sm, const DecodeStage<S>& st, const DecodeWork& w) {
-    const int pair = threadIdx.x % S::kPairs;
-    const int rg = threadIdx.x / S::kPairs;
-#pragma unroll
-    for (int i = 0; i < S::kRowsPerThread; ++i) {
-        const int r = rg + i * S::kPvGroups;
-        if (r < w.rows) {
-            acc[i][0] *= sm.alpha[r];
-            acc[i][1] *= sm.alpha[r];
-        }
-    }
-    // Few rows per thread: unroll over keys for loads in flight; many: the row loop is unrolled already.
-#pragma unroll(S::kRowsPerThread > 8 ? 1 : 4)
-    for (int key = 0; key < S::kTileKeys; ++key) {
-        float v0, v1;
-        if constexpr (kInt8) {
-            const unsigned short bytes = *reinterpret_cast<const unsigned short*>(st.v + key * S::kStride + pair * 2);
-            v0 = int8_at(bytes, 0);
-            v1 = int8_at(bytes, 1);
-        } else {
-            const unsigned word = *reinterpret_cast<const unsigned*>(st.v + key * S::kStride + pair * 4);
-            v0 = bf16_lo(word);
-            v1 = bf16_hi(word);
-        }
-#pragma unroll
-        for (int i = 0; i < S::kRowsPerThread; ++i) {
-            const int r = rg + i * S::kPvGroups;
-            if (r < w.rows) {
-                const float prob = sm.p[r][key];
-                acc[i][0] += prob * v0;
-                acc[i][1] += prob * v1;
-            }
-        }
-    }
-}
-
-// Index of (split, row slot, q head) in the partial buffers, in units of one head row.
 __forceinline__ long long partial_index(int split, int num_slots, int slot, int num_q_heads, int head) {
     return ((long long)split * num_slots + slot) * num_q_heads + head;
 }
 
-// Partial index of block row r (query r / group, head kv_head * group + r % group).
-__forceinline__ long long partial_row(const DecodeWork& w, int split, int r, int num_q_heads) {
-    return partial_index(split, w.num_slots, w.slot0 + r / w.group, num_q_heads, w.kv_head * w.group + r % w.group);
+// Partial index of sequence row r (query r / group, head kv_head * group + r % group).
+__forceinline__ long long partial_row(const DecodeWork& w, int r, int num_q_heads) {
+    return partial_index(w.split, w.num_slots, w.slot0 + r / w.group, num_q_heads, w.kv_head * w.group + r % w.group);
 }
 
-template <int D, bool kInt8, int kMaxRows>
+// q row `lane / 4` of the block as S's A fragment (rows 8..15 of the mma are zero): a0, a2 per slice.
+template <int D, bool kInt8>
+__forceinline__ void load_q(unsigned (&qa)[D / 16][2], const bf16* q, const DecodeWork& w, int num_q_heads) {
+    using S = DecodeShape<D, kInt8>;
+    const int lane = threadIdx.x & 31;
+    const int r = w.row_base + (lane >> 2);
+    const int t = lane & 3;
+    const bool valid = r < w.rows;
+    const bf16* row = q + ((long long)(w.row0 + (valid ? r : 0) / w.group) * num_q_heads + w.kv_head * w.group + (valid ? r : 0) % w.group) * D;
+#pragma unroll
+    for (int c = 0; c < S::kKChunks; ++c) {
+        // The lane's K chunk c covers dims c * 4 * kChunkDims + t * kChunkDims + [0, kChunkDims).
+        const bf16* src = row + (c * 4 + t) * S::kChunkDims;
+        if constexpr (kInt8) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                uint4 v = valid ? *reinterpret_cast<const uint4*>(src + 8 * h) : make_uint4(0u, 0u, 0u, 0u);
+                const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {  // slice c*4 + 2h + i: dims 4i .. 4i+3 of this half
+                    qa[c * 4 + 2 * h + i][0] = pack_f16x2(bf16_lo(words[2 * i]), bf16_hi(words[2 * i]));
+                    qa[c * 4 + 2 * h + i][1] = pack_f16x2(bf16_lo(words[2 * i + 1]), bf16_hi(words[2 * i + 1]));
+                }
+            }
+        } else {
+            const uint4 v = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
+            qa[2 * c][0] = v.x, qa[2 * c][1] = v.y, qa[2 * c + 1][0] = v.z, qa[2 * c + 1][1] = v.w;
+        }
+    }
+}
+
+// K of the warp's 16 keys: lane (g, t) loads chunk c of keys g and 8 + g.
+template <class S>
+__forceinline__ void load_k(StepRegs<S>& regs, const unsigned char* k_cache, const float* k_scale, long long slot,
+                            int key, int key_end, int kv_head, int num_kv_heads, bool int8) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    constexpr int kRowBytes = S::kChunkDims * 4 * S::kKChunks * S::kElemBytes;
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile) {
+        const int offset = 8 * tile + g;
+        const unsigned char* row = k_cache + kv_row_offset(slot + offset, kv_head, num_kv_heads, 1) * kRowBytes;
+#pragma unroll
+        for (int c = 0; c < S::kKChunks; ++c) regs.k[tile][c] = load_kv16(row + (c * 4 + t) * 16, key + offset < key_end);
+    }
+    if (int8) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int offset = 2 * t + (i & 1) + 8 * (i >> 1);
+            regs.k_scale[i] = key + offset < key_end ? k_scale[(slot + offset) * num_kv_heads + kv_head] : 0.0f;
+        }
+    }
+}
+
+// V of the keys of P's fragment (2t, 2t+1, 8+2t, 9+2t), dims g * D/8 .. + D/8.
+template <class S>
+__forceinline__ void load_v(StepRegs<S>& regs, const unsigned char* v_cache, const float* v_scale, long long slot,
+                            int key, int key_end, int kv_head, int num_kv_heads, bool int8) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    constexpr int kRowBytes = S::kLaneDims * 8 * S::kElemBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int offset = 2 * t + (i & 1) + 8 * (i >> 1);
+        const bool valid = key + offset < key_end;
+        const unsigned char* row = v_cache + kv_row_offset(slot + offset, kv_head, num_kv_heads, 1) * kRowBytes;
+        load_words(regs.v[i], row + g * S::kLaneDims * S::kElemBytes, valid);
+        if (int8) regs.v_scale[i] = valid ? v_scale[(slot + offset) * num_kv_heads + kv_head] : 0.0f;
+    }
+}
+
+// S for the lane's row g and keys 2t, 2t+1 (tile 0) and 8+2t, 9+2t (tile 1).
+template <int D, bool kInt8>
+__forceinline__ void step_scores(float (&s)[4], const unsigned (&qa)[D / 16][2], const StepRegs<DecodeShape<D, kInt8>>& regs) {
+    using S = DecodeShape<D, kInt8>;
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile) {
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int slice = 0; slice < S::kSlices; ++slice) {
+            const uint4 chunk = regs.k[tile][slice / S::kSlicesPerChunk];
+            const unsigned words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+            unsigned b0, b1;
+            if constexpr (kInt8) {  // slice = 4 dims (one word) of the chunk
+                const unsigned flipped = words[slice % 4] ^ 0x80808080u;
+                b0 = int8x2_to_f16x2(flipped, 0x4140);
+                b1 = int8x2_to_f16x2(flipped, 0x4342);
+            } else {  // slice = 4 dims (two words) of the chunk
+                b0 = words[2 * (slice % 2)];
+                b1 = words[2 * (slice % 2) + 1];
+            }
+            mma16816<kInt8>(c, qa[slice][0], 0u, qa[slice][1], 0u, b0, b1);
+        }
+        s[2 * tile] = c[0];
+        s[2 * tile + 1] = c[1];
+    }
+}
+
+// O^T += V^T P^T over the step's 16 keys; p holds the B fragment (P of keys 2t, 2t+1 | 8+2t, 9+2t).
+template <int D, bool kInt8>
+__forceinline__ void step_pv(float (&acc)[D / 16][4], const StepRegs<DecodeShape<D, kInt8>>& regs, unsigned p0, unsigned p1) {
+    using S = DecodeShape<D, kInt8>;
+    unsigned v[4][S::kVWords];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int i = 0; i < S::kVWords; ++i) v[k][i] = kInt8 ? regs.v[k][i] ^ 0x80808080u : regs.v[k][i];
+#pragma unroll
+    for (int i = 0; i < S::kDimTiles; ++i) {
+        // Tile i: dims d0 = g * D/8 + 2i (mma row g) and d0 + 1 (mma row g + 8).
+        unsigned a0, a1, a2, a3;
+        if constexpr (kInt8) {
+            const unsigned selector = i & 1 ? 0x7362 : 0x5140;  // bytes (d0, d1) of keys (k0, k1), interleaved
+            const unsigned x01 = __byte_perm(v[0][i / 2], v[1][i / 2], selector);
+            const unsigned x23 = __byte_perm(v[2][i / 2], v[3][i / 2], selector);
+            a0 = int8x2_to_f16x2(x01, 0x4140), a1 = int8x2_to_f16x2(x01, 0x4342);
+            a2 = int8x2_to_f16x2(x23, 0x4140), a3 = int8x2_to_f16x2(x23, 0x4342);
+        } else {
+            a0 = __byte_perm(v[0][i], v[1][i], 0x5410), a1 = __byte_perm(v[0][i], v[1][i], 0x7632);
+            a2 = __byte_perm(v[2][i], v[3][i], 0x5410), a3 = __byte_perm(v[2][i], v[3][i], 0x7632);
+        }
+        mma16816<kInt8>(acc[i], a0, a1, a2, a3, p0, p1);
+    }
+}
+
+// Per-warp online softmax state of row g (m, and this lane's share of l).
+struct WarpSoftmax {
+    float m = neg_inf();
+    float l = 0.0f;
+};
+
+// One warp step: 16 keys starting at sequence position `key` in page `page` (keys >= key_end not read).
+template <int D, bool kInt8>
+__forceinline__ void warp_step(float (&acc)[D / 16][4], WarpSoftmax& sm, const unsigned (&qa)[D / 16][2], int page, int key,
+                               int key_end, int limit, const void* k_cache, const void* v_cache, const float* k_scale,
+                               const float* v_scale, int kv_head, int num_kv_heads, float scale_log2) {
+    using S = DecodeShape<D, kInt8>;
+    const int lane = threadIdx.x & 31;
+    const int t = lane & 3;
+    const long long slot = (long long)page * kPageSize + key % kPageSize;
+    StepRegs<S> regs;
+    load_k(regs, static_cast<const unsigned char*>(k_cache), k_scale, slot, key, key_end, kv_head, num_kv_heads, kInt8);
+    if constexpr (!S::kLateV) load_v(regs, static_cast<const unsigned char*>(v_cache), v_scale, slot, key, key_end, kv_head, num_kv_heads, kInt8);
+
+    float s[4];
+    step_scores<D, kInt8>(s, qa, regs);
+    float tile_max = neg_inf();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int position = key + 2 * t + (i & 1) + 8 * (i >> 1);
+        // Invisible keys (causal, past the context, or an unused row: limit -1) get -inf.
+        s[i] = position <= limit ? s[i] * scale_log2 * (kInt8 ? regs.k_scale[i] : 1.0f) : neg_inf();
+        tile_max = fmaxf(tile_max, s[i]);
+    }
+    if constexpr (S::kLateV) load_v(regs, static_cast<const unsigned char*>(v_cache), v_scale, slot, key, key_end, kv_head, num_kv_heads, kInt8);
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float m_new = fmaxf(sm.m, tile_max);
+    const float m_use = m_new == neg_inf() ? 0.0f : m_new;  // a row with nothing visible yet stays at 0
+    float p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = exp2f(s[i] - m_use);
+    const float alpha = exp2f(sm.m - m_use);
+    sm.l = sm.l * alpha + (p[0] + p[1]) + (p[2] + p[3]);
+    sm.m = m_new;
+
+    // O^T's columns are rows 2t and 2t+1: their rescale factors live in lanes 8t and 8t + 4.
+    const float alpha_even = __shfl_sync(0xffffffffu, alpha, 8 * t);
+    const float alpha_odd = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+#pragma unroll
+    for (int i = 0; i < S::kDimTiles; ++i) {
+        acc[i][0] *= alpha_even, acc[i][2] *= alpha_even;
+        acc[i][1] *= alpha_odd, acc[i][3] *= alpha_odd;
+    }
+    unsigned p0, p1;
+    if constexpr (kInt8) {
+        p0 = pack_f16x2(p[0] * regs.v_scale[0] * kInt8PScale, p[1] * regs.v_scale[1] * kInt8PScale);
+        p1 = pack_f16x2(p[2] * regs.v_scale[2] * kInt8PScale, p[3] * regs.v_scale[3] * kInt8PScale);
+    } else {
+        p0 = pack_bf16x2(p[0], p[1]);
+        p1 = pack_bf16x2(p[2], p[3]);
+    }
+    step_pv<D, kInt8>(acc, regs, p0, p1);
+}
+
+template <int D>
+struct MergeSmem {
+    float o[kDecodeWarps][kRowsPerBlock][D];
+    float m[kDecodeWarps][kRowsPerBlock];
+    float l[kDecodeWarps][kRowsPerBlock];
+};
+
+// Merge the 4 warps' (m, l, O^T) of the block's rows and write the split's partials.
+template <int D, bool kInt8>
+__forceinline__ void merge_and_store(MergeSmem<D>& sm, const float (&acc)[D / 16][4], WarpSoftmax state, const DecodeWork& w,
+                                     float* partial_acc, float* partial_ml, int num_q_heads) {
+    using S = DecodeShape<D, kInt8>;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    state.l += __shfl_xor_sync(0xffffffffu, state.l, 1);
+    state.l += __shfl_xor_sync(0xffffffffu, state.l, 2);
+    if (t == 0) {
+        sm.m[warp][g] = state.m;
+        sm.l[warp][g] = state.l;
+    }
+    __syncthreads();
+    // This warp's weight for row r: exp2(m_warp - max over warps), 0 where the row saw nothing.
+    auto weight = [&](int warp_index, int r) {
+        float m_max = neg_inf();
+#pragma unroll
+        for (int i = 0; i < kDecodeWarps; ++i) m_max = fmaxf(m_max, sm.m[i][r]);
+        return m_max == neg_inf() ? 0.0f : exp2f(sm.m[warp_index][r] - m_max);
+    };
+    constexpr float kUnscale = kInt8 ? 1.0f / kInt8PScale : 1.0f;
+    const float w_even = weight(warp, 2 * t) * kUnscale, w_odd = weight(warp, 2 * t + 1) * kUnscale;
+#pragma unroll
+    for (int i = 0; i < S::kDimTiles; ++i) {
+        const int d0 = g * S::kLaneDims + 2 * i;
+        *reinterpret_cast<float2*>(&sm.o[warp][2 * t][d0]) = make_float2(acc[i][0] * w_even, acc[i][2] * w_even);
+        *reinterpret_cast<float2*>(&sm.o[warp][2 * t + 1][d0]) = make_float2(acc[i][1] * w_odd, acc[i][3] * w_odd);
+    }
+    __syncthreads();
+    const int rows_here = min(kRowsPerBlock, w.rows - w.row_base);
+    for (int i = threadIdx.x; i < rows_here * (D / 4); i += kDecodeThreads) {
+        const int r = i / (D / 4), d = 4 * (i % (D / 4));
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int k = 0; k < kDecodeWarps; ++k) {
+            const float4 v = *reinterpret_cast<const float4*>(&sm.o[k][r][d]);
+            sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        *reinterpret_cast<float4*>(partial_acc + partial_row(w, w.row_base + r, num_q_heads) * D + d) = sum;
+    }
+    if (threadIdx.x < rows_here) {
+        const int r = threadIdx.x;
+        float m_max = neg_inf(), l_sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kDecodeWarps; ++k) m_max = fmaxf(m_max, sm.m[k][r]);
+#pragma unroll
+        for (int k = 0; k < kDecodeWarps; ++k) l_sum += weight(k, r) * sm.l[k][r];
+        const long long index = partial_row(w, w.row_base + r, num_q_heads);
+        partial_ml[2 * index] = m_max;
+        partial_ml[2 * index + 1] = m_max == neg_inf() ? 0.0f : l_sum;
+    }
+}
+
+template <int D, bool kInt8>
 __forceinline__ void decode_split(float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache,
                                   const void* v_cache, const float* k_scale, const float* v_scale,
                                   const int* block_tables, int max_pages, const int* context_lens,
-                                  const int* query_start, int max_queries, int num_q_heads, int num_kv_heads, float scale) {
-    using S = DecodeShape<D, kInt8, kMaxRows>;
-    using Smem = DecodeSmem<D, S, kMaxRows>;
-    static_assert(sizeof(Smem) <= 48 * 1024, "static shared memory limit");
-    __shared__ Smem sm;
-
+                                  const int* query_start, int max_queries, int num_q_heads, int num_kv_heads, float scale,
+                                  int row_groups) {
+    __shared__ MergeSmem<D> smem;
     DecodeWork w;
     w.seq = blockIdx.z;
     w.kv_head = blockIdx.y;
@@ -236,103 +407,71 @@ __forceinline__ void decode_split(float* partial_acc, float* partial_ml, const b
     w.queries = query_start[w.seq + 1] - w.row0;
     w.rows = w.queries * w.group;
     w.ctx = context_lens[w.seq];
+    w.split = blockIdx.x / row_groups;
+    w.row_base = (blockIdx.x % row_groups) * kRowsPerBlock;
     w.slot0 = w.seq * max_queries;
     w.num_slots = gridDim.z * max_queries;
-    if (w.queries == 0 || w.queries > max_queries) return;  // nothing to do, or prefill_attention's
-    if (w.rows > kMaxRows) __trap();  // host contract broken: refuse rather than drop rows silently
-    const int split = blockIdx.x;
+    if (w.queries == 0 || w.queries > max_queries || w.row_base >= w.rows) return;  // prefill's, or no rows here
+    const int num_splits = gridDim.x / row_groups;
     const int pages = (w.ctx + kPageSize - 1) / kPageSize;
-    const int pages_per_split = (pages + gridDim.x - 1) / gridDim.x;
-    const int page_begin = split * pages_per_split;
+    const int pages_per_split = (pages + num_splits - 1) / num_splits;
+    const int page_begin = w.split * pages_per_split;
     const int page_end = min(page_begin + pages_per_split, pages);
 
     if (page_begin >= page_end) {  // more splits than this sequence has pages: an empty partial
-        for (int r = threadIdx.x; r < w.rows; r += kDecodeThreads) {
-            const long long index = partial_row(w, split, r, num_q_heads);
+        const int rows_here = min(kRowsPerBlock, w.rows - w.row_base);
+        if (threadIdx.x < rows_here) {
+            const long long index = partial_row(w, w.row_base + threadIdx.x, num_q_heads);
             partial_ml[2 * index] = neg_inf();
             partial_ml[2 * index + 1] = 0.0f;
         }
         return;
     }
-    w.key_begin = page_begin * kPageSize;
-    w.key_end = min(page_end * kPageSize, w.ctx);
-    const int num_tiles = (w.key_end - w.key_begin + S::kTileKeys - 1) / S::kTileKeys;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int r = w.row_base + (lane >> 2);
+    const int limit = r < w.rows ? w.ctx - w.queries + r / w.group : -1;  // last key row r sees
+    const int key_end = min(page_end * kPageSize, w.ctx);
+    const int* table = block_tables + (long long)w.seq * max_pages;
 
-    for (int s = 0; s < S::kStages - 1; ++s) {
-        if (s < num_tiles) load_tile<S>(sm, s, s, w, k_cache, v_cache, k_scale, v_scale, block_tables, max_pages, num_kv_heads, kInt8);
-        cp_async_commit();
-    }
-    // q rows of the group (visible to all after the first barrier of the loop), softmax state.
-    for (int c = threadIdx.x; c < w.rows * (D / 8); c += kDecodeThreads) {
-        const int r = c / (D / 8);
-        const int part = c % (D / 8);
-        const bf16* src = q + ((long long)(w.row0 + r / w.group) * num_q_heads + w.kv_head * w.group + r % w.group) * D + part * 8;
-        *reinterpret_cast<uint4*>(sm.q + r * D + part * 8) = *reinterpret_cast<const uint4*>(src);
-    }
-    for (int r = threadIdx.x; r < kMaxRows; r += kDecodeThreads) {
-        sm.m[r] = neg_inf();
-        sm.l[r] = 0.0f;
-    }
-
-    float acc[S::kRowsPerThread][2];
+    unsigned qa[D / 16][2];
+    load_q<D, kInt8>(qa, q, w, num_q_heads);
+    float acc[D / 16][4];
 #pragma unroll
-    for (int i = 0; i < S::kRowsPerThread; ++i) acc[i][0] = acc[i][1] = 0.0f;
+    for (int i = 0; i < D / 16; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    WarpSoftmax state;
     const float scale_log2 = scale * kLog2e;
 
-    for (int tile = 0; tile < num_tiles; ++tile) {
-        cp_async_wait<S::kStages - 2>();  // this thread's copies of `tile` have landed
-        __syncthreads();                  // everyone's have; and everyone is done with tile - 1
-        const int next = tile + S::kStages - 1;
-        if (next < num_tiles) load_tile<S>(sm, next % S::kStages, next, w, k_cache, v_cache, k_scale, v_scale, block_tables, max_pages, num_kv_heads, kInt8);
-        cp_async_commit();  // possibly empty: keeps the group count in step with the tile index
-
-        const DecodeStage<S>& st = sm.stage[tile % S::kStages];
-        tile_scores<D, kInt8, S>(sm, st, w.key_begin + tile * S::kTileKeys, w, scale_log2);
-        __syncthreads();
-        tile_softmax<kInt8, S>(sm, st, w);
-        __syncthreads();
-        tile_pv<D, kInt8, S>(acc, sm, st, w);
-    }
-
-    const int pair = threadIdx.x % S::kPairs;
-    const int rg = threadIdx.x / S::kPairs;
-#pragma unroll
-    for (int i = 0; i < S::kRowsPerThread; ++i) {
-        const int r = rg + i * S::kPvGroups;
-        if (r < w.rows) {
-            const long long index = partial_row(w, split, r, num_q_heads);
-            *reinterpret_cast<float2*>(partial_acc + index * D + 2 * pair) = make_float2(acc[i][0], acc[i][1]);
+    int page = table[page_begin];
+    for (int p = page_begin; p < page_end; ++p) {
+        const int next = p + 1 < page_end ? table[p + 1] : 0;  // in flight during this step
+        const int key = p * kPageSize + warp * kKeysPerWarp;
+        if (key < key_end) {
+            warp_step<D, kInt8>(acc, state, qa, page, key, key_end, limit, k_cache, v_cache, k_scale, v_scale, w.kv_head,
+                                num_kv_heads, scale_log2);
         }
+        page = next;
     }
-    for (int r = threadIdx.x; r < w.rows; r += kDecodeThreads) {
-        const long long index = partial_row(w, split, r, num_q_heads);
-        partial_ml[2 * index] = sm.m[r];
-        partial_ml[2 * index + 1] = sm.l[r];
-    }
+    merge_and_store<D, kInt8>(smem, acc, state, w, partial_acc, partial_ml, num_q_heads);
 }
 
-#define DECODE_KERNEL(D, KIND, INT8, R)                                                                        \
-    extern "C" __global__ void __launch_bounds__(kDecodeThreads) decode_attention_d##D##_##KIND##_r##R(         \
+#define DECODE_KERNEL(D, KIND, INT8)                                                                           \
+    extern "C" __global__ void __launch_bounds__(kDecodeThreads) decode_attention_d##D##_##KIND(                       \
         float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache, const void* v_cache,        \
         const float* k_scale, const float* v_scale, const int* block_tables, int max_pages,                    \
         const int* context_lens, const int* query_start, int max_queries, int num_q_heads, int num_kv_heads,   \
-        float scale) {                                                                                         \
-        decode_split<D, INT8, R>(partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale, block_tables, \
-                                 max_pages, context_lens, query_start, max_queries, num_q_heads, num_kv_heads, \
-                                 scale);                                                                       \
+        float scale, int row_groups) {                                                                         \
+        decode_split<D, INT8>(partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale, block_tables,    \
+                              max_pages, context_lens, query_start, max_queries, num_q_heads, num_kv_heads,    \
+                              scale, row_groups);                                                              \
     }
 
-#define DECODE_KERNELS(D, KIND, INT8) \
-    DECODE_KERNEL(D, KIND, INT8, 8)   \
-    DECODE_KERNEL(D, KIND, INT8, 32)  \
-    DECODE_KERNEL(D, KIND, INT8, 64)
-
-DECODE_KERNELS(64, bf16, false)
-DECODE_KERNELS(128, bf16, false)
-DECODE_KERNELS(256, bf16, false)
-DECODE_KERNELS(64, int8, true)
-DECODE_KERNELS(128, int8, true)
-DECODE_KERNELS(256, int8, true)
+DECODE_KERNEL(64, bf16, false)
+DECODE_KERNEL(128, bf16, false)
+DECODE_KERNEL(256, bf16, false)
+DECODE_KERNEL(64, int8, true)
+DECODE_KERNEL(128, int8, true)
+DECODE_KERNEL(256, int8, true)
 
 extern "C" __global__ void __launch_bounds__(kDecodeThreads)
     decode_attention_combine(bf16* out, const float* partial_acc, const float* partial_ml, const int* query_start,

@@ -157,6 +157,20 @@ def dequantized(raw: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
     return values if scale is None else values * scale[..., None].astype(np.float64)
 
 
+def bf16_rounded(values: np.ndarray) -> np.ndarray:
+    """float64 values rounded to the nearest bf16 (ties to even), back in float64; NaN stays NaN."""
+    return values.astype(np.float32).astype(BF16).astype(np.float64)
+
+
+def staged_bf16(pages: PagedKV) -> np.ndarray:
+    """The values prefill_attention computes with: bf16 pages as they are; int8 pages dequantized in f32
+    (value * scale) and rounded to bf16, as the kernel stages them into shared memory for mma."""
+    if pages.scale is None:
+        return pages.values
+    product = pages.raw.astype(np.float32) * pages.scale[..., None]  # f32 product, rounded as on the GPU
+    return product.astype(BF16).astype(np.float64)
+
+
 def closeness_report(actual: np.ndarray, expected: np.ndarray, rtol: float) -> tuple[float, str | None]:
     """(relative L2 error, None if every element is within rtol * (|e| + rms(e)) else a diagnostic)."""
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)

@@ -24,7 +24,7 @@ from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 
 TARGET_ARCHS = ("sm_80", "sm_90a", "sm_120a")
 H200_SMS = 132
-RESIDENT = 7  # decode blocks per SM on an H200 (72 registers, 29 KiB of shared memory)
+RESIDENT = 3  # decode blocks per SM on an H200 (146 registers, 16 KiB of shared memory)
 
 
 def kernel_names() -> dict[str, set[str]]:
@@ -34,7 +34,7 @@ def kernel_names() -> dict[str, set[str]]:
         names["rope_kv"] |= {attention_ops.rope_kv_spec(d, kind).name for d in attention_ops.ROPE_HEAD_DIMS}
         names["prefill_attention"] |= {attention_ops.prefill_spec(d, kind).name for d in attention_ops.PREFILL_HEAD_DIMS}
         names["decode_attention"] |= {
-            attention_ops.decode_spec(d, kind, r).name for d in attention_ops.DECODE_HEAD_DIMS for r in attention_ops.DECODE_ROW_CAPACITIES
+            attention_ops.decode_spec(d, kind).name for d in attention_ops.DECODE_HEAD_DIMS
         }
     return names
 
@@ -77,13 +77,17 @@ def test_num_splits_without_a_context_never_spills_into_a_second_wave(num_seqs: 
     assert blocks > wave - num_seqs * n_kv_heads or splits == attention_ops.MAX_SPLITS
 
 
-def test_decode_takes_up_to_eight_rows_per_sequence_within_the_row_capacity() -> None:
+def test_decode_takes_up_to_eight_rows_per_sequence_in_row_groups_of_eight() -> None:
     assert attention_ops.decode_max_queries(32, 8) == 8
-    assert attention_ops.decode_max_queries(64, 8) == 8  # group 8 x 8 rows = 64, the largest capacity
+    assert attention_ops.decode_max_queries(64, 8) == 8  # group 8 x 8 rows = 64 rows, 8 row groups
     assert attention_ops.decode_max_queries(64, 4) == 4  # group 16
-    assert [attention_ops.decode_row_capacity(r) for r in (1, 8, 9, 32, 33, 64)] == [8, 8, 32, 32, 64, 64]
-    with pytest.raises(ValueError, match="at most 64"):
-        attention_ops.decode_row_capacity(65)
+    assert [attention_ops.decode_row_groups(r) for r in (1, 8, 9, 32, 33, 64)] == [1, 1, 2, 4, 5, 8]
+    with pytest.raises(ValueError, match="1..64 rows"):
+        attention_ops.decode_row_groups(65)
+
+
+def test_row_groups_share_the_wave_with_the_splits() -> None:
+    assert attention_ops.decode_num_splits(1, 8, H200_SMS, RESIDENT, row_groups=2) == H200_SMS * RESIDENT // 16
 
 
 @pytest.fixture
@@ -198,7 +202,7 @@ def test_decode_step_is_rope_then_split_then_combine_with_a_context_free_grid() 
     lib, step = RecordingLibrary(), logical_step([1, 2], [5000, 70])
     run_attention_op(lib, step)
     names = [launch.name for launch in lib.launches]
-    assert names == ["rope_kv_d128_bf16", "decode_attention_d128_bf16_r8", "decode_attention_combine"]
+    assert names == ["rope_kv_d128_bf16", "decode_attention_d128_bf16", "decode_attention_combine"]
     rope, split, combine = lib.launches
     splits = attention_ops.decode_num_splits(2, 4, H200_SMS, RESIDENT)
     assert rope.grid == (5, 3) and split.grid == (splits, 4, 2) and combine.grid == (2 * 8, 16)
@@ -206,12 +210,14 @@ def test_decode_step_is_rope_then_split_then_combine_with_a_context_free_grid() 
     assert step.out.resource in combine.writes and not any(r[0] == "kv" for r in combine.reads)
 
 
-def test_mixed_step_adds_one_prefill_launch_and_verify_rows_pick_a_larger_row_capacity() -> None:
+def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups() -> None:
     lib, step = RecordingLibrary(), logical_step([4, 300, 1], [900, 300, 64], kv_dtype="int8")
     run_attention_op(lib, step)
     names = [launch.name for launch in lib.launches]
-    # 4 verify rows x GQA group 4 = 16 rows per kv head: the r32 instantiation
-    assert names == ["rope_kv_d128_int8", "decode_attention_d128_int8_r32", "decode_attention_combine", "prefill_attention_d128_int8"]
+    assert names == ["rope_kv_d128_int8", "decode_attention_d128_int8", "decode_attention_combine", "prefill_attention_d128_int8"]
+    # 4 verify rows x GQA group 4 = 16 rows per kv head: two row groups of 8 per split
+    splits = attention_ops.decode_num_splits(3, 4, H200_SMS, RESIDENT, row_groups=2)
+    assert lib.launches[1].grid == (splits * 2, 4, 3)
     prefill = lib.launches[-1]
     assert prefill.grid == (5, 16, 3) and set(step.read) <= set(prefill.reads)
 

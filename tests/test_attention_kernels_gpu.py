@@ -27,6 +27,8 @@ from attention_refs import (
     paged_attention_ref,
     quantize_int8_ref,
     rms_normalize_ref,
+    bf16_rounded,
+    staged_bf16,
 )
 from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
@@ -195,10 +197,10 @@ def run_decode(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str,
     k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
     q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
     max_queries = attention_ops.decode_max_queries(hq, hkv)
-    rows = int(batch.query_lens.max()) * (hq // hkv)
-    resident = attention_ops.decode_blocks_per_sm(gpu.lib.kernel(attention_ops.decode_spec(d, kv_dtype, attention_ops.decode_row_capacity(rows))))
+    row_groups = attention_ops.decode_row_groups(int(batch.query_lens.max()) * (hq // hkv))
+    resident = attention_ops.decode_blocks_per_sm(gpu.lib.kernel(attention_ops.decode_spec(d, kv_dtype)))
     splits = num_splits or attention_ops.decode_num_splits(
-        len(batch.query_lens), hkv, gpu.lib.device.sm_count, resident, int(batch.context_lens.max())
+        len(batch.query_lens), hkv, gpu.lib.device.sm_count, resident, int(batch.context_lens.max()), row_groups
     )
     acc_bytes, ml_bytes = attention_ops.decode_workspace_bytes(splits, len(batch.query_lens), max_queries, hq, d)
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
@@ -275,7 +277,10 @@ def run_prefill(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str
         gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),
         batch.query_lens.tolist(), batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
     )
-    expected = paged_attention_ref(q, k.values, v.values, batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
+    # prefill_attention stages int8 K/V into shared memory as bf16 (its header): the reference reads the same values.
+    expected = paged_attention_ref(
+        q, staged_bf16(k), staged_bf16(v), batch.block_tables, batch.context_lens, batch.query_start, d**-0.5
+    )
     return gpu.download(out, BF16, (batch.num_rows, hq, d)), expected
 
 
@@ -352,4 +357,13 @@ def test_attention_op_mixed_step_matches_float64(gpu: Gpu, kv_dtype: str) -> Non
         raw = gpu.download(values, elem, (batch.num_pages, PAGE, hkv, d))
         pages.append(dequantized(raw, gpu.download(scale, np.float32, (batch.num_pages, PAGE, hkv)) if scale is not None else None))
     expected = paged_attention_ref(q, pages[0], pages[1], batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
-    assert_close(gpu.download(out, BF16, (t, hq, d)), expected, f"attention op {kv_dtype}")
+    actual = gpu.download(out, BF16, (t, hq, d))
+    prefill_rows = np.arange(batch.query_start[1], batch.query_start[2])  # the 150-row chunk
+    if kv_dtype == "int8":  # prefill_attention computes on int8 values rounded to bf16 (its header)
+        staged = [bf16_rounded(p) for p in pages]
+        expected[prefill_rows] = paged_attention_ref(
+            q, *staged, batch.block_tables, batch.context_lens, batch.query_start, d**-0.5
+        )[prefill_rows]
+    decode_rows = np.setdiff1d(np.arange(t), prefill_rows)
+    assert_close(actual[decode_rows], expected[decode_rows], f"attention op {kv_dtype}, decode rows")
+    assert_close(actual[prefill_rows], expected[prefill_rows], f"attention op {kv_dtype}, prefill rows")

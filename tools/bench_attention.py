@@ -3,9 +3,10 @@
 Qwen3-8B attention shape (32 q heads, 8 kv heads, head_dim 128), one new token, contexts 256 / 8192 /
 114812, bf16 and int8 KV. Each measurement replays a CUDA graph of `--reps` back-to-back launches of the
 two kernels, so Python launch overhead is not timed; the median over `--repeats` replays (after warm-up)
-is reported per launch. Bytes moved = KV bytes read (K and V values, plus the f32 scales for int8); the
-fraction is of the H200's 4.28 TB/s. Prints a table and appends JSON lines to
-bench/results/attention.jsonl.
+is reported per launch. Launches rotate over copies of the KV cache (at least ROTATE_BYTES in all), so a
+context that fits in the 60 MB L2 is still read from HBM. Bytes moved = KV bytes read (K and V values, plus
+the f32 scales for int8); the fraction is of the H200's 4.28 TB/s. Prints a table and appends JSON lines
+to bench/results/attention.jsonl.
 
     python tools/bench_attention.py [--contexts 256,8192,114812] [--kv bf16,int8]
 """
@@ -31,6 +32,7 @@ from ninfer_rt.kv.cache import KVLayer
 H200_BYTES_PER_S = 4.28e12
 SHAPE = AttentionShape(num_heads=32, num_kv_heads=8, head_dim=128, norm_eps=1e-6)
 FILL_BYTE = 0x3C  # bf16 0x3C3C ~ 0.011, int8 60, f32 scale ~ 0.011: finite values, no NaN/denormal paths
+ROTATE_BYTES = 256 << 20  # KV bytes the launches of one graph cycle through: several times the L2
 
 
 def kv_bytes_read(context: int, kv_dtype: str) -> int:
@@ -60,7 +62,9 @@ def bench_one(lib: KernelLibrary, streams: StreamSet, stream: Stream, context: i
     pages = -(-context // attention_ops.PAGE_SIZE)
     element = 1 if kv_dtype == "int8" else 2
     page_elems = attention_ops.PAGE_SIZE * hkv * d
-    cache = _cache(streams, stream, pages, page_elems, element, kv_dtype)
+    copies = min(256, -(-ROTATE_BYTES // kv_bytes_read(context, kv_dtype)))
+    caches = [_cache(streams, stream, pages, page_elems, element, kv_dtype) for _ in range(copies)]
+    reps = max(reps, copies)
     inputs = StepInputs(
         positions=upload_int32(streams, stream, np.array([context - 1]), "positions"),
         query_start=upload_int32(streams, stream, np.array([0, 1]), "query_start"),
@@ -68,7 +72,7 @@ def bench_one(lib: KernelLibrary, streams: StreamSet, stream: Stream, context: i
         block_tables=upload_int32(streams, stream, np.random.default_rng(0).permutation(pages)[None, :], "block_tables"),
         slot_mapping=upload_int32(streams, stream, np.array([context - 1]), "slot_mapping"),
     )
-    kernel = lib.kernel(attention_ops.decode_spec(d, kv_dtype, attention_ops.decode_row_capacity(hq // hkv)))
+    kernel = lib.kernel(attention_ops.decode_spec(d, kv_dtype))
     resident = attention_ops.decode_blocks_per_sm(kernel)
     num_splits = attention_ops.decode_num_splits(1, hkv, lib.device.sm_count, resident, context)
     acc_bytes, ml_bytes = attention_ops.decode_workspace_bytes(num_splits, 1, attention_ops.decode_max_queries(hq, hkv), hq, d)
@@ -76,9 +80,9 @@ def bench_one(lib: KernelLibrary, streams: StreamSet, stream: Stream, context: i
     q, out = filled(streams, stream, hq * d * 2, "q"), DeviceBuffer(streams, hq * d * 2, "out")
 
     def enqueue() -> None:
-        for _ in range(reps):
+        for i in range(reps):
             attention_ops.decode_attention(
-                lib, stream, q, out, cache, SHAPE, inputs, [1], pages, workspace, num_splits, kv_dtype=kv_dtype, pages_read=(),
+                lib, stream, q, out, caches[i % copies], SHAPE, inputs, [1], pages, workspace, num_splits, kv_dtype=kv_dtype, pages_read=(),
             )
 
     enqueue()  # loads the kernels: nothing may load while capturing
@@ -91,14 +95,14 @@ def bench_one(lib: KernelLibrary, streams: StreamSet, stream: Stream, context: i
         graph.replay()
         times.append(start.elapsed_ms(stream.record(timing=True)) / reps)
     graph.destroy()
-    for buffer in (*cache.buffers(), q, out, workspace.acc, workspace.ml, *vars(inputs).values()):
+    for buffer in (*(b for cache in caches for b in cache.buffers()), q, out, workspace.acc, workspace.ml, *vars(inputs).values()):
         buffer.free()
     median_ms = statistics.median(times)
     nbytes = kv_bytes_read(context, kv_dtype)
     rate = nbytes / (median_ms / 1e3)
     return {
         "kernel": "decode_attention", "context": context, "kv": kv_dtype, "q_heads": hq, "kv_heads": hkv, "head_dim": d,
-        "blocks_per_sm": resident, "num_splits": num_splits, "us": median_ms * 1e3, "kv_bytes": nbytes, "GB/s": rate / 1e9, "of_peak": rate / H200_BYTES_PER_S,
+        "blocks_per_sm": resident, "num_splits": num_splits, "kv_copies": copies, "us": median_ms * 1e3, "kv_bytes": nbytes, "GB/s": rate / 1e9, "of_peak": rate / H200_BYTES_PER_S,
     }
 
 

@@ -37,7 +37,8 @@ KV_KINDS = ("bf16", "int8")
 ROPE_HEAD_DIMS = (64, 128, 256)
 DECODE_HEAD_DIMS = (64, 128, 256)
 PREFILL_HEAD_DIMS = (64, 128)
-DECODE_ROW_CAPACITIES = (8, 32, 64)  # the r{R} instantiations of decode_attention.cu
+DECODE_ROWS_PER_BLOCK = 8  # kRowsPerBlock in decode_attention.cu: q rows (queries x GQA group) per block
+DECODE_MAX_ROWS = 64  # rows per (sequence, kv head) the decode path takes: 8 row groups
 DECODE_MAX_QUERIES = 8  # new rows per sequence up to which decode attention is used (spec verify width)
 MAX_SPLITS = 256  # kMaxSplits in decode_attention.cu
 MIN_PAGES_PER_SPLIT = 2  # below this a split's fixed cost outweighs the parallelism it adds
@@ -49,7 +50,7 @@ _BF16 = 2
 _F32 = 4
 
 _ROPE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.F32, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32)
-_DECODE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32)
+_DECODE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_SIGNATURE = (Arg.PTR,) * 7 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32)
 DECODE_COMBINE = KernelSpec("decode_attention", "decode_attention_combine", (Arg.PTR,) * 4 + (Arg.I32,) * 5)
 
@@ -90,16 +91,18 @@ def rope_table(inv_freq: np.ndarray, attention_scaling: float, max_pos: int) -> 
 
 
 def decode_num_splits(
-    num_seqs: int, n_kv_heads: int, sm_count: int, blocks_per_sm: int, max_context_len: int | None = None
+    num_seqs: int, n_kv_heads: int, sm_count: int, blocks_per_sm: int, max_context_len: int | None = None, row_groups: int = 1
 ) -> int:
-    """KV splits per (sequence, kv head) so the decode grid is one full wave: sm_count * blocks_per_sm
-    resident blocks (a 114k context at batch 1 on an H200 with 7 resident blocks: 115 splits of ~16
-    pages). A second, partial wave would double the time of a memory-bound kernel for a few blocks, so
-    the count rounds down. With `max_context_len` no split gets fewer than MIN_PAGES_PER_SPLIT pages.
-    Captured graphs call it without a context length, so the grid does not depend on it (the kernel
-    divides each sequence's pages among the splits it is given; surplus splits exit at once)."""
-    _require_positive("decode_num_splits", num_seqs=num_seqs, n_kv_heads=n_kv_heads, sm_count=sm_count, blocks_per_sm=blocks_per_sm)
-    splits = sm_count * blocks_per_sm // (num_seqs * n_kv_heads)
+    """KV splits per (sequence, kv head, row group) so the decode grid is one full wave: sm_count *
+    blocks_per_sm resident blocks. A second, partial wave would double the time of a memory-bound kernel
+    for a few blocks, so the count rounds down. With `max_context_len` no split gets fewer than
+    MIN_PAGES_PER_SPLIT pages. Captured graphs call it without a context length, so the grid does not
+    depend on it (the kernel divides each sequence's pages among the splits it is given; surplus splits
+    exit at once)."""
+    _require_positive(
+        "decode_num_splits", num_seqs=num_seqs, n_kv_heads=n_kv_heads, sm_count=sm_count, blocks_per_sm=blocks_per_sm, row_groups=row_groups
+    )
+    splits = sm_count * blocks_per_sm // (num_seqs * n_kv_heads * row_groups)
     if max_context_len is not None:
         pages = math.ceil(max_context_len / PAGE_SIZE)
         splits = min(splits, max(1, pages // MIN_PAGES_PER_SPLIT))
@@ -113,17 +116,17 @@ def decode_blocks_per_sm(kernel: Kernel) -> int:
 
 def decode_max_queries(n_q_heads: int, n_kv_heads: int) -> int:
     """Longest per-sequence row count the decode kernel takes: DECODE_MAX_QUERIES, fewer when a GQA group
-    is so wide that group * rows would exceed the largest row capacity (64)."""
+    is so wide that group * rows would exceed DECODE_MAX_ROWS."""
     group = _gqa_group(n_q_heads, n_kv_heads)
-    return max(1, min(DECODE_MAX_QUERIES, DECODE_ROW_CAPACITIES[-1] // group))
+    return max(1, min(DECODE_MAX_QUERIES, DECODE_MAX_ROWS // group))
 
 
-def decode_row_capacity(rows: int) -> int:
-    """The smallest decode instantiation holding `rows` = queries * GQA group rows per block."""
-    for capacity in DECODE_ROW_CAPACITIES:
-        if rows <= capacity:
-            return capacity
-    raise ValueError(f"decode attention holds at most {DECODE_ROW_CAPACITIES[-1]} rows per kv head, got {rows}")
+def decode_row_groups(rows: int) -> int:
+    """Blocks per (split, kv head, sequence) for `rows` = queries * GQA group rows: one per 8 rows (each
+    re-reads the split's K/V; verify steps only)."""
+    if not 1 <= rows <= DECODE_MAX_ROWS:
+        raise ValueError(f"decode attention holds 1..{DECODE_MAX_ROWS} rows per kv head, got {rows}")
+    return math.ceil(rows / DECODE_ROWS_PER_BLOCK)
 
 
 def decode_workspace_bytes(num_splits: int, num_seqs: int, max_queries: int, n_q_heads: int, head_dim: int) -> tuple[int, int]:
@@ -162,8 +165,8 @@ def rope_kv_spec(head_dim: int, kv_dtype: str) -> KernelSpec:
     return KernelSpec("rope_kv", f"rope_kv_d{head_dim}_{kv_dtype}", _ROPE_SIGNATURE)
 
 
-def decode_spec(head_dim: int, kv_dtype: str, row_capacity: int) -> KernelSpec:
-    return KernelSpec("decode_attention", f"decode_attention_d{head_dim}_{kv_dtype}_r{row_capacity}", _DECODE_SIGNATURE)
+def decode_spec(head_dim: int, kv_dtype: str) -> KernelSpec:
+    return KernelSpec("decode_attention", f"decode_attention_d{head_dim}_{kv_dtype}", _DECODE_SIGNATURE)
 
 
 def prefill_spec(head_dim: int, kv_dtype: str) -> KernelSpec:
@@ -259,13 +262,13 @@ def decode_attention(
         context_lens=(inputs.context_lens, num_seqs * 4),
         query_start=(inputs.query_start, (num_seqs + 1) * 4),
     )
-    spec = decode_spec(d, kv_dtype, decode_row_capacity(max(decode_lens) * group))
+    row_groups = decode_row_groups(max(decode_lens) * group)
     tables = (inputs.block_tables.resource, inputs.context_lens.resource, inputs.query_start.resource)
     partials = (workspace.acc.resource, workspace.ml.resource)
-    lib.kernel(spec).launch(
-        stream, (num_splits, hkv, num_seqs), _THREADS,
+    lib.kernel(decode_spec(d, kv_dtype)).launch(
+        stream, (num_splits * row_groups, hkv, num_seqs), _THREADS,
         workspace.acc, workspace.ml, q, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables,
-        max_pages_per_seq, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale,
+        max_pages_per_seq, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale, row_groups,
         label="decode_attention", reads=(q.resource, *tables, *pages_read), writes=partials, lane=lane,
     )
     lib.kernel(DECODE_COMBINE).launch(
@@ -400,9 +403,9 @@ def attention(
     decode_lens = [n for n in query_lens if 1 <= n <= max_queries]
     if decode_lens:
         group = shape.num_heads // shape.num_kv_heads
-        spec = decode_spec(shape.head_dim, kv_dtype, decode_row_capacity(max(decode_lens) * group))
-        resident = _occupancy(lib, spec)
-        num_splits = decode_num_splits(len(query_lens), shape.num_kv_heads, lib.device.sm_count, resident)
+        resident = _occupancy(lib, decode_spec(shape.head_dim, kv_dtype))
+        row_groups = decode_row_groups(max(decode_lens) * group)
+        num_splits = decode_num_splits(len(query_lens), shape.num_kv_heads, lib.device.sm_count, resident, row_groups=row_groups)
         decode_attention(
             lib, stream, scratch.q, out, cache, shape, inputs, query_lens, max_pages_per_seq, scratch.workspace,
             num_splits, kv_dtype=kv_dtype, pages_read=pages_read, lane=lane,
