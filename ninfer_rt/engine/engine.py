@@ -174,11 +174,11 @@ class Engine:
         for result in sampled:
             stream = self._requests[result.request.request_id]
             output = stream.accept(result.samples, result.drafted)
+            # Accepted drafts that joined the output (a stop may cut the step's samples short) are computed.
+            self.scheduler.settle(result.request, accepted_drafts=min(len(output.token_ids), len(result.samples) - 1))
             if output.finished:
                 self.scheduler.finish(result.request, output.finish_reason)
                 del self._requests[result.request.request_id]
-            else:
-                self.scheduler.settle(result.request, accepted_drafts=len(result.samples) - 1)
             outputs.append(output)
         return outputs
 
