@@ -1,0 +1,181 @@
+"""Kernel timing: CUDA-event medians over graph-replayed launch loops, against a measured roofline.
+
+What a kernel benchmark must not measure, and how this module keeps it out:
+- Python launch overhead (~5 us a launch, more than many decode kernels take): the launches are captured
+  once into a CUDA graph of `launches` back-to-back launches and only graph replays are timed.
+- Cold-start effects (module load, clocks ramping up): one eager run, then `warmup` untimed replays.
+- Noise: each replay is timed with its own pair of events and the median replay is reported.
+- L2 hits that the model's step would not get (a layer's weights or KV are read once per step, long
+  evicted when read again): such inputs are allocated as several copies spanning twice the L2 size and
+  each launch reads the next copy (`BenchSession.cold`).
+The roofline is measured on the same device in the same run: the device-to-device copy rate (bytes read
+plus written) for memory, the cuBLASLt bf16 GEMM rate for tensor-core math.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from cuda.bindings import driver as cu
+
+from ninfer_rt.cuda.driver import Device, check
+from ninfer_rt.cuda.graphs import capture
+from ninfer_rt.cuda.kernels import KernelLibrary
+from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
+from ninfer_rt.cuda.streams import Stream, StreamSet
+
+LAUNCHES = 20  # per captured graph
+REPEATS = 30  # timed replays; the median is reported
+WARMUP = 3  # untimed replays after the eager run
+MAX_COLD_COPIES = 64  # tiny inputs would need thousands of copies; 64 launches apart is long evicted
+# bf16 0x3C3C ~ 0.011, int8 60, f32 ~ 0.011: finite everywhere, so no NaN or denormal slow paths are timed.
+FILL_BYTE = 0x3C
+COPY_BYTES = 2 << 30  # large enough that the copy runs at steady-state HBM rate
+GEMM_SIZE = 8192  # square bf16 GEMM: large enough to run at the tensor cores' sustained rate
+
+
+@dataclass(frozen=True)
+class Roofline:
+    bytes_per_s: float  # device-to-device copy, bytes read + written
+    flops_per_s: float | None  # cuBLASLt bf16 GEMM; None where cuBLASLt is unavailable
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One timed case: median seconds per launch and the work a launch does (unique bytes, flops)."""
+
+    kernel: str
+    case: str
+    seconds: float
+    bytes: int
+    flops: int = 0
+
+    def roofline_fraction(self, roofline: Roofline) -> float:
+        """The roofline's time for this work (the slower of memory and math) over the measured time."""
+        bound = self.bytes / roofline.bytes_per_s
+        if self.flops and roofline.flops_per_s:
+            bound = max(bound, self.flops / roofline.flops_per_s)
+        return bound / self.seconds
+
+
+def time_launches(
+    stream: Stream, launch: Callable[[int], None], launches: int = LAUNCHES, repeats: int = REPEATS, warmup: int = WARMUP
+) -> float:
+    """Median seconds per `launch(i)` (i = 0, 1, ...: which rotating input to use), timed over replays of
+    a graph of `launches` back-to-back calls."""
+    launch(0)  # loads the kernels' modules: nothing may load while capturing
+    graph = capture(stream, lambda: [launch(i) for i in range(launches)])
+    try:
+        for _ in range(warmup):
+            graph.replay()
+        times = []
+        for _ in range(repeats):
+            start = stream.record(timing=True)
+            graph.replay()
+            times.append(start.elapsed_ms(stream.record(timing=True)))
+    finally:
+        graph.destroy()
+    return statistics.median(times) / 1e3 / launches
+
+
+def l2_cache_bytes(device: Device) -> int:
+    attribute = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE
+    return int(check(cu.cuDeviceGetAttribute(attribute, device.handle), "cuDeviceGetAttribute(L2)"))
+
+
+def cold_copies(device: Device, nbytes: int) -> int:
+    """Copies of an `nbytes` input that, read round-robin, span twice the L2: each read misses L2."""
+    return max(2, min(MAX_COLD_COPIES, math.ceil(2 * l2_cache_bytes(device) / nbytes)))
+
+
+def copy_bandwidth(streams: StreamSet, nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
+    """Device-to-device copy rate in bytes/s counting bytes read + written (the achievable memory roofline)."""
+    stream = streams.create("bandwidth")
+    src, dst = DeviceBuffer(streams, nbytes, "bw_src"), DeviceBuffer(streams, nbytes, "bw_dst")
+    stream.copy(dst, src)  # warm-up
+    start = stream.record(timing=True)
+    for _ in range(repeats):
+        stream.copy(dst, src)
+    seconds = start.elapsed_ms(stream.record(timing=True)) / 1000
+    src.free()
+    dst.free()
+    return 2 * nbytes * repeats / seconds
+
+
+def gemm_rate(streams: StreamSet, stream: Stream, size: int = GEMM_SIZE) -> float | None:
+    """bf16 tensor-core FLOP/s of a square cuBLASLt GEMM, or None where cuBLASLt cannot be loaded."""
+    from ninfer_rt.cuda.blas import Blas, BlasUnavailableError, GemmShape
+
+    try:
+        blas = Blas(streams)
+    except BlasUnavailableError:
+        return None
+    shape = GemmShape(size, size, size)
+    x, w, out = (DeviceBuffer(streams, size * size * 2, name) for name in ("gemm_x", "gemm_w", "gemm_out"))
+    for buffer in (x, w):
+        stream.memset(buffer, FILL_BYTE)
+    seconds = time_launches(stream, lambda _: blas.gemm(stream, x, w, out, shape), launches=5, repeats=10)
+    stream.synchronize()
+    for buffer in (x, w, out):
+        buffer.free()
+    blas.close()
+    return 2 * size**3 / seconds
+
+
+@dataclass
+class BenchSession:
+    """A device, one stream and a kernel library for benchmarks, with buffers freed per case."""
+
+    device: Device
+    streams: StreamSet
+    stream: Stream
+    lib: KernelLibrary
+    launches: int = LAUNCHES
+    repeats: int = REPEATS
+    _buffers: list[DeviceBuffer] = field(default_factory=list, init=False)
+
+    @classmethod
+    def open(cls, device: Device, launches: int = LAUNCHES, repeats: int = REPEATS) -> BenchSession:
+        streams = StreamSet(device, verify=False)  # benchmarks measure the kernels, not the verifier
+        return cls(device, streams, streams.create("bench"), KernelLibrary(device), launches, repeats)
+
+    def roofline(self) -> Roofline:
+        return Roofline(copy_bandwidth(self.streams), gemm_rate(self.streams, self.stream))
+
+    def filled(self, nbytes: int, name: str) -> DeviceBuffer:
+        """A buffer of finite values (FILL_BYTE), freed by `release`."""
+        buffer = DeviceBuffer(self.streams, max(nbytes, 16), name)
+        self._buffers.append(buffer)
+        self.stream.memset(buffer, FILL_BYTE)
+        return buffer
+
+    def cold(self, nbytes: int, name: str) -> list[DeviceBuffer]:
+        """Copies of an input that the model reads from HBM (weights, KV): use copy i % len for launch i."""
+        return [self.filled(nbytes, f"{name}{i}") for i in range(cold_copies(self.device, nbytes))]
+
+    def upload(self, array: np.ndarray, name: str) -> DeviceBuffer:
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        buffer = self.filled(data.size, name)
+        ring = StagingRing(self.streams, 1, data.size)
+        ring.publish(self.stream, buffer, data, label=f"upload {name}")
+        ring.free()
+        return buffer
+
+    def time(self, launch: Callable[[int], None], variants: int = 1) -> float:
+        """Median seconds per launch; the graph holds at least `variants` launches so every rotating copy is used."""
+        return time_launches(self.stream, launch, max(self.launches, variants), self.repeats)
+
+    def release(self) -> None:
+        self.stream.synchronize()
+        for buffer in self._buffers:
+            buffer.free()
+        self._buffers.clear()
+
+    def close(self) -> None:
+        self.release()
+        self.lib.close()
+        self.streams.destroy()

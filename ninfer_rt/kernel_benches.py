@@ -1,0 +1,285 @@
+"""Each kernel family's benchmark on a model's shapes: the decode (and prefill) launches the model makes.
+
+A bench function takes a `BenchSession` and a shape from SHAPES and returns one `Measurement` per case
+(median seconds per launch, the unique bytes a launch moves and its flops), timed by
+`ninfer_rt.cuda.benchmark` (graph-replayed, inputs the model reads from HBM rotated past the L2).
+`ninfer-rt kernels bench` and tools/bench_{kernels,attention}.py print them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops
+from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
+from ninfer_rt.cuda.benchmark import BenchSession, Measurement
+from ninfer_rt.cuda.linear_ops import Epilogue
+from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
+from ninfer_rt.exec.base import AttentionShape
+from ninfer_rt.kv.cache import KVLayer
+
+# Hugging Face config fields of the benchmarked models (tools/bench_decode.py builds configs from them).
+SHAPES: dict[str, dict[str, int]] = {
+    "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=12288, vocab_size=151936),
+    "qwen3-32b": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8,
+                      head_dim=128, intermediate_size=25600, vocab_size=151936),
+}
+DECODE_ROWS = (1, 8)  # batch-1 decode and the widest speculative verify step
+PREFILL_TOKENS = 4096  # one prefill chunk
+DECODE_CONTEXTS = (256, 8192, 114812)  # a fresh chat, a typical agent turn, the longest agent context
+PREFILL_CASES = ((4096, 4096), (4096, 32768))  # (chunk, context): a fresh prompt, a chunk after a 28k prefix
+KV_KINDS = attention_ops.KV_KINDS
+QUANT_BITS = (4, 8)
+QUANT_GROUP = 128
+EPS = 1e-6
+BF16, F32, I32 = 2, 4, 4
+
+Shape = dict[str, int]
+BenchFunction = Callable[[BenchSession, Shape], list[Measurement]]
+
+
+def gemv_shapes(shape: Shape) -> dict[str, tuple[int, int, Epilogue]]:
+    """label -> (n, k, epilogue) of a decoder layer's projections and the lm_head; n is the output width
+    (SwiGLU reads 2n weight rows)."""
+    h, i, d = shape["hidden_size"], shape["intermediate_size"], shape["head_dim"]
+    q, kv = shape["num_attention_heads"] * d, shape["num_key_value_heads"] * d
+    return {
+        "qkv": (q + 2 * kv, h, Epilogue.STORE),
+        "o_proj": (h, q, Epilogue.STORE),
+        "gate_up+swiglu": (i, h, Epilogue.SWIGLU),
+        "down": (h, i, Epilogue.STORE),
+        "lm_head(f32)": (shape["vocab_size"], h, Epilogue.STORE_F32),
+    }
+
+
+def attention_shape(shape: Shape) -> AttentionShape:
+    return AttentionShape(shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"], EPS)
+
+
+def _row_cases() -> list[tuple[str, int]]:
+    return [*((f"rows={r}", r) for r in DECODE_ROWS), (f"rows={PREFILL_TOKENS}", PREFILL_TOKENS)]
+
+
+# -- elementwise and row families -------------------------------------------------------------------------
+
+
+def bench_rmsnorm(s: BenchSession, shape: Shape) -> list[Measurement]:
+    h = shape["hidden_size"]
+    results = []
+    for case, rows in _row_cases():
+        xs, w, out = s.cold(rows * h * BF16, "x"), s.filled(h * BF16, "w"), s.filled(rows * h * BF16, "out")
+        seconds = s.time(lambda i: ops.rmsnorm(s.lib, s.stream, xs[i % len(xs)], w, out, rows, h, EPS), len(xs))
+        results.append(Measurement("rmsnorm_bf16", case, seconds, 2 * rows * h * BF16 + h * BF16))
+        residuals = s.cold(rows * h * BF16, "residual")
+        seconds = s.time(
+            lambda i: ops.rmsnorm(s.lib, s.stream, xs[i % len(xs)], w, out, rows, h, EPS, residuals[i % len(residuals)]),
+            len(residuals),
+        )
+        results.append(Measurement("rmsnorm_residual_bf16", case, seconds, 4 * rows * h * BF16 + h * BF16))
+        s.release()
+    return results
+
+
+def bench_activation(s: BenchSession, shape: Shape) -> list[Measurement]:
+    inter = shape["intermediate_size"]
+    results = []
+    for case, rows in _row_cases():
+        gate_ups, out = s.cold(rows * 2 * inter * BF16, "gate_up"), s.filled(rows * inter * BF16, "out")
+        seconds = s.time(lambda i: ops.silu_mul(s.lib, s.stream, gate_ups[i % len(gate_ups)], out, rows, inter), len(gate_ups))
+        results.append(Measurement("silu_mul_bf16", case, seconds, 3 * rows * inter * BF16))
+        s.release()
+    return results
+
+
+def bench_embedding(s: BenchSession, shape: Shape) -> list[Measurement]:
+    vocab, h = shape["vocab_size"], shape["hidden_size"]
+    table = s.filled(vocab * h * BF16, "embed")  # rows drawn at random from a table far larger than L2
+    results = []
+    for case, rows in _row_cases():
+        ids = s.upload(np.random.default_rng(0).integers(0, vocab, rows, dtype=np.int32), "ids")
+        out = s.filled(rows * h * BF16, "out")
+        seconds = s.time(lambda _: linear_ops.gather_rows(s.lib, s.stream, table, vocab, out, rows, h, ids))
+        results.append(Measurement("gather_rows_bf16", case, seconds, 2 * rows * h * BF16 + rows * I32))
+    s.release()
+    return results
+
+
+def bench_sampling(s: BenchSession, shape: Shape) -> list[Measurement]:
+    vocab = shape["vocab_size"]
+    results = []
+    for rows in DECODE_ROWS:
+        # The logits were just written by the lm_head GEMV: hot in L2 in the model's step too.
+        logits, out = s.filled(rows * vocab * F32, "logits"), s.filled(rows * I32, "out")
+        seconds = s.time(lambda _: linear_ops.argmax(s.lib, s.stream, logits, out, rows, vocab))
+        results.append(Measurement("argmax_f32", f"rows={rows} vocab={vocab}", seconds, rows * vocab * F32 + rows * I32))
+        s.release()
+    return results
+
+
+# -- GEMV -----------------------------------------------------------------------------------------------------
+
+
+def bench_gemv(s: BenchSession, shape: Shape) -> list[Measurement]:
+    results = []
+    for label, (n, k, epilogue) in gemv_shapes(shape).items():
+        w_rows = 2 * n if epilogue is Epilogue.SWIGLU else n
+        weights = s.cold(w_rows * k * BF16, "w")
+        for rows in DECODE_ROWS:
+            x, y = s.filled(rows * k * BF16, "x"), s.filled(rows * n * epilogue.out_bytes, "y")
+            seconds = s.time(
+                lambda i: linear_ops.gemv(s.lib, s.stream, x, weights[i % len(weights)], y, rows, n, k, epilogue), len(weights)
+            )
+            moved = w_rows * k * BF16 + rows * k * BF16 + rows * n * epilogue.out_bytes
+            results.append(Measurement(linear_ops.gemv_spec(epilogue, rows).name, f"{label} {n}x{k} rows={rows}", seconds, moved, 2 * rows * w_rows * k))
+        s.release()
+    return results
+
+
+def bench_gemv_quant(s: BenchSession, shape: Shape) -> list[Measurement]:
+    results = []
+    for bits in QUANT_BITS:
+        for label, (n, k, epilogue) in gemv_shapes(shape).items():
+            w_rows = 2 * n if epilogue is Epilogue.SWIGLU else n
+            code_bytes, scale_bytes = w_rows * k * bits // 8, w_rows * (k // QUANT_GROUP) * BF16
+            weights = [
+                QuantizedDeviceWeight(q, sc, w_rows, k, bits, QUANT_GROUP)
+                for q, sc in zip(s.cold(code_bytes, "qweight"), s.cold(scale_bytes, "scales"))
+            ]
+            for rows in DECODE_ROWS:
+                x, y = s.filled(rows * k * BF16, "x"), s.filled(rows * n * epilogue.out_bytes, "y")
+                seconds = s.time(lambda i: quant_ops.gemv(s.lib, s.stream, x, weights[i % len(weights)], y, rows, epilogue), len(weights))
+                moved = code_bytes + scale_bytes + rows * k * BF16 + rows * n * epilogue.out_bytes
+                case = f"int{bits} {label} {n}x{k} rows={rows}"
+                results.append(Measurement(quant_ops.gemv_spec(bits, rows).name, case, seconds, moved, 2 * rows * w_rows * k))
+            s.release()
+    return results
+
+
+# -- attention ------------------------------------------------------------------------------------------------
+
+
+def kv_bytes(shape: AttentionShape, tokens: int, kv_dtype: str) -> int:
+    """K and V bytes of `tokens` tokens (values, plus the f32 scales for int8)."""
+    element = 1 if kv_dtype == "int8" else BF16
+    per_token = 2 * shape.num_kv_heads * (shape.head_dim * element + (F32 if kv_dtype == "int8" else 0))
+    return per_token * tokens
+
+
+def _kv_layers(s: BenchSession, shape: AttentionShape, pages: int, kv_dtype: str) -> list[KVLayer]:
+    """Rotating copies of one layer's pages: in the model each layer's KV is read once per step."""
+    element = 1 if kv_dtype == "int8" else BF16
+    slots = pages * attention_ops.PAGE_SIZE * shape.num_kv_heads
+    ks, vs = s.cold(slots * shape.head_dim * element, "k"), s.cold(slots * shape.head_dim * element, "v")
+    if kv_dtype == "bf16":
+        return [KVLayer(k, v, None, None) for k, v in zip(ks, vs)]
+    scales = zip(s.cold(slots * F32, "k_scale"), s.cold(slots * F32, "v_scale"))
+    return [KVLayer(k, v, ksc, vsc) for k, v, (ksc, vsc) in zip(ks, vs, scales)]
+
+
+def _step_inputs(s: BenchSession, query_lens: list[int], context: int, pages: int) -> StepInputs:
+    """One sequence whose last `query_lens[0]` rows are new, pages in shuffled order (as a prefix cache leaves them)."""
+    new = query_lens[0]
+    positions = np.arange(context - new, context, dtype=np.int32)
+    return StepInputs(
+        positions=s.upload(positions, "positions"),
+        query_start=s.upload(np.array([0, new], np.int32), "query_start"),
+        context_lens=s.upload(np.array([context], np.int32), "context_lens"),
+        block_tables=s.upload(np.random.default_rng(0).permutation(pages).astype(np.int32)[None, :], "block_tables"),
+        slot_mapping=s.upload(positions, "slot_mapping"),
+    )
+
+
+def bench_rope_kv(s: BenchSession, shape: Shape) -> list[Measurement]:
+    attn = attention_shape(shape)
+    hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    results = []
+    for kv_dtype in KV_KINDS:
+        for case, tokens in _row_cases():
+            pages = -(-tokens // attention_ops.PAGE_SIZE)
+            layers = _kv_layers(s, attn, pages, kv_dtype)
+            inputs = _step_inputs(s, [tokens], tokens, pages)
+            qkv, q_out = s.filled(tokens * (hq + 2 * hkv) * d * BF16, "qkv"), s.filled(tokens * hq * d * BF16, "q_out")
+            rope, norms = s.filled(tokens * d * F32, "rope"), s.filled(d * BF16, "norm")
+
+            def launch(i: int) -> None:
+                attention_ops.rope_kv(
+                    s.lib, s.stream, qkv, q_out, layers[i % len(layers)], attn, inputs, tokens, rope, norms, norms,
+                    kv_dtype=kv_dtype, pages_written=(),
+                )
+
+            seconds = s.time(launch, len(layers))
+            moved = tokens * (hq + 2 * hkv) * d * BF16 + tokens * hq * d * BF16 + kv_bytes(attn, tokens, kv_dtype) + tokens * d * F32
+            results.append(Measurement(attention_ops.rope_kv_spec(d, kv_dtype).name, f"{case} kv={kv_dtype}", seconds, moved))
+            s.release()
+    return results
+
+
+def bench_decode_attention(s: BenchSession, shape: Shape) -> list[Measurement]:
+    """Batch 1, one new token; split count as the executor picks it (one wave of resident blocks)."""
+    attn = attention_shape(shape)
+    hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    results = []
+    for kv_dtype in KV_KINDS:
+        for context in DECODE_CONTEXTS:
+            pages = -(-context // attention_ops.PAGE_SIZE)
+            layers = _kv_layers(s, attn, pages, kv_dtype)
+            inputs = _step_inputs(s, [1], context, pages)
+            kernel = s.lib.kernel(attention_ops.decode_spec(d, kv_dtype))
+            splits = attention_ops.decode_num_splits(1, hkv, s.device.sm_count, attention_ops.decode_blocks_per_sm(kernel), context)
+            acc, ml = attention_ops.decode_workspace_bytes(splits, 1, attention_ops.decode_max_queries(hq, hkv), hq, d)
+            workspace = DecodeWorkspace(s.filled(acc, "acc"), s.filled(ml, "ml"))
+            q, out = s.filled(hq * d * BF16, "q"), s.filled(hq * d * BF16, "out")
+
+            def launch(i: int) -> None:
+                attention_ops.decode_attention(
+                    s.lib, s.stream, q, out, layers[i % len(layers)], attn, inputs, [1], pages, workspace, splits,
+                    kv_dtype=kv_dtype, pages_read=(),
+                )
+
+            seconds = s.time(launch, len(layers))
+            flops = 4 * hq * d * context
+            case = f"context={context} kv={kv_dtype} splits={splits}"
+            results.append(Measurement("decode_attention (split+combine)", case, seconds, kv_bytes(attn, context, kv_dtype), flops))
+            s.release()
+    return results
+
+
+def bench_prefill_attention(s: BenchSession, shape: Shape) -> list[Measurement]:
+    attn = attention_shape(shape)
+    hq, d = attn.num_heads, attn.head_dim
+    results = []
+    for kv_dtype in KV_KINDS:
+        for chunk, context in PREFILL_CASES:
+            pages = -(-context // attention_ops.PAGE_SIZE)
+            layers = _kv_layers(s, attn, pages, kv_dtype)
+            inputs = _step_inputs(s, [chunk], context, pages)
+            q, out = s.filled(chunk * hq * d * BF16, "q"), s.filled(chunk * hq * d * BF16, "out")
+
+            def launch(i: int) -> None:
+                attention_ops.prefill_attention(
+                    s.lib, s.stream, q, out, layers[i % len(layers)], attn, inputs, [chunk], pages, kv_dtype=kv_dtype, pages_read=(),
+                )
+
+            seconds = s.time(launch, len(layers))
+            attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
+            moved = 2 * chunk * hq * d * BF16 + kv_bytes(attn, context, kv_dtype)
+            name = attention_ops.prefill_spec(d, kv_dtype).name
+            results.append(Measurement(name, f"chunk={chunk} context={context}", seconds, moved, 4 * hq * d * attended))
+            s.release()
+    return results
+
+
+BENCHES: dict[str, BenchFunction] = {
+    "rmsnorm": bench_rmsnorm,
+    "activation": bench_activation,
+    "embedding": bench_embedding,
+    "sampling": bench_sampling,
+    "gemv": bench_gemv,
+    "gemv_quant": bench_gemv_quant,
+    "rope_kv": bench_rope_kv,
+    "decode_attention": bench_decode_attention,
+    "prefill_attention": bench_prefill_attention,
+}
