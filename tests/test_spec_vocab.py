@@ -1,0 +1,45 @@
+"""--lm-head-draft's reduced vocabulary: from the frequency file beside the model, else counted online."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ninfer_rt.engine.spec_vocab import FREQUENCY_FILE, REFRESH_TOKENS, DraftVocab, load_token_frequencies
+
+
+def test_the_frequency_file_picks_the_most_frequent_tokens(tmp_path: Path) -> None:
+    (tmp_path / FREQUENCY_FILE).write_text(json.dumps({"7": 50, "3": 40, "9": 1, "1": 30}))
+    vocab = DraftVocab(3, 16, load_token_frequencies(tmp_path, 16))
+    assert vocab.ids.tolist() == [1, 3, 7]
+
+
+def test_a_model_without_a_frequency_file_has_no_frequencies(tmp_path: Path) -> None:
+    assert load_token_frequencies(tmp_path, 16) is None
+
+
+def test_a_frequency_file_naming_a_token_outside_the_vocabulary_is_refused(tmp_path: Path) -> None:
+    (tmp_path / FREQUENCY_FILE).write_text(json.dumps({"99": 5}))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        load_token_frequencies(tmp_path, 16)
+
+
+def test_a_fixed_set_from_the_file_never_changes() -> None:
+    vocab = DraftVocab(2, 16, np.arange(16))
+    assert not vocab.observe([0] * REFRESH_TOKENS)
+    assert vocab.ids.tolist() == [14, 15]
+
+
+def test_online_counting_starts_from_the_lowest_ids_and_follows_emitted_tokens() -> None:
+    vocab = DraftVocab(2, 16)
+    assert vocab.ids.tolist() == [0, 1]
+    assert not vocab.observe([9, 12] * 10)  # not yet time to refresh
+    assert vocab.observe([9, 12] * (REFRESH_TOKENS // 2))
+    assert vocab.ids.tolist() == [9, 12]
+
+
+def test_a_set_larger_than_the_vocabulary_is_the_whole_vocabulary() -> None:
+    assert DraftVocab(100, 8).ids.tolist() == list(range(8))
