@@ -30,7 +30,7 @@
 //     Q > max_queries (or Q = 0) are skipped: they belong to prefill_attention in a mixed step.
 //   decode_attention_combine: grid (B * max_queries, Hq), block 128: for the slots of decoded rows,
 //     out = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp2(m_s - max_s m_s); splits with w_s = 0 are never
-//     read (their acc may be unwritten).
+//     read (their acc may be unwritten). Thread (split group, 4 dims): 128 / (D/4) groups of splits.
 //
 // Layout: q bf16 [T, Hq, D]; K, V [num_pages, 64, Hkv, D] bf16 or int8; k_scale, v_scale f32
 // [num_pages, 64, Hkv] (int8 only, else null); block_tables int32 [B, max_pages]; context_lens int32 [B];
@@ -247,19 +247,16 @@ __forceinline__ void step_scores(float (&s)[4], const unsigned (&qa)[D / 16][2],
 template <int D, bool kInt8>
 __forceinline__ void step_pv(float (&acc)[D / 16][4], const StepRegs<DecodeShape<D, kInt8>>& regs, unsigned p0, unsigned p1) {
     using S = DecodeShape<D, kInt8>;
-    unsigned v[4][S::kVWords];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int i = 0; i < S::kVWords; ++i) v[k][i] = kInt8 ? regs.v[k][i] ^ 0x80808080u : regs.v[k][i];
+    const auto& v = regs.v;
 #pragma unroll
     for (int i = 0; i < S::kDimTiles; ++i) {
         // Tile i: dims d0 = g * D/8 + 2i (mma row g) and d0 + 1 (mma row g + 8).
         unsigned a0, a1, a2, a3;
         if constexpr (kInt8) {
             const unsigned selector = i & 1 ? 0x7362 : 0x5140;  // bytes (d0, d1) of keys (k0, k1), interleaved
-            const unsigned x01 = __byte_perm(v[0][i / 2], v[1][i / 2], selector);
-            const unsigned x23 = __byte_perm(v[2][i / 2], v[3][i / 2], selector);
+            // The sign flip commutes with the byte permute: one XOR per pair of keys.
+            const unsigned x01 = __byte_perm(v[0][i / 2], v[1][i / 2], selector) ^ 0x80808080u;
+            const unsigned x23 = __byte_perm(v[2][i / 2], v[3][i / 2], selector) ^ 0x80808080u;
             a0 = int8x2_to_f16x2(x01, 0x4140), a1 = int8x2_to_f16x2(x01, 0x4342);
             a2 = int8x2_to_f16x2(x23, 0x4140), a3 = int8x2_to_f16x2(x23, 0x4342);
         } else {
@@ -455,8 +452,13 @@ __forceinline__ void decode_split(float* partial_acc, float* partial_ml, const b
     merge_and_store<D, kInt8>(smem, acc, state, w, partial_acc, partial_ml, num_q_heads);
 }
 
+// int8 steps hold half the bytes of bf16 ones: 4 resident blocks (16 warps) instead of 3 keep as many bytes
+// in flight (register cap 128).
+template <int D, bool kInt8>
+constexpr int kMinBlocks = kInt8 && D <= 128 ? 4 : 1;
+
 #define DECODE_KERNEL(D, KIND, INT8)                                                                           \
-    extern "C" __global__ void __launch_bounds__(kDecodeThreads) decode_attention_d##D##_##KIND(                       \
+    extern "C" __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks<D, INT8>) decode_attention_d##D##_##KIND(             \
         float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache, const void* v_cache,        \
         const float* k_scale, const float* v_scale, const int* block_tables, int max_pages,                    \
         const int* context_lens, const int* query_start, int max_queries, int num_q_heads, int num_kv_heads,   \
@@ -478,6 +480,7 @@ extern "C" __global__ void __launch_bounds__(kDecodeThreads)
                              int num_splits, int num_seqs, int max_queries, int num_q_heads, int head_dim) {
     __shared__ float weight[kMaxSplits];
     __shared__ float inv_denominator;
+    __shared__ float4 part[kDecodeThreads];
     const int slot = blockIdx.x;
     const int head = blockIdx.y;
     const int seq = slot / max_queries;
@@ -502,12 +505,30 @@ extern "C" __global__ void __launch_bounds__(kDecodeThreads)
         if (lane == 0) inv_denominator = denominator > 0.0f ? 1.0f / denominator : 0.0f;
     }
     __syncthreads();
-    const long long out_row = (long long)(query_start[seq] + query) * num_q_heads + head;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float value = 0.0f;
-        for (int s = 0; s < num_splits; ++s) {
-            if (weight[s] > 0.0f) value += weight[s] * partial_acc[partial_index(s, num_slots, slot, num_q_heads, head) * head_dim + d];
+    // Thread (group, column): 4 dims, splits group, group + groups, ...: the splits' loads are independent
+    // and several are in flight per thread (a serial loop over 100 splits was ~100 dependent L2 round trips).
+    const int columns = head_dim / 4;
+    const int groups = kDecodeThreads / columns;
+    const int column = threadIdx.x % columns;
+    const int group = threadIdx.x / columns;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+    for (int s = group; s < num_splits; s += groups) {
+        const float w = weight[s];
+        if (w > 0.0f) {  // a split with weight 0 may have no acc written: never read it
+            const float4 v = *reinterpret_cast<const float4*>(partial_acc + partial_index(s, num_slots, slot, num_q_heads, head) * head_dim + 4 * column);
+            sum.x += w * v.x, sum.y += w * v.y, sum.z += w * v.z, sum.w += w * v.w;
         }
-        out[out_row * head_dim + d] = __float2bfloat16(value * inv_denominator);
     }
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    if (group != 0) return;
+    for (int g = 1; g < groups; ++g) {
+        const float4 v = part[g * columns + column];
+        sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const float scale = inv_denominator;
+    const long long out_row = (long long)(query_start[seq] + query) * num_q_heads + head;
+    const uint2 packed = make_uint2(pack_bf16x2(sum.x * scale, sum.y * scale), pack_bf16x2(sum.z * scale, sum.w * scale));
+    *reinterpret_cast<uint2*>(out + out_row * head_dim + 4 * column) = packed;
 }

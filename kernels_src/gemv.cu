@@ -13,14 +13,25 @@
 // rows (1..B) is a kernel argument: a bucket serves every width up to B at the cost of B.
 // Launch: block (128) = 4 warps, grid (ceil(groups / 4)); no shared memory. A warp owns a group of two
 // weight rows (n, n+1, or i and N+i for SwiGLU) and walks K with 16-byte loads, lane-interleaved so each
-// warp load is 512 contiguous bytes; kUnroll * 2 loads are in flight per lane. Decode is memory bound:
+// warp load is 512 contiguous bytes; unroll(B) * 2 loads are in flight per lane. Decode is memory bound:
 // W streams through with L1::no_allocate so it does not evict x, which every warp of the SM re-reads.
 // Partial sums are reduced with warp shuffles; there is no cross-warp communication.
 #include "gemv_common.cuh"
 
 constexpr int kRowsPerWarp = 2;
-constexpr int kUnroll = 4;
+// 16-byte weight loads in flight per lane and row: 8 KiB per warp at 1-2 rows, where registers are free;
+// 4 at 4-8 rows, whose accumulators and x need them.
+template <int B>
+constexpr int kUnroll = B <= 2 ? 8 : 4;
 constexpr int kWarpsPerBlock = 4;
+
+// load_streaming, but volatile: ptxas keeps the issue order, so a step's loads all leave before its math
+// (the plain form let it sink loads to their uses: 8 in flight whatever the unroll).
+__forceinline__ uint4 load_streaming_in_order(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
 
 __forceinline__ void dot8(float& acc, const uint4 w, const float (&x)[8]) {
     float wf[8];
@@ -68,14 +79,15 @@ __forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* res
         for (int b = 0; b < B; ++b) acc[j][b] = 0.0f;
 
     int c = lane;
-    for (; c + 32 * (kUnroll - 1) < kc; c += 32 * kUnroll) {
-        uint4 wv[kUnroll][kRowsPerWarp];  // all loads issued before any math: kUnroll * 2 in flight
+    constexpr int kU = kUnroll<B>;
+    for (; c + 32 * (kU - 1) < kc; c += 32 * kU) {
+        uint4 wv[kU][kRowsPerWarp];  // all loads issued before any math: kU * 2 in flight
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
+        for (int u = 0; u < kU; ++u)
 #pragma unroll
-            for (int j = 0; j < kRowsPerWarp; ++j) wv[u][j] = load_streaming(w_row[j] + c + 32 * u);
+            for (int j = 0; j < kRowsPerWarp; ++j) wv[u][j] = load_streaming_in_order(w_row[j] + c + 32 * u);
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) accumulate<B>(acc, wv[u], x4, rows, kc, c + 32 * u);
+        for (int u = 0; u < kU; ++u) accumulate<B>(acc, wv[u], x4, rows, kc, c + 32 * u);
     }
     for (; c < kc; c += 32) {
         uint4 wv[kRowsPerWarp];
