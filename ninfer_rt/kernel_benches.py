@@ -122,18 +122,20 @@ def bench_sampling(s: BenchSession, shape: Shape) -> list[Measurement]:
 # -- GEMV -----------------------------------------------------------------------------------------------------
 
 
-def bench_gemv(s: BenchSession, shape: Shape) -> list[Measurement]:
+def bench_gemv(s: BenchSession, shape: Shape, row_counts: tuple[int, ...] = DECODE_ROWS) -> list[Measurement]:
     results = []
     for label, (n, k, epilogue) in gemv_shapes(shape).items():
         w_rows = 2 * n if epilogue is Epilogue.SWIGLU else n
         weights = s.cold(w_rows * k * BF16, "w")
-        for rows in DECODE_ROWS:
+        for rows in row_counts:
             x, y = s.filled(rows * k * BF16, "x"), s.filled(rows * n * epilogue.out_bytes, "y")
             seconds = s.time(
                 lambda i: linear_ops.gemv(s.lib, s.stream, x, weights[i % len(weights)], y, rows, n, k, epilogue), len(weights)
             )
             moved = w_rows * k * BF16 + rows * k * BF16 + rows * n * epilogue.out_bytes
-            results.append(Measurement(linear_ops.gemv_spec(epilogue, rows).name, f"{label} {n}x{k} rows={rows}", seconds, moved, 2 * rows * w_rows * k))
+            name, case = linear_ops.gemv_spec(epilogue, rows).name, f"{label} {n}x{k} rows={rows}"
+            params = {"op": label, "n": n, "k": k, "rows": rows, "weight_copies": len(weights)}
+            results.append(Measurement(name, case, seconds, moved, 2 * rows * w_rows * k, params))
         s.release()
     return results
 
@@ -217,18 +219,20 @@ def bench_rope_kv(s: BenchSession, shape: Shape) -> list[Measurement]:
     return results
 
 
-def bench_decode_attention(s: BenchSession, shape: Shape) -> list[Measurement]:
+def bench_decode_attention(
+    s: BenchSession, shape: Shape, contexts: tuple[int, ...] = DECODE_CONTEXTS, kv_kinds: tuple[str, ...] = KV_KINDS
+) -> list[Measurement]:
     """Batch 1, one new token; split count as the executor picks it (one wave of resident blocks)."""
     attn = attention_shape(shape)
     hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
     results = []
-    for kv_dtype in KV_KINDS:
-        for context in DECODE_CONTEXTS:
+    for kv_dtype in kv_kinds:
+        for context in contexts:
             pages = -(-context // attention_ops.PAGE_SIZE)
             layers = _kv_layers(s, attn, pages, kv_dtype)
             inputs = _step_inputs(s, [1], context, pages)
-            kernel = s.lib.kernel(attention_ops.decode_spec(d, kv_dtype))
-            splits = attention_ops.decode_num_splits(1, hkv, s.device.sm_count, attention_ops.decode_blocks_per_sm(kernel), context)
+            resident = attention_ops.decode_blocks_per_sm(s.lib.kernel(attention_ops.decode_spec(d, kv_dtype)))
+            splits = attention_ops.decode_num_splits(1, hkv, s.device.sm_count, resident, context)
             acc, ml = attention_ops.decode_workspace_bytes(splits, 1, attention_ops.decode_max_queries(hq, hkv), hq, d)
             workspace = DecodeWorkspace(s.filled(acc, "acc"), s.filled(ml, "ml"))
             q, out = s.filled(hq * d * BF16, "q"), s.filled(hq * d * BF16, "out")
@@ -242,7 +246,11 @@ def bench_decode_attention(s: BenchSession, shape: Shape) -> list[Measurement]:
             seconds = s.time(launch, len(layers))
             flops = 4 * hq * d * context
             case = f"context={context} kv={kv_dtype} splits={splits}"
-            results.append(Measurement("decode_attention (split+combine)", case, seconds, kv_bytes(attn, context, kv_dtype), flops))
+            params = {
+                "context": context, "kv": kv_dtype, "q_heads": hq, "kv_heads": hkv, "head_dim": d,
+                "blocks_per_sm": resident, "num_splits": splits, "kv_copies": len(layers),
+            }
+            results.append(Measurement("decode_attention (split+combine)", case, seconds, kv_bytes(attn, context, kv_dtype), flops, params))
             s.release()
     return results
 

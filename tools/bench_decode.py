@@ -22,11 +22,13 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from ninfer_rt.cuda.benchmark import copy_bandwidth
 from ninfer_rt.cuda.driver import Device, open_device
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, StepBatch
 from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, GraphedForward
+from ninfer_rt.kernel_benches import SHAPES
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.layers import PreparedLayer, PreparedModel, attention_shape
@@ -34,12 +36,6 @@ from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 PAGE_SIZE = 64
-SHAPES: dict[str, dict[str, int]] = {
-    "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                     head_dim=128, intermediate_size=12288, vocab_size=151936),
-    "qwen3-32b": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8,
-                      head_dim=128, intermediate_size=25600, vocab_size=151936),
-}
 RANDOM_SOURCE_BYTES = 256 << 20
 
 
@@ -97,20 +93,6 @@ def build_random_model(executor: CudaExecutor, cfg: ModelConfig, seed: int = 0) 
     executor.compute.synchronize()
     source.free()
     return RandomModel(executor, model, counted[0] + 2 * h)
-
-
-def copy_bandwidth(streams: StreamSet, nbytes: int = 2 << 30, repeats: int = 5) -> float:
-    """Device-to-device copy rate in bytes/s counting bytes read + written (the achievable roofline)."""
-    stream = streams.create("bandwidth")
-    src, dst = DeviceBuffer(streams, nbytes, "bw_src"), DeviceBuffer(streams, nbytes, "bw_dst")
-    stream.copy(dst, src)  # warm-up
-    start = stream.record(timing=True)
-    for _ in range(repeats):
-        stream.copy(dst, src)
-    seconds = start.elapsed_ms(stream.record(timing=True)) / 1000
-    src.free()
-    dst.free()
-    return 2 * nbytes * repeats / seconds
 
 
 def decode_batch(context: int, token: int = 1) -> StepBatch:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 
 from bench_decode import SHAPES, append_results, copy_bandwidth, print_table, run_info
-from bench_kernels import gemv_shapes
 from ninfer_rt.cuda import quant_ops
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.kernels import KernelLibrary
@@ -19,6 +18,7 @@ from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import Stream, StreamSet
+from ninfer_rt.kernel_benches import gemv_shapes
 
 REPEATS = 50
 L2_DEFEAT_BYTES = 256 << 20  # weight copies used round-robin add up to this: no launch finds its matrix in L2
@@ -75,7 +75,7 @@ def main() -> None:
     results = []
     for bits in (int(b) for b in args.bits.split(",")):
         layer: dict[int, tuple[int, float]] = {}  # rows -> (bytes, seconds) summed over LAYER_OPS
-        for label, (n, k, epilogue) in gemv_shapes(args.shape).items():
+        for label, (n, k, epilogue) in gemv_shapes(SHAPES[args.shape]).items():
             if label not in LAYER_OPS:
                 continue  # lm_head stays bf16 by default: bench_kernels.py measures it
             w_rows = 2 * n if epilogue is Epilogue.SWIGLU else n

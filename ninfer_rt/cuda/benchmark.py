@@ -6,19 +6,21 @@ What a kernel benchmark must not measure, and how this module keeps it out:
 - Cold-start effects (module load, clocks ramping up): one eager run, then `warmup` untimed replays.
 - Noise: each replay is timed with its own pair of events and the median replay is reported.
 - L2 hits that the model's step would not get (a layer's weights or KV are read once per step, long
-  evicted when read again): such inputs are allocated as several copies spanning twice the L2 size and
-  each launch reads the next copy (`BenchSession.cold`).
+  evicted when read again): such inputs are allocated as several copies, ROTATE_BYTES (many times the L2)
+  in all, and each launch reads the next copy (`BenchSession.cold`).
+- Unrealistic data: buffers hold random bf16 N(0, 0.02) (read as int8 codes or f32 they are finite too),
+  never zeros or one repeated byte, whose low bit toggling would flatter power-limited clocks.
 The roofline is measured on the same device in the same run: the device-to-device copy rate (bytes read
 plus written) for memory, the cuBLASLt bf16 GEMM rate for tensor-core math.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 from cuda.bindings import driver as cu
 
@@ -31,9 +33,9 @@ from ninfer_rt.cuda.streams import Stream, StreamSet
 LAUNCHES = 20  # per captured graph
 REPEATS = 30  # timed replays; the median is reported
 WARMUP = 3  # untimed replays after the eager run
-MAX_COLD_COPIES = 64  # tiny inputs would need thousands of copies; 64 launches apart is long evicted
-# bf16 0x3C3C ~ 0.011, int8 60, f32 ~ 0.011: finite everywhere, so no NaN or denormal slow paths are timed.
-FILL_BYTE = 0x3C
+ROTATE_BYTES = 512 << 20  # what the copies of a cold input add up to: several times any current L2
+MAX_COLD_COPIES = 256  # a tiny input stays L2-resident anyway; more copies would only cost set-up time
+RANDOM_SOURCE_BYTES = 32 << 20  # one uploaded random block, tiled into every buffer by device copies
 COPY_BYTES = 2 << 30  # large enough that the copy runs at steady-state HBM rate
 GEMM_SIZE = 8192  # square bf16 GEMM: large enough to run at the tensor cores' sustained rate
 
@@ -53,6 +55,7 @@ class Measurement:
     seconds: float
     bytes: int
     flops: int = 0
+    params: dict[str, object] = field(default_factory=dict)  # the case's sizes, as columns for tables and JSON lines
 
     def roofline_fraction(self, roofline: Roofline) -> float:
         """The roofline's time for this work (the slower of memory and math) over the measured time."""
@@ -88,8 +91,9 @@ def l2_cache_bytes(device: Device) -> int:
 
 
 def cold_copies(device: Device, nbytes: int) -> int:
-    """Copies of an `nbytes` input that, read round-robin, span twice the L2: each read misses L2."""
-    return max(2, min(MAX_COLD_COPIES, math.ceil(2 * l2_cache_bytes(device) / nbytes)))
+    """Copies of an `nbytes` input that, read round-robin, span ROTATE_BYTES (at least 8x the L2): each read misses L2."""
+    span = max(ROTATE_BYTES, 8 * l2_cache_bytes(device))
+    return max(2, min(MAX_COLD_COPIES, -(-span // nbytes)))
 
 
 def copy_bandwidth(streams: StreamSet, nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
@@ -106,26 +110,6 @@ def copy_bandwidth(streams: StreamSet, nbytes: int = COPY_BYTES, repeats: int = 
     return 2 * nbytes * repeats / seconds
 
 
-def gemm_rate(streams: StreamSet, stream: Stream, size: int = GEMM_SIZE) -> float | None:
-    """bf16 tensor-core FLOP/s of a square cuBLASLt GEMM, or None where cuBLASLt cannot be loaded."""
-    from ninfer_rt.cuda.blas import Blas, BlasUnavailableError, GemmShape
-
-    try:
-        blas = Blas(streams)
-    except BlasUnavailableError:
-        return None
-    shape = GemmShape(size, size, size)
-    x, w, out = (DeviceBuffer(streams, size * size * 2, name) for name in ("gemm_x", "gemm_w", "gemm_out"))
-    for buffer in (x, w):
-        stream.memset(buffer, FILL_BYTE)
-    seconds = time_launches(stream, lambda _: blas.gemm(stream, x, w, out, shape), launches=5, repeats=10)
-    stream.synchronize()
-    for buffer in (x, w, out):
-        buffer.free()
-    blas.close()
-    return 2 * size**3 / seconds
-
-
 @dataclass
 class BenchSession:
     """A device, one stream and a kernel library for benchmarks, with buffers freed per case."""
@@ -134,6 +118,7 @@ class BenchSession:
     streams: StreamSet
     stream: Stream
     lib: KernelLibrary
+    random_source: DeviceBuffer
     launches: int = LAUNCHES
     repeats: int = REPEATS
     _buffers: list[DeviceBuffer] = field(default_factory=list, init=False)
@@ -141,16 +126,39 @@ class BenchSession:
     @classmethod
     def open(cls, device: Device, launches: int = LAUNCHES, repeats: int = REPEATS) -> BenchSession:
         streams = StreamSet(device, verify=False)  # benchmarks measure the kernels, not the verifier
-        return cls(device, streams, streams.create("bench"), KernelLibrary(device), launches, repeats)
+        stream = streams.create("bench")
+        source = DeviceBuffer(streams, RANDOM_SOURCE_BYTES, "random_source")
+        values = (np.random.default_rng(0).standard_normal(RANDOM_SOURCE_BYTES // 2) * 0.02).astype(ml_dtypes.bfloat16)
+        ring = StagingRing(streams, 1, RANDOM_SOURCE_BYTES)
+        ring.publish(stream, source, values.view(np.uint8), label="random source")
+        ring.free()
+        return cls(device, streams, stream, KernelLibrary(device), source, launches, repeats)
 
     def roofline(self) -> Roofline:
-        return Roofline(copy_bandwidth(self.streams), gemm_rate(self.streams, self.stream))
+        return Roofline(copy_bandwidth(self.streams), self.gemm_rate())
+
+    def gemm_rate(self, size: int = GEMM_SIZE) -> float | None:
+        """bf16 tensor-core FLOP/s of a square cuBLASLt GEMM, or None where cuBLASLt cannot be loaded."""
+        from ninfer_rt.cuda.blas import Blas, BlasUnavailableError, GemmShape  # nvmath loads only when asked
+
+        try:
+            blas = Blas(self.streams)
+        except BlasUnavailableError:
+            return None
+        shape = GemmShape(size, size, size)
+        x, w, out = (self.filled(size * size * 2, name) for name in ("gemm_x", "gemm_w", "gemm_out"))
+        seconds = time_launches(self.stream, lambda _: blas.gemm(self.stream, x, w, out, shape), launches=5, repeats=10)
+        self.release()
+        blas.close()
+        return 2 * size**3 / seconds
 
     def filled(self, nbytes: int, name: str) -> DeviceBuffer:
-        """A buffer of finite values (FILL_BYTE), freed by `release`."""
+        """A buffer of random bf16 values (tiled from the random source), freed by `release`."""
         buffer = DeviceBuffer(self.streams, max(nbytes, 16), name)
         self._buffers.append(buffer)
-        self.stream.memset(buffer, FILL_BYTE)
+        for offset in range(0, buffer.nbytes, RANDOM_SOURCE_BYTES):
+            size = min(RANDOM_SOURCE_BYTES, buffer.nbytes - offset)
+            self.stream.copy(buffer, self.random_source, size, dst_offset=offset, label=f"fill {name}")
         return buffer
 
     def cold(self, nbytes: int, name: str) -> list[DeviceBuffer]:
@@ -159,7 +167,8 @@ class BenchSession:
 
     def upload(self, array: np.ndarray, name: str) -> DeviceBuffer:
         data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        buffer = self.filled(data.size, name)
+        buffer = DeviceBuffer(self.streams, data.size, name)
+        self._buffers.append(buffer)
         ring = StagingRing(self.streams, 1, data.size)
         ring.publish(self.stream, buffer, data, label=f"upload {name}")
         ring.free()
@@ -177,5 +186,6 @@ class BenchSession:
 
     def close(self) -> None:
         self.release()
+        self.random_source.free()
         self.lib.close()
         self.streams.destroy()
