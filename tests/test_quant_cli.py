@@ -23,6 +23,8 @@ TOKENS, STEPS, PAGES = 40, [30, 1, 1, 8], [0, 1, 2]
 # Logits of the random tiny model vs bf16. int8's weight error (half a step of absmax/127.5) is ~0.2% of a
 # weight; int4's is ~10% on Gaussian weights, which two random layers turn into ~30% of the logits.
 LOGIT_ERROR = {8: 0.03, 4: 0.4}
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +55,8 @@ def test_numpy_executor_on_quantized_files_equals_it_on_the_dequantized_weights(
     quantized = load_model_weights(out)
     tensors = load_file(str(dense_dir / "model.safetensors"))
     for i, layer in enumerate(quantized.layers):
-        for attr, name in (("q_proj", "self_attn.q_proj"), ("down_proj", "mlp.down_proj"), ("gate_proj", "mlp.gate_proj"),
-                           ("k_proj", "self_attn.k_proj"), ("v_proj", "self_attn.v_proj"),
-                           ("o_proj", "self_attn.o_proj"), ("up_proj", "mlp.up_proj")):
-            tensors[f"model.layers.{i}.{name}.weight"] = dequantize(getattr(layer, attr), np.float32)  # exact in f32
+        for name in LINEARS:
+            tensors[f"model.layers.{i}.{name}.weight"] = dequantize(getattr(layer, name.split(".")[1]), np.float32)  # exact
     save_file(tensors, str(dense_dir / "model.safetensors"))
     np.testing.assert_array_equal(logits(out), logits(dense_dir))
 
