@@ -16,6 +16,7 @@ from ninfer_rt.engine.engine import Engine, EngineConfig, EngineError
 from ninfer_rt.engine.output import RequestStats
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
+from ninfer_rt.models import DefaultModelMissing, default_model_dir
 from ninfer_rt.serve.chat import ChatTemplate
 
 
@@ -41,7 +42,9 @@ def _kv_capacity(value: str) -> str:
 
 
 @click.command("generate", cls=_OneLineErrors)
-@click.option("--model", "model_dir", default=None, help="Model directory (Hugging Face layout).")
+@click.option(
+    "--model", "model_dir", default=None, help="Model directory (Hugging Face layout) [default: the shipped tiny model]."
+)
 @click.option("--prompt", default=None, help="The prompt text.")
 @click.option("--prompt-file", type=click.File("r"), default=None, help="Read the prompt from a file ('-' = stdin).")
 @click.option("--chat", is_flag=True, help="Interactive conversation through the model's chat template.")
@@ -50,7 +53,7 @@ def _kv_capacity(value: str) -> str:
 @click.option("--top-p", default=1.0, show_default=True, type=float)
 @click.option("--top-k", default=0, show_default=True, type=int)
 @click.option("--seed", default=None, type=int)
-@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cuda", "cpu"]))
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]), help="auto: the GPU when one is present.")
 @click.option("--max-context", default=32768, show_default=True, type=click.IntRange(min=2))
 @click.option("--kv-capacity", default="auto", show_default=True, callback=lambda c, p, v: _kv_capacity(v))
 @click.option("--max-concurrency", default=2, show_default=True, type=click.IntRange(min=1))
@@ -65,7 +68,10 @@ def _kv_capacity(value: str) -> str:
 def generate(model_dir: str | None, prompt: str | None, prompt_file: Any, chat: bool, **options: Any) -> None:
     """Generate text from a prompt, or chat with --chat."""
     if model_dir is None:
-        raise BadUsage("--model DIR is required (no default model is shipped yet)")
+        try:
+            model_dir = str(default_model_dir())
+        except DefaultModelMissing as err:
+            raise BadUsage(str(err)) from None
     if not (Path(model_dir) / "config.json").is_file():
         raise BadUsage(f"--model {model_dir}: not a model directory (no config.json)")
     if sum(x is not None and x is not False for x in (prompt, prompt_file, chat or None)) != 1:

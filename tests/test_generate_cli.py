@@ -46,7 +46,6 @@ def test_chat_runs_one_reply_per_line_and_reuses_the_conversation_prefix(tiny_qw
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--prompt", "x"], "--model DIR is required"),
         (["--model", "/no/such/dir", "--prompt", "x"], "not a model directory"),
         (["--model", "{model}"], "exactly one of --prompt, --prompt-file or --chat"),
         (["--model", "{model}", "--prompt", "x", "--temperature", "hot"], "'--temperature'"),

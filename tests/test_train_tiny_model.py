@@ -1,0 +1,168 @@
+"""tools/train_tiny_model.py, run for seconds on the CPU with a toy shape, writes a checkpoint that ninfer-rt and
+transformers both load with the same logits, whose MTP module is the runtime's, and whose acceptance figures
+mean what speculative decoding would see."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from forward_helpers import SeqStep, hf_outputs, make_runtime, relative_error, step_batch
+from ninfer_rt.model.mtp import mtp_forward, prepare_mtp
+from ninfer_rt.model.weights import load_model_weights
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = REPO / "tools"
+sys.path.insert(0, str(TOOLS))
+import train_tiny_model as trainer  # noqa: E402 -- lives in tools/, importable once TOOLS is on the path
+
+EXPECTED_FILES = {
+    "model.safetensors",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "token_freq.json",
+    "train_summary.json",
+}
+TOLERANCE = 1e-4
+PAGES = [0, 1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("trained")
+    command = [sys.executable, str(TOOLS / "train_tiny_model.py"), "--out", str(out)]
+    command += ["--minutes", "0.1", "--max-files", "20", "--tiny-shape", "--device", "cpu"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=_env(), timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads((out / "train_summary.json").read_text())
+    return out
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "train_summary.json").read_text())
+
+
+def tokens_of(out: Path, count: int) -> list[int]:
+    """Real text tokens (not random ids): a trained model's logits are only meaningful on text."""
+    from ninfer_rt.model.tokenizer import Tokenizer
+
+    text = (REPO / "ninfer_rt" / "model" / "layers.py").read_text()
+    return Tokenizer(out).encode(text)[:count]
+
+
+def torch_model(out: Path) -> trainer.TinyQwen3:
+    from safetensors.torch import load_file
+
+    shape = trainer.TINY_SHAPE
+    model = trainer.TinyQwen3(shape)
+    model.load_state_dict({k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()})
+    return model.eval()
+
+
+def test_the_run_writes_exactly_the_checkpoint_files_the_lead_copies_back(trained: Path) -> None:
+    assert {p.name for p in trained.iterdir()} == EXPECTED_FILES
+
+
+def test_the_summary_reports_perplexity_and_acceptance_for_one_to_four_drafts(trained: Path) -> None:
+    s = summary(trained)
+    assert s["steps"] > 0 and s["train_tokens"] > 0 and math.isfinite(s["heldout_ppl"]) and s["heldout_ppl"] > 1
+    assert s["corpus"]["heldout_files"] > 0 and s["heldout_tokens"] > 0
+    for k in range(1, 5):
+        assert 1.0 <= s["mtp_acceptance_length"][str(k)] <= k + 1
+
+
+def test_the_token_frequency_file_counts_every_training_token_by_id(trained: Path) -> None:
+    freq = json.loads((trained / "token_freq.json").read_text())
+    assert freq["vocab_size"] == len(freq["counts"]) == trainer.TINY_SHAPE.vocab
+    assert sum(freq["counts"]) == freq["total_tokens"] == summary(trained)["corpus"]["train_tokens"]
+
+
+def test_ninfer_rt_loads_it_with_tied_embeddings_and_one_mtp_layer(trained: Path) -> None:
+    weights = load_model_weights(trained)
+    assert weights.config.tie_word_embeddings and weights.config.mtp_layers == 1
+    assert weights.mtp is not None and weights.lm_head is weights.embed
+
+
+def test_transformers_loads_it_as_qwen3_and_its_logits_match_the_numpy_executor(trained: Path) -> None:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(trained))
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    tokens = tokens_of(trained, 48)
+    ours = make_runtime(trained).run_sequence(tokens, [40, 1, 1, 1, 1, 1, 1, 1, 1], PAGES)
+    reference, _ = hf_outputs(trained, tokens)
+    assert relative_error(ours, reference) < TOLERANCE
+
+
+def test_the_trainers_model_computes_what_the_runtime_computes_main_and_mtp(trained: Path) -> None:
+    tokens = tokens_of(trained, 41)
+    model = torch_model(trained)
+    with torch.no_grad():
+        ids = torch.tensor([tokens[:-1]])
+        h = model.hidden(ids)
+        main = model.logits(h)[0].numpy()
+        mtp = model.logits(model.mtp_hidden(h, torch.tensor([tokens[1:]])))[0].numpy()
+
+    runtime = make_runtime(trained)
+    out = runtime.step([SeqStep(tokens[:-1], 0, PAGES)])
+    prepared = prepare_mtp(runtime.executor, runtime.weights, runtime.model)
+    mtp_batch = step_batch([SeqStep(tokens[1:], 0, PAGES)])  # the MTP step: the main step shifted by one
+    ours_mtp = mtp_forward(runtime.executor, runtime.model, prepared, mtp_batch, out.hidden, runtime.kv)
+    assert relative_error(runtime.executor.to_host(out.logits), main) < TOLERANCE
+    assert relative_error(runtime.executor.to_host(ours_mtp.logits), mtp) < TOLERANCE
+
+
+def reference_acceptance(model: trainer.TinyQwen3, seq: list[int], prompt_len: int, k: int) -> float:
+    """Speculative greedy decoding of one sequence, step by step with exact-length MTP inputs: the main model
+    has run through position `last`; drafts chain (MTP hidden, drafted token); verification accepts the
+    drafts' prefix that equals the greedy continuation, then emits one more token."""
+    with torch.no_grad():
+        h = model.hidden(torch.tensor([seq]))[0]
+        last, steps, emitted = prompt_len - 1, 0, 0
+        while last + k + 2 <= len(seq):
+            hidden, inputs, drafts = list(h[: last + 1]), list(seq[1 : last + 2]), []
+            for _ in range(k):
+                g = model.mtp_hidden(torch.stack(hidden)[None], torch.tensor([inputs]))[0, -1]
+                drafts.append(int(model.logits(g).argmax()))
+                hidden.append(g)
+                inputs.append(drafts[-1])
+            accepted = 0
+            while accepted < k and drafts[accepted] == seq[last + 2 + accepted]:
+                accepted += 1
+            steps, emitted, last = steps + 1, emitted + accepted + 1, last + accepted + 1
+    return emitted / steps
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_batched_acceptance_equals_step_by_step_speculative_decoding(trained: Path, k: int) -> None:
+    model = torch_model(trained)
+    prompts = torch.tensor([tokens_of(trained, 60)[i : i + 12] for i in (0, 20, 40)])
+    seqs = trainer.greedy_continue(model, prompts, 20)
+    expected = [reference_acceptance(model, row, 12, k) for row in seqs.tolist()]
+    # rows are weighted by their step counts in the batched figure, so compare row by row
+    for row, value in zip(seqs, expected):
+        assert trainer.acceptance_length(model, row[None], 12, k) == pytest.approx(value)
+
+
+def test_held_out_files_never_appear_in_training_and_tests_are_left_out() -> None:
+    from tiny_corpus import python_sources, source_roots, split
+
+    train, heldout = split(python_sources(source_roots()))
+    assert heldout and not {f.relative for f in train} & {f.relative for f in heldout}
+    assert all("ninfer_rt" not in str(f.path) and not {"test", "tests"} & set(f.path.parts) for f in train + heldout)

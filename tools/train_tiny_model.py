@@ -1,0 +1,660 @@
+"""Trains ninfer-rt's shipped tiny model: a Qwen3 with one MTP layer, on the Python sources of this machine.
+
+One time-boxed run does everything and writes a Hugging Face-layout checkpoint into --out:
+  1. corpus: stdlib + site-packages .py files (tools/tiny_corpus.py), split by file into train / held-out;
+  2. a byte-level BPE tokenizer (Qwen's split pattern, ChatML + think/tool tokens from ninfer_rt.model.tiny);
+  3. training until --minutes of wall clock have passed: loss = CE(next token) + 0.3 * CE(MTP's token p+2),
+     the MTP module in the Qwen3-Next layout z = fc(cat(norm_e(embed(x[p+1])), norm_h(h[p]))) -> one decoder
+     layer -> norm -> the tied lm_head, trained jointly with the main model;
+  4. model.safetensors (bf16, tensor names model.* / mtp.*), config.json, generation_config.json,
+     tokenizer.json, tokenizer_config.json, token_freq.json (per-id counts for --lm-head-draft);
+  5. with the bf16 weights, in float32 math: held-out perplexity, and greedy MTP acceptance length for
+     k = 1..4 drafts; train_summary.json holds every figure and timing, also printed as JSON.
+
+Run from the repository root: PYTHONPATH=. python tools/train_tiny_model.py --out DIR --minutes 6
+torch is needed here only; the runtime never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from torch import nn
+
+from ninfer_rt.model.tiny import (
+    ENDOFTEXT,
+    IM_END,
+    MARKUP_TOKENS,
+    QWEN_PRETOKENIZE_PATTERN,
+    SPECIAL_TOKENS,
+    TINY_MAX_POSITIONS,
+    _generation_config_json,
+    _tokenizer_config_json,
+)
+from tiny_corpus import eval_windows, python_sources, read_texts, source_roots, split, token_stream
+
+MTP_LOSS_WEIGHT = 0.3
+ROPE_THETA = 1_000_000.0
+RMS_EPS = 1e-6
+INIT_STD = 0.02
+MAX_DRAFTS = 4
+ENCODE_BATCH = 256  # files per encode_batch call: big enough for the Rust side to use every core
+BACKGROUND_CHUNK_FILES = 1024  # files per chunk handed to the training loop (~15 MB of text)
+REFRESH_STEPS = 50  # how often the training loop picks up newly encoded chunks
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+
+# ~7.05M parameters = 14.1 MB in bf16 (one file under 16 MB), fast enough for 64 CPU tokens in well under 10 s.
+FULL_SHAPE = Shape(hidden=256, layers=6, heads=4, kv_heads=2, head_dim=64, intermediate=640, vocab=8192)
+TINY_SHAPE = Shape(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=1024)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    minutes: float
+    seq_len: int
+    batch_size: int
+    lr: float
+    warmup_steps: int
+    corpus_mb: float
+    heldout_mb: float
+    tokenizer_mb: float
+    max_files: int | None
+    eval_tokens: int
+    accept_prompts: int
+    accept_prompt_len: int
+    accept_new_tokens: int
+    seed: int
+    device: str
+    compile: bool
+
+
+# -- the model ---------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # transformers' Qwen3RMSNorm: normalize in float32, cast back, then scale
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.s = s
+        self.q_proj = nn.Linear(s.hidden, s.heads * s.head_dim, bias=False)
+        self.k_proj = nn.Linear(s.hidden, s.kv_heads * s.head_dim, bias=False)
+        self.v_proj = nn.Linear(s.hidden, s.kv_heads * s.head_dim, bias=False)
+        self.o_proj = nn.Linear(s.heads * s.head_dim, s.hidden, bias=False)
+        self.q_norm = RMSNorm(s.head_dim)
+        self.k_norm = RMSNorm(s.head_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        s = self.s
+        q = self.q_norm(self.q_proj(x).view(b, t, s.heads, s.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, s.kv_heads, s.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        # explicit GQA expansion (head i reads kv head i // group, as HF's repeat_kv): every SDPA backend takes it
+        group = s.heads // s.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, s.heads * s.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(s.hidden, s.intermediate, bias=False)
+        self.up_proj = nn.Linear(s.hidden, s.intermediate, bias=False)
+        self.down_proj = nn.Linear(s.intermediate, s.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(s.hidden)
+        self.self_attn = Attention(s)
+        self.post_attention_layernorm = RMSNorm(s.hidden)
+        self.mlp = MLP(s)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Body(nn.Module):
+    """The main model; attribute names give the HF tensor names model.embed_tokens / model.layers.i / model.norm."""
+
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(s.vocab, s.hidden)
+        self.layers = nn.ModuleList(DecoderLayer(s) for _ in range(s.layers))
+        self.norm = RMSNorm(s.hidden)
+
+
+class MTPHead(nn.Module):
+    """Qwen3-Next MTP layout: tensor names mtp.fc, mtp.pre_fc_norm_{embedding,hidden}, mtp.layers.0, mtp.norm."""
+
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2 * s.hidden, s.hidden, bias=False)
+        self.pre_fc_norm_embedding = RMSNorm(s.hidden)
+        self.pre_fc_norm_hidden = RMSNorm(s.hidden)
+        self.layers = nn.ModuleList([DecoderLayer(s)])
+        self.norm = RMSNorm(s.hidden)
+
+
+class TinyQwen3(nn.Module):
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.shape = s
+        self.model = Body(s)
+        self.mtp = MTPHead(s)
+        inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, s.head_dim, 2, dtype=torch.float64) / s.head_dim)
+        angles = torch.outer(torch.arange(TINY_MAX_POSITIONS, dtype=torch.float64), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        # not persistent: the checkpoint holds weights only, as HF's does
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """h: the main model's final-normed hidden states [B, T, hidden]."""
+        cos, sin = self._rope(tokens.shape[1])
+        x = self.model.embed_tokens(tokens)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return self.model.norm(x)
+
+    def mtp_hidden(self, h: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """The MTP module's normed output at every position p from h[p] and x[p+1] (embedding first)."""
+        cos, sin = self._rope(h.shape[1])
+        embedded = self.mtp.pre_fc_norm_embedding(self.model.embed_tokens(next_tokens))
+        z = self.mtp.fc(torch.cat([embedded, self.mtp.pre_fc_norm_hidden(h)], dim=-1))
+        return self.mtp.norm(self.mtp.layers[0](z, cos, sin))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.model.embed_tokens.weight)  # tied lm_head
+
+    def _rope(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[:length], self.sin[:length]
+
+
+def init_weights(model: TinyQwen3) -> None:
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=INIT_STD)
+    # GPT-2's residual scaling: each residual branch's output projection shrinks with depth
+    depth = model.shape.layers + 1
+    for name, param in model.named_parameters():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            param.data.mul_(1.0 / math.sqrt(2 * depth))
+
+
+def parameter_count(model: nn.Module, prefix: str = "") -> int:
+    return sum(p.numel() for name, p in model.named_parameters() if name.startswith(prefix))
+
+
+# -- data --------------------------------------------------------------------------------------------------
+
+
+def train_tokenizer(texts: list[str], vocab: int) -> Tokenizer:
+    """Byte-level BPE with Qwen's split pattern; specials get ids 0..2, the markup tokens the last ids."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab - len(MARKUP_TOKENS),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in MARKUP_TOKENS])
+    return tokenizer
+
+
+def encode(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
+    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # _fast skips offsets
+    encoded = []
+    for start in range(0, len(texts), ENCODE_BATCH):
+        encoded += [e.ids for e in encode_batch(texts[start : start + ENCODE_BATCH], add_special_tokens=False)]
+    return token_stream(encoded, tokenizer.token_to_id(ENDOFTEXT))
+
+
+def prefix_bytes(texts: list[str], max_bytes: int) -> list[str]:
+    out, total = [], 0
+    for text in texts:
+        if total >= max_bytes:
+            break
+        out.append(text)
+        total += len(text)
+    return out
+
+
+class BackgroundEncoder:
+    """Encodes training text on a thread while the GPU trains on what is ready: encode_batch releases the
+    GIL and spreads over every core, which the training loop leaves idle."""
+
+    def __init__(self, tokenizer: Tokenizer, texts: list[str]) -> None:
+        self._chunks: queue.Queue[np.ndarray] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(tokenizer, texts), daemon=True)
+        self._thread.start()
+
+    def _run(self, tokenizer: Tokenizer, texts: list[str]) -> None:
+        try:
+            for start in range(0, len(texts), BACKGROUND_CHUNK_FILES):
+                self._chunks.put(encode(tokenizer, texts[start : start + BACKGROUND_CHUNK_FILES]))
+        except BaseException as exc:  # re-raised on the training thread by ready()
+            self._error = exc
+
+    def ready(self) -> list[np.ndarray]:
+        """The chunks encoded since the last call (never blocks)."""
+        if self._error is not None:
+            raise RuntimeError("encoding the training text failed") from self._error
+        chunks = []
+        while not self._chunks.empty():
+            chunks.append(self._chunks.get_nowait())
+        return chunks
+
+    def finish(self) -> list[np.ndarray]:
+        self._thread.join()
+        return self.ready()
+
+
+class TrainingStream:
+    """The training tokens on the device, growing as the background encoder delivers chunks."""
+
+    def __init__(self, first: np.ndarray, encoder: BackgroundEncoder, device: str) -> None:
+        self.device = device
+        self.host = [first]
+        self.tokens = torch.from_numpy(first.astype(np.int32)).to(device)
+        self._encoder = encoder
+
+    def refresh(self) -> None:
+        self._append(self._encoder.ready())
+
+    def complete(self) -> np.ndarray:
+        """Waits for the encoder; every training token on the host."""
+        self._append(self._encoder.finish())
+        return np.concatenate(self.host)
+
+    def _append(self, chunks: list[np.ndarray]) -> None:
+        if chunks:
+            self.host += chunks
+            fresh = torch.from_numpy(np.concatenate(chunks).astype(np.int32)).to(self.device)
+            self.tokens = torch.cat([self.tokens, fresh])
+
+
+# -- training ----------------------------------------------------------------------------------------------
+
+
+def losses(model: TinyQwen3, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(next-token CE, MTP CE) over windows of T + 2 tokens: h[p] predicts x[p+1]; MTP(h[p], x[p+1]) -> x[p+2]."""
+    t = windows.shape[1] - 2
+    inputs, nexts, next_nexts = windows[:, :t], windows[:, 1 : t + 1], windows[:, 2:]
+    h = model.hidden(inputs)
+    main = F.cross_entropy(model.logits(h).float().flatten(0, 1), nexts.flatten())
+    mtp = F.cross_entropy(model.logits(model.mtp_hidden(h, nexts)).float().flatten(0, 1), next_nexts.flatten())
+    return main, mtp
+
+
+def lr_at(cfg: RunConfig, step: int, progress: float) -> float:
+    """Linear warm-up over steps, then cosine to 10% over the *time* budget (the run stops on wall clock)."""
+    warm = min(1.0, (step + 1) / cfg.warmup_steps)
+    return cfg.lr * warm * (0.1 + 0.45 * (1.0 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def make_optimizer(model: TinyQwen3, cfg: RunConfig) -> torch.optim.Optimizer:
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    vectors = [p for p in model.parameters() if p.dim() < 2]  # norm gains: no weight decay
+    groups = [{"params": matrices, "weight_decay": 0.1}, {"params": vectors, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device == "cuda")
+
+
+def train(model: TinyQwen3, stream: TrainingStream, cfg: RunConfig, log: Callable[[str], None]) -> dict:
+    step_fn = torch.compile(losses) if cfg.compile else losses
+    optimizer = make_optimizer(model, cfg)
+    offsets = torch.arange(cfg.seq_len + 2, device=cfg.device)
+    generator = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
+    autocast = torch.autocast(cfg.device, dtype=torch.bfloat16, enabled=cfg.device == "cuda")
+    budget_s = cfg.minutes * 60.0
+    start = time.perf_counter()
+    step, main_loss, mtp_loss = 0, float("nan"), float("nan")
+    model.train()
+    while (elapsed := time.perf_counter() - start) < budget_s:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(cfg, step, elapsed / budget_s)
+        if step % REFRESH_STEPS == 0:
+            stream.refresh()
+        tokens = stream.tokens
+        starts = torch.randint(0, len(tokens) - cfg.seq_len - 2, (cfg.batch_size, 1), device=cfg.device, generator=generator)
+        windows = tokens[starts + offsets].long()
+        with autocast:
+            main, mtp = step_fn(model, windows)
+        (main + MTP_LOSS_WEIGHT * mtp).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if step % 100 == 0 or step == 1:
+            main_loss, mtp_loss = main.item(), mtp.item()  # .item() syncs: only every 100 steps
+            seen = step * cfg.batch_size * cfg.seq_len
+            log(
+                f"step {step} {elapsed:.0f}s loss {main_loss:.3f} mtp {mtp_loss:.3f} "
+                f"{seen / max(elapsed, 1e-9):,.0f} tok/s, {len(tokens):,} tokens encoded"
+            )
+    if cfg.device == "cuda":
+        torch.cuda.synchronize()
+    main_loss, mtp_loss = main.item(), mtp.item()
+    return {
+        "steps": step,
+        "train_seconds": round(time.perf_counter() - start, 1),
+        "train_tokens": step * cfg.batch_size * cfg.seq_len,
+        "final_train_loss": round(main_loss, 4),
+        "final_train_mtp_loss": round(mtp_loss, 4),
+    }
+
+
+# -- evaluation (bf16 weights, float32 math: what the numpy executor computes) ------------------------------
+
+
+@torch.no_grad()
+def heldout_perplexity(model: TinyQwen3, windows: torch.Tensor, batch: int) -> tuple[float, int]:
+    nll, count = 0.0, 0
+    for start in range(0, len(windows), batch):
+        w = windows[start : start + batch]
+        logits = model.logits(model.hidden(w[:, :-1]))
+        nll += F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten(), reduction="sum").item()
+        count += w[:, 1:].numel()
+    return math.exp(nll / count), count
+
+
+@torch.no_grad()
+def greedy_continue(model: TinyQwen3, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    seqs = prompts
+    for _ in range(new_tokens):  # full recompute per token: tiny model, short sequences
+        next_token = model.logits(model.hidden(seqs)[:, -1]).argmax(-1, keepdim=True)
+        seqs = torch.cat([seqs, next_token], dim=1)
+    return seqs
+
+
+@torch.no_grad()
+def draft(model: TinyQwen3, seqs: torch.Tensor, h: torch.Tensor, last: torch.Tensor, k: int) -> torch.Tensor:
+    """k greedy MTP drafts per row after seqs[:, :last+2]: the main model has run up to position `last`,
+    seqs[last+1] is the newest token. Draft j reuses the one MTP layer at position last+j with (g, d) of
+    draft j-1 in place of (h, x): the causal mask makes positions past it irrelevant, so each draft is one
+    full-length MTP pass (no cache) and rows at different positions share the batch."""
+    rows = torch.arange(len(seqs), device=seqs.device)
+    hidden = h.clone()
+    next_tokens = torch.cat([seqs[:, 1:], seqs[:, -1:]], dim=1)  # x[p+1] at p; the last column is never read
+    drafts = []
+    for j in range(k):
+        g = model.mtp_hidden(hidden, next_tokens)[rows, last + j]
+        d = model.logits(g).argmax(-1)
+        drafts.append(d)
+        if j + 1 < k:
+            hidden[rows, last + j + 1] = g
+            next_tokens[rows, last + j + 1] = d
+    return torch.stack(drafts, dim=1)
+
+
+@torch.no_grad()
+def acceptance_length(model: TinyQwen3, seqs: torch.Tensor, prompt_len: int, k: int) -> float:
+    """Mean tokens emitted per verification step (accepted drafts + the bonus token) when greedy decoding of
+    `seqs` (the greedy continuations of their prompts) is sped up with k MTP drafts. Greedy verification
+    emits exactly the greedy continuation, so each step's accepted count is the drafts' matching prefix."""
+    h = model.hidden(seqs)
+    length = seqs.shape[1]
+    last = torch.full((len(seqs),), prompt_len - 1, device=seqs.device)  # the prefill's last position
+    steps = emitted = 0
+    while (active := last + k + 2 <= length).any():
+        # finished rows draft at a clamped position (in range) and are left out of the counts
+        drafts = draft(model, seqs, h, last.clamp(max=length - k - 2), k)
+        positions = (last[:, None] + 2 + torch.arange(k, device=seqs.device)).clamp(max=length - 1)
+        accepted = (drafts == seqs.gather(1, positions)).int().cumprod(dim=1).sum(dim=1)
+        steps += int(active.sum())
+        emitted += int((accepted + 1)[active].sum())
+        last = last + accepted + 1
+    return emitted / max(steps, 1)
+
+
+def evaluate(model: TinyQwen3, heldout: np.ndarray, cfg: RunConfig) -> dict:
+    model.eval()  # the parameters are float32 holding bf16-rounded values (write_weights): float32 math
+    windows = torch.from_numpy(eval_windows(heldout, cfg.seq_len, cfg.eval_tokens)).to(cfg.device)
+    ppl, tokens = heldout_perplexity(model, windows, batch=max(1, cfg.batch_size // 2))
+    prompts = windows[: cfg.accept_prompts, : cfg.accept_prompt_len]
+    seqs = greedy_continue(model, prompts, cfg.accept_new_tokens)
+    accept = {str(k): round(acceptance_length(model, seqs, cfg.accept_prompt_len, k), 3) for k in range(1, MAX_DRAFTS + 1)}
+    return {
+        "heldout_ppl": round(ppl, 3),
+        "heldout_tokens": tokens,
+        "heldout_windows": len(windows),
+        "mtp_acceptance_length": accept,
+        "acceptance_setup": {
+            "prompts": len(prompts),
+            "prompt_tokens": cfg.accept_prompt_len,
+            "greedy_tokens": cfg.accept_new_tokens,
+        },
+    }
+
+
+# -- checkpoint --------------------------------------------------------------------------------------------
+
+
+def config_json(s: Shape, tokenizer: Tokenizer) -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": s.vocab,
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": RMS_EPS,
+        "rope_theta": ROPE_THETA,
+        "max_position_embeddings": TINY_MAX_POSITIONS,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "num_nextn_predict_layers": 1,
+        "bos_token_id": tokenizer.token_to_id(ENDOFTEXT),
+        "eos_token_id": tokenizer.token_to_id(IM_END),
+        "torch_dtype": "bfloat16",
+    }
+
+
+def write_tokenizer_files(out: Path, tokenizer: Tokenizer) -> None:
+    tokenizer.save(str(out / "tokenizer.json"))
+    ids = {token: tokenizer.token_to_id(token) for token in (*SPECIAL_TOKENS, *MARKUP_TOKENS)}
+    write_json(out / "generation_config.json", _generation_config_json(ids))
+    write_json(out / "tokenizer_config.json", _tokenizer_config_json(ids))
+
+
+def write_weights(out: Path, model: TinyQwen3, tokenizer: Tokenizer) -> None:
+    """Rounds the weights to bf16 in place (evaluation then scores exactly what is shipped) and saves them."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    tensors = {name: t.detach().to(torch.bfloat16).cpu().contiguous() for name, t in model.state_dict().items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_json(out / "config.json", config_json(model.shape, tokenizer))
+
+
+def write_token_freq(out: Path, stream: np.ndarray, vocab: int) -> None:
+    counts = np.bincount(stream, minlength=vocab)
+    write_json(out / "token_freq.json", {"vocab_size": vocab, "total_tokens": int(counts.sum()), "counts": counts.tolist()})
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+# -- the run -----------------------------------------------------------------------------------------------
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.marks: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.marks[name] = round(now - self._last, 1)
+        self._last = now
+
+
+def log(message: str) -> None:
+    click.echo(f"[train_tiny_model] {message}", err=True)
+
+
+def prepare_data(cfg: RunConfig, shape: Shape, timer: Timer) -> tuple[Tokenizer, TrainingStream, np.ndarray, dict]:
+    train_files, heldout_files = split(python_sources(source_roots()))
+    if cfg.max_files is not None:
+        train_files, heldout_files = train_files[: cfg.max_files], heldout_files[: max(2, cfg.max_files // 4)]
+    train_texts = read_texts(train_files, int(cfg.corpus_mb * 1e6))
+    heldout_texts = read_texts(heldout_files, int(cfg.heldout_mb * 1e6))
+    timer.mark("read_s")
+    log(f"read {len(train_texts)} train / {len(heldout_texts)} held-out files")
+    first = prefix_bytes(train_texts, int(cfg.tokenizer_mb * 1e6))
+    tokenizer = train_tokenizer(first, shape.vocab)
+    timer.mark("tokenizer_train_s")
+    # the tokenizer's sample is encoded now, the rest while the model trains
+    stream = TrainingStream(encode(tokenizer, first), BackgroundEncoder(tokenizer, train_texts[len(first) :]), cfg.device)
+    heldout_stream = encode(tokenizer, heldout_texts)
+    timer.mark("first_encode_s")
+    corpus = {
+        "train_files": len(train_texts),
+        "train_chars": sum(map(len, train_texts)),
+        "heldout_files": len(heldout_texts),
+        "heldout_tokens": len(heldout_stream),
+        "tokenizer_vocab": tokenizer.get_vocab_size(with_added_tokens=True),
+    }
+    return tokenizer, stream, heldout_stream, corpus
+
+
+def run(out: Path, shape: Shape, cfg: RunConfig) -> dict:
+    torch.manual_seed(cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    timer = Timer()
+    tokenizer, stream, heldout_stream, corpus = prepare_data(cfg, shape, timer)
+    write_tokenizer_files(out, tokenizer)
+    model = TinyQwen3(shape)
+    init_weights(model)
+    model.to(cfg.device)
+    log(f"{parameter_count(model):,} parameters ({parameter_count(model, 'mtp.'):,} in the MTP module) on {cfg.device}")
+    training = train(model, stream, cfg, log)
+    timer.mark("train_loop_s")
+    train_tokens = stream.complete()
+    corpus["train_tokens"] = len(train_tokens)
+    corpus["epochs"] = round(training["train_tokens"] / len(train_tokens), 2)
+    write_token_freq(out, train_tokens, shape.vocab)
+    write_weights(out, model, tokenizer)
+    timer.mark("write_s")
+    evaluation = evaluate(model, heldout_stream, cfg)
+    timer.mark("eval_s")
+    summary = {
+        "shape": asdict(shape),
+        "parameters": parameter_count(model),
+        "mtp_parameters": parameter_count(model, "mtp."),
+        "checkpoint_bytes": (out / "model.safetensors").stat().st_size,
+        "trained_context": cfg.seq_len,
+        "device": torch.cuda.get_device_name() if cfg.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "run": asdict(cfg),
+        "corpus": corpus,
+        **training,
+        **evaluation,
+        "timings_s": timer.marks,
+    }
+    write_json(out / "train_summary.json", summary)
+    return summary
+
+
+# Settings that differ between the real run and the toy CPU run (--tiny-shape); flags override either.
+FULL_DEFAULTS = {"seq_len": 512, "eval_tokens": 1_000_000, "accept_prompts": 32, "accept_prompt_len": 128, "accept_new_tokens": 128}
+TINY_DEFAULTS = {"seq_len": 64, "eval_tokens": 4096, "accept_prompts": 4, "accept_prompt_len": 32, "accept_new_tokens": 24}
+
+
+@click.command()
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--minutes", default=6.0, show_default=True, help="Wall-clock budget of the training loop alone.")
+@click.option("--tiny-shape", is_flag=True, help="A toy shape and evaluation, for CPU tests.")
+@click.option("--max-files", type=int, default=None, help="Use at most this many training files.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--seq-len", type=int, default=None, help="[default: 512; 64 with --tiny-shape]")
+@click.option("--batch-size", type=int, default=None, help="[default: 128 on cuda, 8 on cpu]")
+@click.option("--lr", default=3e-3, show_default=True)
+@click.option("--warmup-steps", default=200, show_default=True)
+@click.option("--corpus-mb", default=200.0, show_default=True, help="Training text to read (MB).")
+@click.option("--heldout-mb", default=3.0, show_default=True)
+@click.option(
+    "--tokenizer-mb", default=16.0, show_default=True,
+    help="Text the tokenizer learns from; encoded up front, the rest while training.",
+)
+@click.option("--eval-tokens", type=int, default=None, help="Held-out tokens scored [default: 1M; 4096 tiny].")
+@click.option("--accept-prompts", type=int, default=None, help="Held-out prompts for MTP acceptance [default: 32; 4 tiny].")
+@click.option("--accept-prompt-len", type=int, default=None, help="[default: 128; 32 tiny]")
+@click.option("--accept-new-tokens", type=int, default=None, help="Greedy tokens per prompt [default: 128; 24 tiny].")
+@click.option("--compile", "use_compile", is_flag=True, help="torch.compile the loss (costs budget to compile).")
+@click.option("--seed", default=0, show_default=True)
+def main(out_dir: Path, tiny_shape: bool, device: str, use_compile: bool, **options: Any) -> None:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    preset = TINY_DEFAULTS if tiny_shape else FULL_DEFAULTS
+    resolved = {name: value if value is not None else preset.get(name) for name, value in options.items()}
+    if resolved["batch_size"] is None:
+        resolved["batch_size"] = 128 if device == "cuda" else 8
+    cfg = RunConfig(device=device, compile=use_compile, **resolved)
+    click.echo(json.dumps(run(out_dir, TINY_SHAPE if tiny_shape else FULL_SHAPE, cfg), indent=2))
+
+
+if __name__ == "__main__":
+    main()
