@@ -14,7 +14,7 @@ import numpy as np
 
 from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops
 from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
-from ninfer_rt.cuda.benchmark import BenchSession, Measurement
+from ninfer_rt.cuda.benchmark import BenchSession, Measurement, cold_copies
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.exec.base import AttentionShape
@@ -146,9 +146,10 @@ def bench_gemv_quant(s: BenchSession, shape: Shape) -> list[Measurement]:
         for label, (n, k, epilogue) in gemv_shapes(shape).items():
             w_rows = 2 * n if epilogue is Epilogue.SWIGLU else n
             code_bytes, scale_bytes = w_rows * k * bits // 8, w_rows * (k // QUANT_GROUP) * BF16
+            copies = cold_copies(s.device, code_bytes + scale_bytes)
             weights = [
                 QuantizedDeviceWeight(q, sc, w_rows, k, bits, QUANT_GROUP)
-                for q, sc in zip(s.cold(code_bytes, "qweight"), s.cold(scale_bytes, "scales"))
+                for q, sc in zip(s.cold(code_bytes, "qweight", copies), s.cold(scale_bytes, "scales", copies))
             ]
             for rows in DECODE_ROWS:
                 x, y = s.filled(rows * k * BF16, "x"), s.filled(rows * n * epilogue.out_bytes, "y")
@@ -174,11 +175,12 @@ def _kv_layers(s: BenchSession, shape: AttentionShape, pages: int, kv_dtype: str
     """Rotating copies of one layer's pages: in the model each layer's KV is read once per step."""
     element = 1 if kv_dtype == "int8" else BF16
     slots = pages * attention_ops.PAGE_SIZE * shape.num_kv_heads
-    ks, vs = s.cold(slots * shape.head_dim * element, "k"), s.cold(slots * shape.head_dim * element, "v")
+    copies = cold_copies(s.device, kv_bytes(shape, pages * attention_ops.PAGE_SIZE, kv_dtype))
+    ks, vs = (s.cold(slots * shape.head_dim * element, name, copies) for name in ("k", "v"))
     if kv_dtype == "bf16":
         return [KVLayer(k, v, None, None) for k, v in zip(ks, vs)]
-    scales = zip(s.cold(slots * F32, "k_scale"), s.cold(slots * F32, "v_scale"))
-    return [KVLayer(k, v, ksc, vsc) for k, v, (ksc, vsc) in zip(ks, vs, scales)]
+    k_scales, v_scales = (s.cold(slots * F32, name, copies) for name in ("k_scale", "v_scale"))
+    return [KVLayer(*parts) for parts in zip(ks, vs, k_scales, v_scales)]
 
 
 def _step_inputs(s: BenchSession, query_lens: list[int], context: int, pages: int) -> StepInputs:

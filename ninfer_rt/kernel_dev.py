@@ -159,7 +159,7 @@ def run_tests(family: str, echo: Callable[[str], None]) -> int:
 
 def run_bench_child(family: str, shape: str) -> int:
     """`ninfer-rt kernels bench` in a child process (a faulting kernel must not kill the watcher)."""
-    command = [sys.executable, "-m", "ninfer_rt.cli", "kernels", "bench", family, "--shape", shape]
+    command = [sys.executable, "-c", "from ninfer_rt.cli import main; main()", "kernels", "bench", family, "--shape", shape]
     return subprocess.run(command, check=False).returncode
 
 

@@ -161,9 +161,10 @@ class BenchSession:
             self.stream.copy(buffer, self.random_source, size, dst_offset=offset, label=f"fill {name}")
         return buffer
 
-    def cold(self, nbytes: int, name: str) -> list[DeviceBuffer]:
-        """Copies of an input that the model reads from HBM (weights, KV): use copy i % len for launch i."""
-        return [self.filled(nbytes, f"{name}{i}") for i in range(cold_copies(self.device, nbytes))]
+    def cold(self, nbytes: int, name: str, count: int | None = None) -> list[DeviceBuffer]:
+        """Copies of an input that the model reads from HBM (weights, KV): use copy i % len for launch i.
+        `count` (default: cold_copies of nbytes) lets the parts of one input (codes and scales) rotate together."""
+        return [self.filled(nbytes, f"{name}{i}") for i in range(count or cold_copies(self.device, nbytes))]
 
     def upload(self, array: np.ndarray, name: str) -> DeviceBuffer:
         data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
