@@ -300,19 +300,19 @@ def _check_awq(config: Mapping[str, Any], bits: int) -> None:
 
 def quantized_layout(
     scheme: QuantScheme, expected: Mapping[str, Shape], found: Mapping[str, Shape]
-) -> tuple[dict[str, Shape], set[str]]:
+) -> tuple[dict[str, Shape], list[str]]:
     """(expected tensors of the stored checkpoint, names of the linear weights stored quantized).
 
     A linear ``X.weight`` counts as quantized when ``X.qweight`` is stored, so checkpoints that keep some
     modules in bf16 (lm_head, GPTQ's modules_to_not_convert) load too. Embeddings are never quantized."""
     stored: dict[str, Shape] = {}
-    quantized: set[str] = set()
+    quantized: list[str] = []  # in checkpoint order, so a refusal names the first offending tensor
     for name, shape in expected.items():
         base = name.removesuffix(".weight")
         if len(shape) != 2 or f"{base}.qweight" not in found or name == "model.embed_tokens.weight":
             stored[name] = shape
             continue
-        quantized.add(name)
+        quantized.append(name)
         if shape[1] % scheme.group_size:
             stored[name] = shape  # reported as a misshapen weight; the kernels need whole groups
             continue
@@ -323,7 +323,7 @@ def quantized_layout(
 
 
 def convert_quantized(
-    scheme: QuantScheme, tensors: Mapping[str, np.ndarray], quantized: set[str]
+    scheme: QuantScheme, tensors: Mapping[str, np.ndarray], quantized: Sequence[str]
 ) -> dict[str, np.ndarray | QuantizedWeight]:
     """Stored tensors -> name -> array, with each quantized linear as one QuantizedWeight under X.weight."""
     out: dict[str, np.ndarray | QuantizedWeight] = {}

@@ -193,7 +193,7 @@ def load_checkpoint(model_dir: str | Path, config: ModelConfig | None = None) ->
     found = {name: f.shape(name) for name, f in located.items()}
     try:
         scheme = scheme_from_dir(model_dir)
-        expected, quantized = quantized_layout(scheme, expected_tensors(cfg), found) if scheme else (expected_tensors(cfg), set())
+        expected, quantized = quantized_layout(scheme, expected_tensors(cfg), found) if scheme else (expected_tensors(cfg), [])
         problems = _layout_problems(cfg, expected, found)
         if problems:
             raise WeightsError(f"{model_dir}: checkpoint does not match config.json: " + "; ".join(problems))
