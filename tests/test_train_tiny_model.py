@@ -166,3 +166,13 @@ def test_held_out_files_never_appear_in_training_and_tests_are_left_out() -> Non
     train, heldout = split(python_sources(source_roots()))
     assert heldout and not {f.relative for f in train} & {f.relative for f in heldout}
     assert all("ninfer_rt" not in str(f.path) and not {"test", "tests"} & set(f.path.parts) for f in train + heldout)
+
+
+def test_eval_ppl_through_the_engine_reproduces_the_trainers_held_out_perplexity(trained: Path) -> None:
+    # same held-out files, tokenizer and windows (64 + 1 tokens, 4096 scored) as the trainer's --tiny-shape eval
+    command = [sys.executable, str(TOOLS / "eval_ppl.py"), "--model", str(trained), "--seq-len", "64", "--max-tokens", "4096"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=_env(), timeout=600)
+    assert result.returncode == 0, result.stderr
+    engine = json.loads(result.stdout)
+    assert engine["tokens"] == summary(trained)["heldout_tokens"]
+    assert engine["ppl"] == pytest.approx(summary(trained)["heldout_ppl"], rel=1e-2)

@@ -134,7 +134,8 @@ class Attention(nn.Module):
         # explicit GQA expansion (head i reads kv head i // group, as HF's repeat_kv): every SDPA backend takes it
         group = s.heads // s.kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True)
+        # the norms and RoPE ran in float32; attention runs in the projections' dtype (bf16 under autocast)
+        out = F.scaled_dot_product_attention(q.to(v.dtype), k.to(v.dtype), v, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, s.heads * s.head_dim))
 
 
