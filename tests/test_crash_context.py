@@ -106,3 +106,16 @@ def test_two_dumps_in_one_process_get_two_files(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("NINFER_CRASH_DIR", str(tmp_path))
     crash = CrashContext()
     assert crash.dump() != crash.dump()
+
+
+def test_after_a_sticky_error_every_enqueue_refuses_instead_of_launching_into_the_dead_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NINFER_CRASH_DIR", str(tmp_path))
+    streams = StreamSet(verify=True)
+    compute = streams.create("compute")
+    error = fail_at_sync(streams)
+    ops_before = compute.ring.seq
+    with pytest.raises(FatalCudaError) as again:
+        compute.declare("decode attention", reads=(("kv", 3),), writes=("attn_out",))
+    assert again.value is error and compute.ring.seq == ops_before
