@@ -3,7 +3,8 @@
 One time-boxed run does everything and writes a Hugging Face-layout checkpoint into --out:
   1. corpus: stdlib + site-packages .py files (tools/tiny_corpus.py), split by file into train / held-out;
   2. a byte-level BPE tokenizer (Qwen's split pattern, ChatML + think/tool tokens from ninfer_rt.model.tiny);
-  3. training until --minutes of wall clock have passed: loss = CE(next token) + 0.3 * CE(MTP's token p+2),
+  3. training until --minutes of wall clock have passed (the text past the tokenizer's sample is encoded on a
+     thread meanwhile, so data preparation costs little of the run's wall clock): loss = CE(next token) + 0.3 * CE(MTP's token p+2),
      the MTP module in the Qwen3-Next layout z = fc(cat(norm_e(embed(x[p+1])), norm_h(h[p]))) -> one decoder
      layer -> norm -> the tied lm_head, trained jointly with the main model;
   4. model.safetensors (bf16, tensor names model.* / mtp.*), config.json, generation_config.json,
@@ -366,7 +367,7 @@ def train(model: TinyQwen3, stream: TrainingStream, cfg: RunConfig, log: Callabl
     autocast = torch.autocast(cfg.device, dtype=torch.bfloat16, enabled=cfg.device == "cuda")
     budget_s = cfg.minutes * 60.0
     start = time.perf_counter()
-    step, main_loss, mtp_loss = 0, float("nan"), float("nan")
+    step = 0
     model.train()
     while (elapsed := time.perf_counter() - start) < budget_s:
         for group in optimizer.param_groups:
@@ -384,21 +385,19 @@ def train(model: TinyQwen3, stream: TrainingStream, cfg: RunConfig, log: Callabl
         optimizer.zero_grad(set_to_none=True)
         step += 1
         if step % 100 == 0 or step == 1:
-            main_loss, mtp_loss = main.item(), mtp.item()  # .item() syncs: only every 100 steps
-            seen = step * cfg.batch_size * cfg.seq_len
+            seen = step * cfg.batch_size * cfg.seq_len  # .item() below syncs: only every 100 steps
             log(
-                f"step {step} {elapsed:.0f}s loss {main_loss:.3f} mtp {mtp_loss:.3f} "
+                f"step {step} {elapsed:.0f}s loss {main.item():.3f} mtp {mtp.item():.3f} "
                 f"{seen / max(elapsed, 1e-9):,.0f} tok/s, {len(tokens):,} tokens encoded"
             )
     if cfg.device == "cuda":
         torch.cuda.synchronize()
-    main_loss, mtp_loss = main.item(), mtp.item()
     return {
         "steps": step,
         "train_seconds": round(time.perf_counter() - start, 1),
         "train_tokens": step * cfg.batch_size * cfg.seq_len,
-        "final_train_loss": round(main_loss, 4),
-        "final_train_mtp_loss": round(mtp_loss, 4),
+        "final_train_loss": round(main.item(), 4),
+        "final_train_mtp_loss": round(mtp.item(), 4),
     }
 
 
@@ -626,7 +625,10 @@ TINY_DEFAULTS = {"seq_len": 64, "eval_tokens": 4096, "accept_prompts": 4, "accep
 
 @click.command()
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--minutes", default=6.0, show_default=True, help="Wall-clock budget of the training loop alone.")
+@click.option(
+    "--minutes", default=6.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+    help="Wall-clock budget of the training loop alone.",
+)
 @click.option("--tiny-shape", is_flag=True, help="A toy shape and evaluation, for CPU tests.")
 @click.option("--max-files", type=int, default=None, help="Use at most this many training files.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
