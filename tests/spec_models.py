@@ -20,8 +20,8 @@ from ninfer_rt.model.tiny import make_tiny_model
 from ninfer_rt.model.weights import SINGLE_FILE
 
 
-def make_agreeable_mtp_model(out_dir: Path, layer_scale: float, seed: int = 0) -> Path:
-    model = make_tiny_model(out_dir, arch="qwen3", mtp=True, seed=seed)
+def make_agreeable_mtp_model(out_dir: Path, layer_scale: float, seed: int = 0, head_dim: int = 32) -> Path:
+    model = make_tiny_model(out_dir, arch="qwen3", mtp=True, seed=seed, head_dim=head_dim)
     tensors = {name: np.asarray(t, np.float32) for name, t in load_file(str(model / SINGLE_FILE)).items()}
     rng = np.random.default_rng(seed + 1)
     vocab, hidden = tensors["model.embed_tokens.weight"].shape

@@ -10,10 +10,17 @@ import pytest
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.engine.request import SamplingParams
+from ninfer_rt.model.tiny import make_tiny_model
 
 pytestmark = pytest.mark.gpu
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_d64(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # head_dim 64: the smallest head size the attention kernels instantiate.
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_d64"), head_dim=64)
 
 
 def engine(model_dir: Path, device: str, **config: object) -> Engine:
@@ -35,26 +42,26 @@ def leading_agreement(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def test_cuda_engine_greedy_tokens_follow_the_cpu_engine(tiny_qwen3: Path) -> None:
+def test_cuda_engine_greedy_tokens_follow_the_cpu_engine(tiny_qwen3_d64: Path) -> None:
     # bf16 weights on the GPU vs float32 math on the CPU: near-ties may flip late tokens, not early ones.
     prompts = [prompt(70, 1), prompt(9, 2), prompt(130, 3)]
-    on_gpu = greedy(engine(tiny_qwen3, "cuda"), prompts)
-    on_cpu = greedy(engine(tiny_qwen3, "cpu"), prompts)
+    on_gpu = greedy(engine(tiny_qwen3_d64, "cuda"), prompts)
+    on_cpu = greedy(engine(tiny_qwen3_d64, "cpu"), prompts)
     agreement = [leading_agreement(g, c) for g, c in zip(on_gpu, on_cpu)]
     print("leading tokens in agreement:", agreement)
     assert all(len(g) == GREEDY.max_tokens for g in on_gpu)
     assert sum(agreement) >= 0.75 * GREEDY.max_tokens * len(prompts)
 
 
-def test_cuda_engine_is_deterministic_across_runs_and_batch_partners(tiny_qwen3: Path) -> None:
-    eng = engine(tiny_qwen3, "cuda")
+def test_cuda_engine_is_deterministic_across_runs_and_batch_partners(tiny_qwen3_d64: Path) -> None:
+    eng = engine(tiny_qwen3_d64, "cuda")
     alone = greedy(eng, [prompt(70, 1)])[0]
     together = greedy(eng, [prompt(70, 1), prompt(33, 4)])[0]
     assert alone == together
 
 
-def test_cuda_engine_prefix_hit_and_preemption_return_every_page(tiny_qwen3: Path) -> None:
-    eng = engine(tiny_qwen3, "cuda", kv_capacity="6", max_concurrency=3)
+def test_cuda_engine_prefix_hit_and_preemption_return_every_page(tiny_qwen3_d64: Path) -> None:
+    eng = engine(tiny_qwen3_d64, "cuda", kv_capacity="6", max_concurrency=3)
     system = prompt(128 + 41, 7)
     outputs = greedy(eng, [system + prompt(20, 8), system + prompt(25, 9), prompt(90, 10)])
     assert all(len(o) == GREEDY.max_tokens for o in outputs)

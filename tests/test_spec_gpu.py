@@ -21,7 +21,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def agreeable(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_agreeable_mtp_model(tmp_path_factory.mktemp("agreeable_mtp_gpu"), layer_scale=100.0)
+    # head_dim 64: the smallest head size the attention kernels instantiate.
+    return make_agreeable_mtp_model(tmp_path_factory.mktemp("agreeable_mtp_gpu"), layer_scale=100.0, head_dim=64)
 
 
 def engine(model_dir: Path, **config: object) -> Engine:

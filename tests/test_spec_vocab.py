@@ -12,7 +12,9 @@ from ninfer_rt.engine.spec_vocab import FREQUENCY_FILE, REFRESH_TOKENS, DraftVoc
 
 
 def test_the_frequency_file_picks_the_most_frequent_tokens(tmp_path: Path) -> None:
-    (tmp_path / FREQUENCY_FILE).write_text(json.dumps({"7": 50, "3": 40, "9": 1, "1": 30}))
+    counts = [0] * 16
+    counts[7], counts[3], counts[9], counts[1] = 50, 40, 1, 30
+    (tmp_path / FREQUENCY_FILE).write_text(json.dumps({"vocab_size": 16, "counts": counts}))
     vocab = DraftVocab(3, 16, load_token_frequencies(tmp_path, 16))
     assert vocab.ids.tolist() == [1, 3, 7]
 
@@ -21,9 +23,9 @@ def test_a_model_without_a_frequency_file_has_no_frequencies(tmp_path: Path) -> 
     assert load_token_frequencies(tmp_path, 16) is None
 
 
-def test_a_frequency_file_naming_a_token_outside_the_vocabulary_is_refused(tmp_path: Path) -> None:
-    (tmp_path / FREQUENCY_FILE).write_text(json.dumps({"99": 5}))
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+def test_a_frequency_file_for_another_vocabulary_is_refused(tmp_path: Path) -> None:
+    (tmp_path / FREQUENCY_FILE).write_text(json.dumps({"vocab_size": 99, "counts": [5] * 99}))
+    with pytest.raises(ValueError, match="99 counts for a vocabulary of 16"):
         load_token_frequencies(tmp_path, 16)
 
 

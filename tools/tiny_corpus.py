@@ -68,8 +68,10 @@ def _walk(root: Path, nested_roots: set[Path]) -> Iterator[Path]:
             if d not in SKIPPED_DIRS and PROJECT_NAME not in d and here / d not in nested_roots
         )
         for name in sorted(filenames):
-            if name.endswith(".py") and PROJECT_NAME not in name:
-                yield (here / name).resolve()
+            path = here / name
+            # A symlinked file may point outside its root (Debian links sitecustomize.py into /etc).
+            if name.endswith(".py") and PROJECT_NAME not in name and not path.is_symlink():
+                yield path
 
 
 def read_texts(files: list[SourceFile], max_bytes: int) -> list[str]:

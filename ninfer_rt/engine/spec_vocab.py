@@ -5,8 +5,9 @@ verification always scores the full vocabulary, so outputs stay exact and a toke
 still be emitted (as a correction or bonus token), just never drafted.
 
 Where the frequencies come from (in this order):
-1. `token_frequencies.json` beside the model: a JSON object {"<token id>": count, ...} (ids absent count
-   0), e.g. counted over a representative corpus. The set is then fixed for the server's lifetime.
+1. `token_freq.json` beside the model (tools/train_tiny_model.py writes one): {"vocab_size": V,
+   "counts": [count of token 0, ..., count of token V-1], ...}, counted over the training corpus. The set
+   is then fixed for the server's lifetime.
 2. Otherwise they are counted online from the tokens the server emits, and the set is recomputed every
    `REFRESH_TOKENS` emitted tokens. Until tokens arrive, the N lowest ids stand in: byte-level BPE gives
    the lowest ids to single bytes and the earliest (most frequent) merges. Ties keep the lower id.
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-FREQUENCY_FILE = "token_frequencies.json"
+FREQUENCY_FILE = "token_freq.json"
 REFRESH_TOKENS = 4096
 DEFAULT_DRAFT_VOCAB = 32768
 
@@ -30,11 +31,9 @@ def load_token_frequencies(model_dir: str | Path, vocab_size: int) -> np.ndarray
     path = Path(model_dir) / FREQUENCY_FILE
     if not path.is_file():
         return None
-    counts = np.zeros(vocab_size, np.int64)
-    for token, count in json.loads(path.read_text()).items():
-        if not 0 <= int(token) < vocab_size:
-            raise ValueError(f"{path}: token id {token} is outside the vocabulary [0, {vocab_size})")
-        counts[int(token)] = int(count)
+    counts = np.asarray(json.loads(path.read_text())["counts"], np.int64)
+    if counts.shape != (vocab_size,):
+        raise ValueError(f"{path}: {counts.size} counts for a vocabulary of {vocab_size} tokens")
     return counts
 
 
