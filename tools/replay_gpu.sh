@@ -12,10 +12,12 @@ serve() {  # serve PORT [wrapper...]: start a server in the background, wait for
   for _ in $(seq 240); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health')" 2>/dev/null && return 0; sleep 0.5; done
   echo "server on port $port did not become healthy"; return 1
 }
-stop() { kill -TERM "$server"; wait "$server"; echo "server exit $?"; }
+# TERM goes to the server itself (under compute-sanitizer: its child), so it drains and the sanitizer
+# lives to print its error summary.
+stop() { pkill -TERM -P "$server" 2>/dev/null || kill -TERM "$server"; wait "$server"; echo "server exit $?"; }
 
 python3 tools/traces.py "$profile" --scale "$scale" -o /tmp/full.jsonl
-serve 8000 > "$out/server.log" 2>&1 && {
+[ "$seconds" -gt 0 ] && serve 8000 > "$out/server.log" 2>&1 && {
   timeout "$seconds" python3 -c 'from ninfer_rt.cli import main; main()' replay /tmp/full.jsonl \
     --url http://127.0.0.1:8000 --min-cached-ratio 0.9 --out "$out/replay.jsonl" \
     --summary-json "$out/replay_summary.json" --no-progress
