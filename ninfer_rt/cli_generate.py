@@ -12,36 +12,16 @@ from typing import Any
 
 import click
 
-from ninfer_rt.engine.engine import Engine, EngineConfig, EngineError
+from ninfer_rt.cli_engine_options import engine_config, engine_options
+from ninfer_rt.cli_errors import BadUsage, OneLineErrors
+from ninfer_rt.engine.engine import Engine, EngineError
 from ninfer_rt.engine.output import RequestStats
 from ninfer_rt.engine.request import SamplingParams
-from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
 from ninfer_rt.models import DefaultModelMissing, default_model_dir
 from ninfer_rt.serve.chat import ChatTemplate
 
 
-class _OneLineErrors(click.Command):
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            exc.ctx = None  # without a context click prints only "Error: ..."
-            raise
-
-
-class BadUsage(click.ClickException):
-    """A mistake found after parsing (missing model, invalid sampling values): one line, exit status 2."""
-
-    exit_code = 2
-
-
-def _kv_capacity(value: str) -> str:
-    if value != "auto" and not (value.isdigit() and int(value) > 0):
-        raise click.BadParameter(f"must be 'auto' or a positive page count, got {value!r}")
-    return value
-
-
-@click.command("generate", cls=_OneLineErrors)
+@click.command("generate", cls=OneLineErrors)
 @click.option(
     "--model", "model_dir", default=None, help="Model directory (Hugging Face layout) [default: the shipped tiny model]."
 )
@@ -53,18 +33,7 @@ def _kv_capacity(value: str) -> str:
 @click.option("--top-p", default=1.0, show_default=True, type=float)
 @click.option("--top-k", default=0, show_default=True, type=int)
 @click.option("--seed", default=None, type=int)
-@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]), help="auto: the GPU when one is present.")
-@click.option("--max-context", default=32768, show_default=True, type=click.IntRange(min=2))
-@click.option("--kv-capacity", default="auto", show_default=True, callback=lambda c, p, v: _kv_capacity(v))
-@click.option("--max-concurrency", default=2, show_default=True, type=click.IntRange(min=1))
-@click.option("--kv-dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "int8"]))
-@click.option("--verify-ordering", is_flag=True, help="Run the happens-before verifier on every device op.")
-@click.option("--spec", default="none", show_default=True, type=click.Choice(["none", "mtp"]), help="mtp: speculative decoding with the checkpoint's MTP module.")
-@click.option("--draft-tokens", default=3, show_default=True, type=click.IntRange(min=1), help="Drafts verified per step (--spec mtp).")
-@click.option(
-    "--lm-head-draft", type=click.IntRange(min=1), is_flag=False, flag_value=DEFAULT_DRAFT_VOCAB, default=None,
-    help=f"Draft over the N most frequent tokens only (N defaults to {DEFAULT_DRAFT_VOCAB}); verification stays exact.",
-)
+@engine_options
 def generate(model_dir: str | None, prompt: str | None, prompt_file: Any, chat: bool, **options: Any) -> None:
     """Generate text from a prompt, or chat with --chat."""
     if model_dir is None:
@@ -78,7 +47,7 @@ def generate(model_dir: str | None, prompt: str | None, prompt_file: Any, chat: 
         raise BadUsage("give exactly one of --prompt, --prompt-file or --chat")
     try:
         params = _sampling_params(options)
-        engine = Engine.load(model_dir, _engine_config(options))
+        engine = Engine.load(model_dir, engine_config(options))
     except ValueError as err:  # bad sampling values, or an unreadable config/tokenizer/weights
         raise BadUsage(str(err)) from None
     except EngineError as err:
@@ -96,20 +65,6 @@ def _sampling_params(options: dict[str, Any]) -> SamplingParams:
         top_k=options["top_k"],
         seed=options["seed"],
         max_tokens=options["max_tokens"],
-    )
-
-
-def _engine_config(options: dict[str, Any]) -> EngineConfig:
-    return EngineConfig(
-        device=options["device"],
-        max_context=options["max_context"],
-        kv_capacity=options["kv_capacity"],
-        max_concurrency=options["max_concurrency"],
-        kv_dtype=options["kv_dtype"],
-        verify_ordering=options["verify_ordering"] or None,
-        spec=options["spec"],
-        draft_tokens=options["draft_tokens"],
-        lm_head_draft=options["lm_head_draft"],
     )
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from safetensors.numpy import save_file
 from tqdm import tqdm
 
-from ninfer_rt.cli_generate import BadUsage, _OneLineErrors
+from ninfer_rt.cli_errors import BadUsage, OneLineErrors as _OneLineErrors
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.quant import (
     SUPPORTED_BITS,

@@ -17,58 +17,24 @@ from typing import Any
 import click
 import uvicorn
 
-from ninfer_rt.engine.engine import Engine, EngineConfig
-from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
+from ninfer_rt.cli_engine_options import engine_config, engine_options
+from ninfer_rt.cli_errors import OneLineErrors
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.serve.app import ServeConfig, create_app, sampling_defaults
 from ninfer_rt.serve.backend import EngineBackend
 
 log = logging.getLogger("ninfer_rt.serve")
 
 
-class _OneLineErrors(click.Command):
-    """Usage errors print as one line ("Error: ..."), without the usage screen; the exit status stays 2."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            exc.ctx = None  # without a context click prints just "Error: message"
-            raise
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            exc.ctx = None
-            raise
-
-
-def _kv_capacity(value: str) -> str:
-    if value != "auto" and not (value.isdigit() and int(value) > 0):
-        raise click.BadParameter(f"must be 'auto' or a positive page count, got {value!r}")
-    return value
-
-
-@click.command("serve", cls=_OneLineErrors)
+@click.command("serve", cls=OneLineErrors)
 @click.option("--model", "model_dir", required=True, help="Model directory (Hugging Face layout).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
 @click.option("--served-model-name", default=None, help="The model id clients use (default: the directory name).")
-@click.option("--max-context", default=32768, show_default=True, type=click.IntRange(min=2))
-@click.option("--kv-capacity", default="auto", show_default=True, callback=lambda c, p, v: _kv_capacity(v))
-@click.option("--max-concurrency", default=2, show_default=True, type=click.IntRange(min=1))
+@engine_options
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(min=0), help="Waiting requests before 429.")
-@click.option("--kv-dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "int8"]))
-@click.option("--spec", default="none", show_default=True, type=click.Choice(["none", "mtp"]))
-@click.option("--draft-tokens", default=3, show_default=True, type=click.IntRange(min=1))
-@click.option(
-    "--lm-head-draft", type=click.IntRange(min=1), is_flag=False, flag_value=DEFAULT_DRAFT_VOCAB, default=None,
-    help=f"Draft over the N most frequent tokens only (N defaults to {DEFAULT_DRAFT_VOCAB}); verification stays exact.",
-)
 @click.option("--preserve-thinking/--no-preserve-thinking", default=True, show_default=True)
-@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]), help="auto: the GPU when one is present.")
-@click.option("--verify-ordering", is_flag=True, help="Run the happens-before verifier on every device op.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model_dir: str, **options: Any) -> None:
     """Serve the OpenAI API (chat, completions, models, health, metrics)."""
@@ -77,21 +43,6 @@ def serve(model_dir: str, **options: Any) -> None:
         raise click.UsageError(f"--model {model_dir}: not a model directory (no config.json)")
     logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(run_server(model_path, options))
-
-
-def engine_config(options: dict[str, Any]) -> EngineConfig:
-    """The engine's share of the flags."""
-    return EngineConfig(
-        device=options["device"],
-        max_context=options["max_context"],
-        kv_capacity=options["kv_capacity"],
-        max_concurrency=options["max_concurrency"],
-        kv_dtype=options["kv_dtype"],
-        verify_ordering=options["verify_ordering"] or None,
-        spec=options["spec"],
-        draft_tokens=options["draft_tokens"],
-        lm_head_draft=options["lm_head_draft"],
-    )
 
 
 def run_server(model_path: Path, options: dict[str, Any]) -> int:

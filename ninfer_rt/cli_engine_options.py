@@ -1,0 +1,54 @@
+"""The engine flags that `generate` and `serve` share, and the EngineConfig built from them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ninfer_rt.engine.engine import EngineConfig
+from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
+
+_OPTIONS = [
+    click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]), help="auto: the GPU when one is present."),
+    click.option("--max-context", default=32768, show_default=True, type=click.IntRange(min=2)),
+    click.option("--kv-capacity", default="auto", show_default=True, callback=lambda c, p, v: _kv_capacity(v)),
+    click.option("--max-concurrency", default=2, show_default=True, type=click.IntRange(min=1)),
+    click.option("--kv-dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "int8"])),
+    click.option("--verify-ordering", is_flag=True, help="Run the happens-before verifier on every device op."),
+    click.option("--spec", default="none", show_default=True, type=click.Choice(["none", "mtp"]), help="mtp: speculative decoding with the checkpoint's MTP module."),
+    click.option("--draft-tokens", default=3, show_default=True, type=click.IntRange(min=1), help="Drafts verified per step (--spec mtp)."),
+    click.option(
+        "--lm-head-draft", type=click.IntRange(min=1), is_flag=False, flag_value=DEFAULT_DRAFT_VOCAB, default=None,
+        help=f"Draft over the N most frequent tokens only (N defaults to {DEFAULT_DRAFT_VOCAB}); verification stays exact.",
+    ),
+]
+
+
+def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Adds the engine flags to a click command, in the order --help lists them."""
+    for option in reversed(_OPTIONS):
+        command = option(command)
+    return command
+
+
+def engine_config(options: dict[str, Any]) -> EngineConfig:
+    """The engine's share of a command's flags."""
+    return EngineConfig(
+        device=options["device"],
+        max_context=options["max_context"],
+        kv_capacity=options["kv_capacity"],
+        max_concurrency=options["max_concurrency"],
+        kv_dtype=options["kv_dtype"],
+        verify_ordering=options["verify_ordering"] or None,
+        spec=options["spec"],
+        draft_tokens=options["draft_tokens"],
+        lm_head_draft=options["lm_head_draft"],
+    )
+
+
+def _kv_capacity(value: str) -> str:
+    if value != "auto" and not (value.isdigit() and int(value) > 0):
+        raise click.BadParameter(f"must be 'auto' or a positive page count, got {value!r}")
+    return value
