@@ -3,16 +3,12 @@ verifier on, and /debug/crash-context served (what `ninfer-rt serve --verify-ord
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-import uvicorn
+from server_helpers import healthy_server
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.serve.app import ServeConfig, ServerState, create_app
@@ -49,34 +45,5 @@ def verified_server(
         return engine
 
     app = create_app(lambda: EngineBackend.start(build), ServeConfig(served_model_name=MODEL, verify_ordering=True))
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    if exit_on_fatal:
-        app.state.server.on_fatal = lambda: setattr(server, "should_exit", True)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    _wait_healthy(url)
-    try:
+    with healthy_server(app, exit_on_fatal) as url:
         yield RunningServer(url, app.state.server)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_healthy(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} did not become healthy")

@@ -7,12 +7,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from test_serve_http import MODEL, _free_port
+from server_helpers import free_port, wait_healthy
+from test_serve_http import MODEL
 
 SERVE = [sys.executable, "-m", "ninfer_rt.serve"]
 
@@ -50,7 +50,7 @@ def test_the_cli_group_has_the_serve_command() -> None:
 
 
 def test_sigterm_drains_in_flight_streams_then_exits_0(tiny_qwen3: Path) -> None:
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [*SERVE, "--model", str(tiny_qwen3), "--device", "cpu", "--port", str(port), "--served-model-name", MODEL,
          "--kv-capacity", "64", "--max-context", "1024"],
@@ -58,7 +58,7 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(tiny_qwen3: Path) -> None
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url)
+        wait_healthy(url)
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 300,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         received: list[str] = []
@@ -85,26 +85,14 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(tiny_qwen3: Path) -> None
 
 
 def test_without_an_api_key_the_start_up_log_says_the_server_is_open(tiny_qwen3: Path) -> None:
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [*SERVE, "--model", str(tiny_qwen3), "--device", "cpu", "--port", str(port), "--kv-capacity", "64"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}")
+        wait_healthy(f"http://127.0.0.1:{port}")
     finally:
         process.send_signal(signal.SIGTERM)
         output = process.communicate(timeout=60)[0]
     assert "no --api-key" in output
-
-
-def _wait_healthy(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not become healthy")

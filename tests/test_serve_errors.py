@@ -11,7 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
+from server_helpers import serving_in_thread
 from test_serve_http import MAX_CONTEXT, MODEL, Server, running_server
+
+from ninfer_rt.serve.app import ServeConfig, create_app
 
 GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -130,12 +133,6 @@ def test_an_engine_failure_fails_the_request_and_marks_the_server_unhealthy(tiny
 
 
 def test_health_is_503_while_the_model_loads(tiny_qwen3: Path) -> None:
-    from test_serve_http import _free_port  # noqa: PLC0415 — only this test builds its own app
-
-    import uvicorn
-
-    from ninfer_rt.serve.app import ServeConfig, create_app
-
     release = threading.Event()
 
     def slow_load() -> Any:
@@ -143,12 +140,7 @@ def test_health_is_503_while_the_model_loads(tiny_qwen3: Path) -> None:
         raise RuntimeError("no model today")
 
     app = create_app(slow_load, ServeConfig(served_model_name=MODEL))
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{port}"
+    with serving_in_thread(app) as url:
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -164,6 +156,3 @@ def test_health_is_503_while_the_model_loads(tiny_qwen3: Path) -> None:
             time.sleep(0.05)
         assert httpx.get(url + "/health").status_code == 503
         assert "no model today" in httpx.get(url + "/health").json()["error"]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)

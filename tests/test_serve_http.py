@@ -5,8 +5,6 @@ robustness; what the parser makes of real model text is tested in test_parsing.p
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
+from server_helpers import healthy_server
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.model.tokenizer import Tokenizer
@@ -58,40 +56,13 @@ class Server:
         return self.state.backend.kv_stats().in_use
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def running_server(model_dir: Path, **serve_options: Any) -> Iterator[Server]:
     engine_config = EngineConfig(device="cpu", max_context=MAX_CONTEXT, kv_capacity="64", max_concurrency=2)
     config = ServeConfig(served_model_name=MODEL, **serve_options)
     app = create_app(lambda: EngineBackend.start(lambda: Engine.load(model_dir, engine_config)), config)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    _wait_healthy(url)
-    try:
+    with healthy_server(app) as url:
         yield Server(url, app.state.server)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-
-def _wait_healthy(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} did not become healthy")
 
 
 @pytest.fixture(scope="module")
