@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.kernels import KernelLibrary
-from ninfer_rt.cuda.memory import Buffer, DeviceBuffer, PinnedBuffer
+from ninfer_rt.cuda.memory import Buffer, DeviceBuffer, PinnedBuffer, StagingRing
 from ninfer_rt.cuda.streams import Stream, StreamSet
 
 POISON = 0xFF  # every bf16 0xFFFF / f32 0xFFFFFFFF is a NaN: an element the kernel skipped stays NaN
+MIN_UPLOAD_BYTES = 16
 
 
 @dataclass
@@ -67,3 +69,48 @@ class GpuSession:
         self.release()
         self.lib.close()
         self.streams.destroy()
+
+
+OneStreamT = TypeVar("OneStreamT", bound="OneStream")
+
+
+@dataclass
+class OneStream:
+    """A session's single "compute" stream, for kernel tests: inputs published through a StagingRing, as the
+    engine publishes them; poisoned outputs; downloads in the stream's order."""
+
+    session: GpuSession
+    stream: Stream
+
+    @classmethod
+    def open(cls: type[OneStreamT]) -> OneStreamT:
+        session = GpuSession.open()
+        return cls(session, session.stream("compute"))
+
+    @property
+    def streams(self) -> StreamSet:
+        return self.session.streams
+
+    @property
+    def lib(self) -> KernelLibrary:
+        return self.session.lib
+
+    def upload(self, array: np.ndarray, spare: int = 0) -> DeviceBuffer:
+        """`array` in a device buffer with `spare` poisoned bytes after it."""
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        buffer = DeviceBuffer(self.streams, max(raw.size + spare, MIN_UPLOAD_BYTES), "test")
+        if spare:
+            self.stream.memset(buffer, POISON)
+        ring = StagingRing(self.streams, 1, raw.size)
+        ring.publish(self.stream, buffer, raw, label="upload")
+        ring.free()
+        return buffer
+
+    def poisoned(self, nbytes: int) -> DeviceBuffer:
+        return self.session.empty(self.stream, nbytes, "out")
+
+    def download(self, buffer: DeviceBuffer, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        host = PinnedBuffer(self.streams, buffer.nbytes, "host")
+        self.stream.copy(host, buffer)
+        self.stream.record().synchronize()
+        return host.read(np.dtype(dtype), shape, label="download")

@@ -8,7 +8,6 @@ the first bad index.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,44 +29,20 @@ from attention_refs import (
     bf16_rounded,
     staged_bf16,
 )
+from gpu_session import POISON, OneStream
+
 from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
-from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.cuda.kernels import KernelLibrary
-from ninfer_rt.cuda.memory import DeviceBuffer, PinnedBuffer, StagingRing
-from ninfer_rt.cuda.streams import Stream, StreamSet
+from ninfer_rt.cuda.memory import StagingRing
 from ninfer_rt.exec.base import AttentionParams, AttentionShape
 from ninfer_rt.kv.cache import KVCache, KVLayer, KVSpec, page_resource
 
 pytestmark = pytest.mark.gpu
-POISON = 0xFF
 RTOL = 1e-2  # relative L2 bound for bf16 results
 
 
-@dataclass
-class Gpu:
-    streams: StreamSet
-    stream: Stream
-    lib: KernelLibrary
-
-    def upload(self, array: np.ndarray) -> DeviceBuffer:
-        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        buffer = DeviceBuffer(self.streams, max(raw.size, 16), "test")
-        ring = StagingRing(self.streams, 1, raw.size)
-        ring.publish(self.stream, buffer, raw, label="upload")
-        ring.free()
-        return buffer
-
-    def poisoned(self, nbytes: int) -> DeviceBuffer:
-        buffer = DeviceBuffer(self.streams, nbytes, "out")
-        self.stream.memset(buffer, POISON)
-        return buffer
-
-    def download(self, buffer: DeviceBuffer, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        host = PinnedBuffer(self.streams, buffer.nbytes, "host")
-        self.stream.copy(host, buffer)
-        self.stream.record().synchronize()
-        return host.read(np.dtype(dtype), shape, label="download")
+class Gpu(OneStream):
+    """OneStream, plus the step inputs and KV layers the attention kernels take."""
 
     def inputs(self, batch: Batch) -> StepInputs:
         return StepInputs(
@@ -85,9 +60,7 @@ class Gpu:
 
 @pytest.fixture(scope="module")
 def gpu() -> Gpu:
-    device = open_device(0)
-    streams = StreamSet(device)
-    return Gpu(streams, streams.create("compute"), KernelLibrary(device))
+    return Gpu.open()
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray, what: str, rtol: float = RTOL) -> None:

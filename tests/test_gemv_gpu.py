@@ -2,58 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import ml_dtypes
 import numpy as np
 import pytest
+from gpu_session import OneStream
 
 from ninfer_rt.cuda import linear_ops, ops
-from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.cuda.kernels import KernelLibrary
 from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
-from ninfer_rt.cuda.memory import DeviceBuffer, PinnedBuffer, StagingRing
-from ninfer_rt.cuda.streams import Stream, StreamSet
 
 pytestmark = pytest.mark.gpu
 BF16 = np.dtype(ml_dtypes.bfloat16)
-POISON = 0xFF  # every byte: bf16 and f32 NaN, so an unwritten output cannot pass a comparison
-
-
-@dataclass
-class Gpu:
-    streams: StreamSet
-    stream: Stream
-    lib: KernelLibrary
-
-    def upload(self, array: np.ndarray, spare: int = 0) -> DeviceBuffer:
-        """`array` in a device buffer with `spare` poisoned bytes after it."""
-        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        buffer = DeviceBuffer(self.streams, raw.size + spare, "test")
-        if spare:
-            self.stream.memset(buffer, POISON)
-        ring = StagingRing(self.streams, 1, raw.size)
-        ring.publish(self.stream, buffer, raw, label="upload")
-        ring.free()
-        return buffer
-
-    def poisoned(self, nbytes: int) -> DeviceBuffer:
-        buffer = DeviceBuffer(self.streams, nbytes, "out")
-        self.stream.memset(buffer, POISON)
-        return buffer
-
-    def download(self, buffer: DeviceBuffer, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        host = PinnedBuffer(self.streams, buffer.nbytes, "host")
-        self.stream.copy(host, buffer)
-        self.stream.record().synchronize()
-        return host.read(np.dtype(dtype), shape, label="download")
 
 
 @pytest.fixture(scope="module")
-def gpu() -> Gpu:
-    device = open_device(0)
-    streams = StreamSet(device)
-    return Gpu(streams, streams.create("compute"), KernelLibrary(device))
+def gpu() -> OneStream:
+    return OneStream.open()
 
 
 def bf16_random(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -70,7 +33,7 @@ SHAPES = [(64, 64), (131, 72), (1000, 4104), (4096, 4096)]  # (n, k): odd n leav
 
 @pytest.mark.parametrize("rows", range(1, 9))
 @pytest.mark.parametrize(("n", "k"), SHAPES)
-def test_gemv_matches_float64_and_writes_only_its_rows(gpu: Gpu, rows: int, n: int, k: int) -> None:
+def test_gemv_matches_float64_and_writes_only_its_rows(gpu: OneStream, rows: int, n: int, k: int) -> None:
     rng = np.random.default_rng(rows * 7919 + n)
     x, w = bf16_random(rng, rows, k), bf16_random(rng, n, k)
     y = gpu.poisoned((rows + 1) * n * 2)  # one spare row: must stay poisoned
@@ -82,7 +45,7 @@ def test_gemv_matches_float64_and_writes_only_its_rows(gpu: Gpu, rows: int, n: i
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8])
-def test_gemv_f32_output_keeps_the_f32_accumulation(gpu: Gpu, rows: int) -> None:
+def test_gemv_f32_output_keeps_the_f32_accumulation(gpu: OneStream, rows: int) -> None:
     rng = np.random.default_rng(rows)
     n, k = 515, 1024
     x, w = bf16_random(rng, rows, k), bf16_random(rng, n, k)
@@ -93,7 +56,7 @@ def test_gemv_f32_output_keeps_the_f32_accumulation(gpu: Gpu, rows: int) -> None
 
 
 @pytest.mark.parametrize("rows", [1, 4, 7])
-def test_gemv_residual_epilogue_adds_in_place(gpu: Gpu, rows: int) -> None:
+def test_gemv_residual_epilogue_adds_in_place(gpu: OneStream, rows: int) -> None:
     rng = np.random.default_rng(rows)
     n, k = 257, 512
     x, w, r = bf16_random(rng, rows, k), bf16_random(rng, n, k), bf16_random(rng, rows, n)
@@ -104,7 +67,7 @@ def test_gemv_residual_epilogue_adds_in_place(gpu: Gpu, rows: int) -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])
-def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(gpu: Gpu, rows: int) -> None:
+def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(gpu: OneStream, rows: int) -> None:
     rng = np.random.default_rng(rows)
     inter, k = 384, 256
     x, w = gpu.upload(bf16_random(rng, rows, k)), gpu.upload(bf16_random(rng, 2 * inter, k) * BF16.type(0.1))
@@ -116,19 +79,19 @@ def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(gpu: Gpu, rows: 
     np.testing.assert_array_equal(a, b)
 
 
-def test_gemv_rejects_k_not_a_multiple_of_8(gpu: Gpu) -> None:
+def test_gemv_rejects_k_not_a_multiple_of_8(gpu: OneStream) -> None:
     buf = gpu.poisoned(4096)
     with pytest.raises(ValueError, match="multiple of 8"):
         linear_ops.gemv(gpu.lib, gpu.stream, buf, buf, buf, 1, 4, 12)
 
 
-def test_gemv_rejects_more_than_8_rows_pointing_to_the_gemm(gpu: Gpu) -> None:
+def test_gemv_rejects_more_than_8_rows_pointing_to_the_gemm(gpu: OneStream) -> None:
     buf = gpu.poisoned(1 << 16)
     with pytest.raises(ValueError, match="cuBLASLt"):
         linear_ops.gemv(gpu.lib, gpu.stream, buf, buf, buf, 9, 8, 8)
 
 
-def test_gather_rows_picks_embedding_rows(gpu: Gpu) -> None:
+def test_gather_rows_picks_embedding_rows(gpu: OneStream) -> None:
     rng = np.random.default_rng(0)
     table = bf16_random(rng, 100, 72)
     ids = np.array([5, 0, 99, 5, 42], np.int32)
@@ -138,7 +101,7 @@ def test_gather_rows_picks_embedding_rows(gpu: Gpu) -> None:
 
 
 @pytest.mark.parametrize("widths", [(64, 64), (3, 5)], ids=["vectorised", "elementwise"])
-def test_gather_rows_concatenates_features(gpu: Gpu, widths: tuple[int, int]) -> None:
+def test_gather_rows_concatenates_features(gpu: OneStream, widths: tuple[int, int]) -> None:
     rng = np.random.default_rng(1)
     rows = 6
     parts = [bf16_random(rng, rows, w) for w in widths]
@@ -152,7 +115,7 @@ def test_gather_rows_concatenates_features(gpu: Gpu, widths: tuple[int, int]) ->
     np.testing.assert_array_equal(gpu.download(out, BF16, (rows, total)), np.concatenate(parts, axis=1))
 
 
-def test_argmax_matches_numpy_and_breaks_ties_to_the_lowest_index(gpu: Gpu) -> None:
+def test_argmax_matches_numpy_and_breaks_ties_to_the_lowest_index(gpu: OneStream) -> None:
     rng = np.random.default_rng(2)
     vocab = 151_936
     logits = rng.standard_normal((5, vocab)).astype(np.float32)
