@@ -33,18 +33,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 from torch import nn
 
 from ninfer_rt.model.tiny import (
     ENDOFTEXT,
     IM_END,
-    MARKUP_TOKENS,
-    QWEN_PRETOKENIZE_PATTERN,
-    SPECIAL_TOKENS,
     TINY_MAX_POSITIONS,
-    _generation_config_json,
-    _tokenizer_config_json,
+    train_tokenizer,
+    write_json,
+    write_tokenizer_files,
 )
 from tiny_corpus import eval_windows, python_sources, read_texts, source_roots, split, token_stream
 
@@ -237,27 +235,6 @@ def parameter_count(model: nn.Module, prefix: str = "") -> int:
 
 
 # -- data --------------------------------------------------------------------------------------------------
-
-
-def train_tokenizer(texts: list[str], vocab: int) -> Tokenizer:
-    """Byte-level BPE with Qwen's split pattern; specials get ids 0..2, the markup tokens the last ids."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_PATTERN), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab - len(MARKUP_TOKENS),
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in MARKUP_TOKENS])
-    return tokenizer
 
 
 def encode(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
@@ -511,13 +488,6 @@ def config_json(s: Shape, tokenizer: Tokenizer) -> dict:
     }
 
 
-def write_tokenizer_files(out: Path, tokenizer: Tokenizer) -> None:
-    tokenizer.save(str(out / "tokenizer.json"))
-    ids = {token: tokenizer.token_to_id(token) for token in (*SPECIAL_TOKENS, *MARKUP_TOKENS)}
-    write_json(out / "generation_config.json", _generation_config_json(ids))
-    write_json(out / "tokenizer_config.json", _tokenizer_config_json(ids))
-
-
 def write_weights(out: Path, model: TinyQwen3, tokenizer: Tokenizer) -> None:
     """Rounds the weights to bf16 in place (evaluation then scores exactly what is shipped) and saves them."""
     with torch.no_grad():
@@ -531,10 +501,6 @@ def write_weights(out: Path, model: TinyQwen3, tokenizer: Tokenizer) -> None:
 def write_token_freq(out: Path, stream: np.ndarray, vocab: int) -> None:
     counts = np.bincount(stream, minlength=vocab)
     write_json(out / "token_freq.json", {"vocab_size": vocab, "total_tokens": int(counts.sum()), "counts": counts.tolist()})
-
-
-def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 # -- the run -----------------------------------------------------------------------------------------------

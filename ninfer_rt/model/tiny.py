@@ -169,19 +169,20 @@ def make_tiny_model(out_dir: str | Path, **sizes: object) -> Path:
         raise ValueError(f"unknown arch {spec.arch!r}; choose from {', '.join(ARCHITECTURES)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer.from_str(_trained_tokenizer_json(spec.vocab))
-    tokenizer.save(str(out / "tokenizer.json"))
-    ids = {token: tokenizer.token_to_id(token) for token in (*SPECIAL_TOKENS, *MARKUP_TOKENS)}
+    ids = write_tokenizer_files(out, Tokenizer.from_str(_trained_tokenizer_json(spec.vocab)))
     config = _config_json(spec, bos_id=ids[ENDOFTEXT], eos_id=ids[IM_END])
-    _write_json(out / "config.json", config)
-    _write_json(out / "generation_config.json", _generation_config_json(ids))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config_json(ids))
+    write_json(out / "config.json", config)
     _write_weights(out, ModelConfig.from_dict(config), spec)
     return out
 
 
 @lru_cache(maxsize=None)
 def _trained_tokenizer_json(vocab_size: int) -> str:
+    return train_tokenizer([TRAINING_TEXT], vocab_size).to_str()
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
+    """Byte-level BPE with Qwen's split pattern; specials get ids 0..2, the markup tokens the last ids."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -196,9 +197,18 @@ def _trained_tokenizer_json(vocab_size: int) -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator([TRAINING_TEXT], trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
     tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in MARKUP_TOKENS])
-    return tokenizer.to_str()
+    return tokenizer
+
+
+def write_tokenizer_files(out: Path, tokenizer: Tokenizer) -> dict[str, int]:
+    """tokenizer.json, generation_config.json and tokenizer_config.json; returns the special and markup ids."""
+    tokenizer.save(str(out / "tokenizer.json"))
+    ids = {token: tokenizer.token_to_id(token) for token in (*SPECIAL_TOKENS, *MARKUP_TOKENS)}
+    write_json(out / "generation_config.json", _generation_config_json(ids))
+    write_json(out / "tokenizer_config.json", _tokenizer_config_json(ids))
+    return ids
 
 
 def _config_json(spec: TinyModelSpec, bos_id: int, eos_id: int) -> dict[str, object]:
@@ -293,8 +303,8 @@ def _write_weights(out: Path, cfg: ModelConfig, spec: TinyModelSpec) -> None:
         save_file({n: tensors[n] for n in shard_names}, str(out / file_name), metadata={"format": "pt"})
         weight_map.update({str(n): file_name for n in shard_names})
     total_size = sum(t.nbytes for t in tensors.values())
-    _write_json(out / SHARD_INDEX, {"metadata": {"total_size": total_size}, "weight_map": weight_map})
+    write_json(out / SHARD_INDEX, {"metadata": {"total_size": total_size}, "weight_map": weight_map})
 
 
-def _write_json(path: Path, data: dict[str, object]) -> None:
+def write_json(path: Path, data: dict[str, object]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
