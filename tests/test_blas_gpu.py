@@ -7,19 +7,20 @@ import pytest
 
 from ninfer_rt.cuda import linear_ops
 from ninfer_rt.cuda.blas import Blas, GemmShape
-from test_gemv_gpu import BF16, Gpu, bf16_random, gpu, relative_l2  # noqa: F401 - gpu is a fixture
+from gpu_session import OneStream
+from test_gemv_gpu import BF16, bf16_random, gpu, relative_l2  # noqa: F401 - gpu is a fixture
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def blas(gpu: Gpu) -> Blas:
+def blas(gpu: OneStream) -> Blas:
     return Blas(gpu.streams)
 
 
 @pytest.mark.parametrize(("m", "n", "k"), [(9, 64, 64), (37, 200, 136), (512, 1024, 4096), (1, 8, 8)])
 @pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
-def test_gemm_matches_float64(gpu: Gpu, blas: Blas, m: int, n: int, k: int, out_dtype: str) -> None:
+def test_gemm_matches_float64(gpu: OneStream, blas: Blas, m: int, n: int, k: int, out_dtype: str) -> None:
     rng = np.random.default_rng(m + n + k)
     x, w = bf16_random(rng, m, k), bf16_random(rng, n, k)
     itemsize = 2 if out_dtype == "bf16" else 4
@@ -31,7 +32,7 @@ def test_gemm_matches_float64(gpu: Gpu, blas: Blas, m: int, n: int, k: int, out_
     assert np.isnan(got[m]).all()
 
 
-def test_gemm_accumulates_into_its_output(gpu: Gpu, blas: Blas) -> None:
+def test_gemm_accumulates_into_its_output(gpu: OneStream, blas: Blas) -> None:
     rng = np.random.default_rng(3)
     m, n, k = 16, 64, 128
     x, w, c = bf16_random(rng, m, k), bf16_random(rng, n, k), rng.standard_normal((m, n)).astype(np.float32)
@@ -41,7 +42,7 @@ def test_gemm_accumulates_into_its_output(gpu: Gpu, blas: Blas) -> None:
     assert relative_l2(gpu.download(out, np.float32, (m, n)), expected) < 1e-5
 
 
-def test_gemm_and_gemv_agree_at_the_8_row_boundary(gpu: Gpu, blas: Blas) -> None:
+def test_gemm_and_gemv_agree_at_the_8_row_boundary(gpu: OneStream, blas: Blas) -> None:
     rng = np.random.default_rng(4)
     m, n, k = 8, 512, 1024
     x, w = gpu.upload(bf16_random(rng, m, k)), gpu.upload(bf16_random(rng, n, k))
@@ -52,7 +53,7 @@ def test_gemm_and_gemv_agree_at_the_8_row_boundary(gpu: Gpu, blas: Blas) -> None
     assert relative_l2(a, b) < 1e-5  # both accumulate in f32; only the summation order differs
 
 
-def test_plans_are_cached_per_shape(gpu: Gpu, blas: Blas) -> None:
+def test_plans_are_cached_per_shape(gpu: OneStream, blas: Blas) -> None:
     rng = np.random.default_rng(5)
     x, w = gpu.upload(bf16_random(rng, 16, 64)), gpu.upload(bf16_random(rng, 64, 64))
     out = gpu.poisoned(16 * 64 * 2)

@@ -17,7 +17,8 @@ from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.model.quant import QuantizedWeight, dequantize, quantize
 from ninfer_rt.model.tiny import make_tiny_model
 from test_cuda_exec_gpu import GPU_TINY, PROMPT, STEPS, TOLERANCE, runtime, sequence
-from test_gemv_gpu import BF16, Gpu, bf16_random, gpu, relative_l2  # noqa: F401 - gpu is the fixture
+from gpu_session import OneStream
+from test_gemv_gpu import BF16, bf16_random, gpu, relative_l2  # noqa: F401 - gpu is the fixture
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +31,7 @@ def quantized(rng: np.random.Generator, n: int, k: int, bits: int, group: int) -
     return quantize(rng.standard_normal((n, k)) * rng.uniform(0.01, 10.0, (n, 1)), bits, group)
 
 
-def upload(gpu: Gpu, w: QuantizedWeight) -> QuantizedDeviceWeight:
+def upload(gpu: OneStream, w: QuantizedWeight) -> QuantizedDeviceWeight:
     n, k = w.shape
     return QuantizedDeviceWeight(gpu.upload(w.qweight), gpu.upload(w.scales), n, k, w.bits, w.group_size)
 
@@ -42,7 +43,7 @@ def reference(x: np.ndarray, w: QuantizedWeight) -> np.ndarray:
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", range(1, 9))
 @pytest.mark.parametrize(("n", "k", "group"), SHAPES)
-def test_gemv_matches_float64_and_writes_only_its_rows(gpu: Gpu, bits: int, rows: int, n: int, k: int, group: int) -> None:
+def test_gemv_matches_float64_and_writes_only_its_rows(gpu: OneStream, bits: int, rows: int, n: int, k: int, group: int) -> None:
     rng = np.random.default_rng(rows * 7919 + n + bits)
     x, w = bf16_random(rng, rows, k), quantized(rng, n, k, bits, group)
     y = gpu.poisoned((rows + 1) * n * 2)  # one spare row: must stay poisoned
@@ -54,7 +55,7 @@ def test_gemv_matches_float64_and_writes_only_its_rows(gpu: Gpu, bits: int, rows
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 3, 8])
-def test_f32_epilogue_keeps_the_f32_accumulation(gpu: Gpu, bits: int, rows: int) -> None:
+def test_f32_epilogue_keeps_the_f32_accumulation(gpu: OneStream, bits: int, rows: int) -> None:
     rng = np.random.default_rng(rows + bits)
     x, w = bf16_random(rng, rows, 1024), quantized(rng, 517, 1024, bits, 128)
     y = gpu.poisoned(rows * 517 * 4)
@@ -64,7 +65,7 @@ def test_f32_epilogue_keeps_the_f32_accumulation(gpu: Gpu, bits: int, rows: int)
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 4, 7])
-def test_residual_epilogue_adds_in_place(gpu: Gpu, bits: int, rows: int) -> None:
+def test_residual_epilogue_adds_in_place(gpu: OneStream, bits: int, rows: int) -> None:
     rng = np.random.default_rng(rows + bits)
     x, w, r = bf16_random(rng, rows, 512), quantized(rng, 257, 512, bits, 128), bf16_random(rng, rows, 257)
     y = gpu.upload(r)  # y aliases the residual
@@ -75,7 +76,7 @@ def test_residual_epilogue_adds_in_place(gpu: Gpu, bits: int, rows: int) -> None
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize(("rows", "inter"), [(1, 384), (2, 385), (5, 130), (8, 384)])
-def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(gpu: Gpu, bits: int, rows: int, inter: int) -> None:
+def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(gpu: OneStream, bits: int, rows: int, inter: int) -> None:
     rng = np.random.default_rng(rows + bits)
     k = 256
     x, w = gpu.upload(bf16_random(rng, rows, k)), upload(gpu, quantized(rng, 2 * inter, k, bits, 128))
@@ -89,7 +90,7 @@ def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(gpu: Gpu, bits: 
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize(("n", "k", "group"), [(131, 256, 64), (1000, 4096, 128), (7, 32 * 8, 32)])
-def test_dequantize_is_the_reference_rounded_to_bf16(gpu: Gpu, bits: int, n: int, k: int, group: int) -> None:
+def test_dequantize_is_the_reference_rounded_to_bf16(gpu: OneStream, bits: int, n: int, k: int, group: int) -> None:
     rng = np.random.default_rng(n + bits)
     w = quantized(rng, n, k, bits, group)
     out = gpu.poisoned((n + 1) * k * 2)
