@@ -36,11 +36,28 @@ class Epilogue(enum.Enum):
         return 4 if self is Epilogue.STORE_F32 else 2
 
 
-def gemv_spec(epilogue: Epilogue, rows: int) -> KernelSpec:
+def gemv_bucket(op: str, rows: int, above: str) -> int:
+    """The smallest kernel width in GEMV_BUCKETS that takes `rows`; `above` says what to use for more rows."""
     bucket = next((b for b in GEMV_BUCKETS if rows <= b), None)
     if bucket is None or rows < 1:
-        raise ValueError(f"gemv: rows must be in 1..{GEMV_MAX_ROWS}, got {rows}; use the cuBLASLt GEMM above")
+        raise ValueError(f"{op}: rows must be in 1..{GEMV_MAX_ROWS}, got {rows}; {above}")
+    return bucket
+
+
+def gemv_spec(epilogue: Epilogue, rows: int) -> KernelSpec:
+    bucket = gemv_bucket("gemv", rows, "use the cuBLASLt GEMM above")
     return KernelSpec("gemv", f"{epilogue.value}_b{bucket}", _GEMV_SIGNATURE)
+
+
+def residual_entry(op: str, epilogue: Epilogue, residual: Buffer | None, nbytes: int) -> dict[str, tuple[Buffer, int]]:
+    """The residual's size check for _require_device_bytes: the RESIDUAL epilogue needs one, the others refuse one."""
+    if epilogue is Epilogue.RESIDUAL:
+        if residual is None:
+            raise ValueError(f"{op}: the RESIDUAL epilogue needs a residual buffer")
+        return {"residual": (residual, nbytes)}
+    if residual is not None:
+        raise ValueError(f"{op}: a residual was given to the {epilogue.name} epilogue, which ignores it")
+    return {}
 
 
 def gemv(
@@ -64,14 +81,10 @@ def gemv(
     if k % 8:
         raise ValueError(f"gemv: k={k} is not a multiple of 8; the kernel reads 16-byte (8 x bf16) vectors")
     w_rows = 2 * n if epilogue is Epilogue.SWIGLU else n
-    buffers = {"x": (x, rows * k * 2), "w": (w, w_rows * k * 2), "y": (y, rows * n * epilogue.out_bytes)}
-    if epilogue is Epilogue.RESIDUAL:
-        if residual is None:
-            raise ValueError("gemv: the RESIDUAL epilogue needs a residual buffer")
-        buffers["residual"] = (residual, rows * n * 2)
-    elif residual is not None:
-        raise ValueError(f"gemv: a residual was given to the {epilogue.name} epilogue, which ignores it")
-    _require_device_bytes("gemv", **buffers)
+    _require_device_bytes(
+        "gemv", x=(x, rows * k * 2), w=(w, w_rows * k * 2), y=(y, rows * n * epilogue.out_bytes),
+        **residual_entry("gemv", epilogue, residual, rows * n * 2),
+    )
     groups = n if epilogue is Epilogue.SWIGLU else -(-n // _GEMV_ROWS_PER_WARP)
     reads = (x.resource, w.resource) + ((residual.resource,) if residual is not None else ())
     lib.kernel(gemv_spec(epilogue, rows)).launch(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ninfer_rt.cuda.kernels import Arg, KernelLibrary, KernelSpec
-from ninfer_rt.cuda.linear_ops import GEMV_BUCKETS, GEMV_MAX_ROWS, Epilogue, _require_device_bytes
+from ninfer_rt.cuda.linear_ops import Epilogue, _require_device_bytes, gemv_bucket, residual_entry
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.ops import _require_positive
 from ninfer_rt.cuda.streams import require_stream
@@ -71,9 +71,7 @@ class QuantizedDeviceWeight:
 
 
 def gemv_spec(bits: int, rows: int) -> KernelSpec:
-    bucket = next((b for b in GEMV_BUCKETS if rows <= b), None)
-    if bucket is None or rows < 1:
-        raise ValueError(f"gemv_quant: rows must be in 1..{GEMV_MAX_ROWS}, got {rows}; dequantize + cuBLASLt above")
+    bucket = gemv_bucket("gemv_quant", rows, "dequantize + cuBLASLt above")
     return KernelSpec("gemv_quant", f"gemv_int{bits}_b{bucket}", _GEMV_SIGNATURE)
 
 
@@ -102,14 +100,10 @@ def gemv(
     n = w.rows // 2 if epilogue is Epilogue.SWIGLU else w.rows
     if epilogue is Epilogue.SWIGLU and w.rows % 2:
         raise ValueError(f"gemv_quant: a SwiGLU weight has an even number of rows (gate, then up), got {w.rows}")
-    buffers = {"x": (x, rows * w.cols * 2), "y": (y, rows * n * epilogue.out_bytes)}
-    if epilogue is Epilogue.RESIDUAL:
-        if residual is None:
-            raise ValueError("gemv_quant: the RESIDUAL epilogue needs a residual buffer")
-        buffers["residual"] = (residual, rows * n * 2)
-    elif residual is not None:
-        raise ValueError(f"gemv_quant: a residual was given to the {epilogue.name} epilogue, which ignores it")
-    _require_device_bytes("gemv_quant", **buffers)
+    _require_device_bytes(
+        "gemv_quant", x=(x, rows * w.cols * 2), y=(y, rows * n * epilogue.out_bytes),
+        **residual_entry("gemv_quant", epilogue, residual, rows * n * 2),
+    )
     outputs_per_warp = _ROWS_PER_WARP // 2 if epilogue is Epilogue.SWIGLU else _ROWS_PER_WARP
     warps = -(-n // outputs_per_warp)
     reads = (x.resource, w.qweight.resource, w.scales.resource) + ((residual.resource,) if residual is not None else ())
