@@ -68,6 +68,19 @@ class StepInputs:
     block_tables: Buffer
     slot_mapping: Buffer
 
+    def table_sizes(self, num_seqs: int, max_pages_per_seq: int) -> dict[str, tuple[Buffer, int]]:
+        """The bytes the attention kernels read of the per-sequence tables, for _require_bytes."""
+        return {
+            "block_tables": (self.block_tables, num_seqs * max_pages_per_seq * 4),
+            "context_lens": (self.context_lens, num_seqs * 4),
+            "query_start": (self.query_start, (num_seqs + 1) * 4),
+        }
+
+    @property
+    def tables(self) -> tuple[Resource, ...]:
+        """The per-sequence tables as the attention kernels' declared reads."""
+        return (self.block_tables.resource, self.context_lens.resource, self.query_start.resource)
+
 
 @dataclass(frozen=True)
 class DecodeWorkspace:
@@ -258,18 +271,15 @@ def decode_attention(
         out=(out, num_rows * hq * d * _BF16),
         partial_acc=(workspace.acc, acc_bytes),
         partial_ml=(workspace.ml, ml_bytes),
-        block_tables=(inputs.block_tables, num_seqs * max_pages_per_seq * 4),
-        context_lens=(inputs.context_lens, num_seqs * 4),
-        query_start=(inputs.query_start, (num_seqs + 1) * 4),
+        **inputs.table_sizes(num_seqs, max_pages_per_seq),
     )
     row_groups = decode_row_groups(max(decode_lens) * group)
-    tables = (inputs.block_tables.resource, inputs.context_lens.resource, inputs.query_start.resource)
     partials = (workspace.acc.resource, workspace.ml.resource)
     lib.kernel(decode_spec(d, kv_dtype)).launch(
         stream, (num_splits * row_groups, hkv, num_seqs), _THREADS,
         workspace.acc, workspace.ml, q, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables,
         max_pages_per_seq, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale, row_groups,
-        label="decode_attention", reads=(q.resource, *tables, *pages_read), writes=partials, lane=lane,
+        label="decode_attention", reads=(q.resource, *inputs.tables, *pages_read), writes=partials, lane=lane,
     )
     lib.kernel(DECODE_COMBINE).launch(
         stream, (num_seqs * max_queries, hq), _THREADS,
@@ -309,16 +319,13 @@ def prefill_attention(
         "prefill_attention",
         q=(q, num_rows * hq * d * _BF16),
         out=(out, num_rows * hq * d * _BF16),
-        block_tables=(inputs.block_tables, num_seqs * max_pages_per_seq * 4),
-        context_lens=(inputs.context_lens, num_seqs * 4),
-        query_start=(inputs.query_start, (num_seqs + 1) * 4),
+        **inputs.table_sizes(num_seqs, max_pages_per_seq),
     )
-    tables = (inputs.block_tables.resource, inputs.context_lens.resource, inputs.query_start.resource)
     lib.kernel(prefill_spec(d, kv_dtype)).launch(
         stream, (math.ceil(longest / _PREFILL_QUERY_TILE), hq, num_seqs), _THREADS,
         out, q, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables, max_pages_per_seq,
         inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale,
-        label="prefill_attention", reads=(q.resource, *tables, *pages_read), writes=(out.resource,), lane=lane,
+        label="prefill_attention", reads=(q.resource, *inputs.tables, *pages_read), writes=(out.resource,), lane=lane,
     )
 
 
