@@ -1,5 +1,5 @@
-"""Groupwise int4/int8 weights (model/quant.py): the reference quantizer's error bound, the packed layout,
-and GPTQ / AWQ checkpoints built here from known integers, which must load to exactly the weights those
+"""Groupwise int4/int8 weights (model/quant.py): the absmax grid's error bound, the scale search never
+losing to it, GPTQ's codes with and without input correlations, the packed layout, and GPTQ / AWQ checkpoints built here from known integers, which must load to exactly the weights those
 integers define."""
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from ninfer_rt.model.quant import (
     AWQ_ORDER,
     QuantFormatError,
     QuantizedWeight,
+    absmax_scales,
     concat_rows,
     dequantize,
+    gptq_codes,
     pack,
     quantize,
+    search_scales,
     scheme_from_config,
     unpack,
 )
@@ -31,30 +34,110 @@ TINY = dict(hidden=128, heads=4, kv_heads=2, head_dim=64, intermediate=256, voca
 GROUP = 128
 
 
+def weights_with_outliers(seed: int, out: int = 48, in_features: int = 256) -> np.ndarray:
+    """Gaussian rows of magnitudes over three decades, with a few large weights as trained models have."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((out, in_features)) * rng.uniform(0.001, 2.0, (out, 1))
+    w[rng.random(w.shape) < 0.01] *= 6.0
+    return w.astype(np.float32)
+
+
+def group_errors(w: np.ndarray, scales: np.ndarray, bits: int, importance: np.ndarray | None = None) -> np.ndarray:
+    """Each group's (importance-weighted) squared error when rounding to nearest with ``scales``."""
+    group = w.shape[1] // scales.shape[1]
+    half = 1 << (bits - 1)
+    step = np.repeat(scales.astype(np.float64), group, axis=1)
+    q = np.clip(np.rint(w / np.where(step != 0, step, 1.0)), -half, half - 1)
+    weighted = (w - q * step) ** 2 * (1.0 if importance is None else importance)
+    return weighted.reshape(w.shape[0], -1, group).sum(axis=-1)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [32, 128])
-def test_quantize_error_is_at_most_half_a_step_everywhere(bits: int, group_size: int) -> None:
-    rng = np.random.default_rng(bits + group_size)
-    w = (rng.standard_normal((48, 256)) * rng.uniform(0.001, 2.0, (48, 1))).astype(np.float32)
-    w[3, :group_size] = 0.0  # an all-zero group: scale 0, codes 0, weights exactly 0
-    qw = quantize(w, bits, group_size)
-    step = np.repeat(qw.scales.astype(np.float64), group_size, axis=1)
-    error = np.abs(dequantize(qw, np.float64) - w)
-    assert np.all(error <= step / 2 + 1e-12 * np.abs(w))
-    assert np.all(dequantize(qw)[3, :group_size] == 0.0)
+def test_absmax_grid_error_is_at_most_half_a_step_everywhere(bits: int, group_size: int) -> None:
+    w = weights_with_outliers(bits + group_size)
+    w[3, :group_size] = 0.0  # an all-zero group: scale 0, and its weights stay exactly 0
+    grouped = w.reshape(w.shape[0], -1, group_size)
+    scales = absmax_scales(grouped, bits)
+    step = np.repeat(scales.astype(np.float64), group_size, axis=1)
+    half = 1 << (bits - 1)
+    q = np.clip(np.rint(w / np.where(step != 0, step, 1.0)), -half, half - 1)
+    assert np.all(np.abs(q * step - w) <= step / 2 + 1e-12 * np.abs(w))
+    assert scales[3, 0] == 0
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_quantize_grid_is_absmax_over_half_levels_minus_a_half(bits: int) -> None:
+def test_absmax_grid_is_absmax_over_half_levels_minus_a_half(bits: int) -> None:
     """GPTQ's symmetric grid: the largest magnitude lands at +-(2^(bits-1) - 0.5) steps, so the top code
-    2^(bits-1) - 1 is used (absmax / 7 would leave one int4 level unused); codes are stored offset."""
+    2^(bits-1) - 1 is used (absmax / 7 would leave one int4 level unused)."""
     half = 1 << (bits - 1)
-    w = np.tile(np.linspace(-1.0, 1.0, 128, dtype=np.float32), (2, 1))
+    scales = absmax_scales(np.linspace(-1.0, 1.0, 128, dtype=np.float32).reshape(1, 1, 128), bits).astype(np.float64)
+    assert np.all(scales >= 1.0 / (half - 0.5))  # rounded up to bf16
+    assert np.all(scales < 1.0 / (half - 0.5) * (1 + 2**-7))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_searched_scales_never_increase_a_groups_error_over_absmax(bits: int, weighted: bool) -> None:
+    w = weights_with_outliers(bits)
+    importance = np.random.default_rng(1).uniform(0.01, 10.0, 256).astype(np.float32) if weighted else None
+    grouped = w.reshape(48, 2, 128)
+    searched = search_scales(grouped, bits, None if importance is None else importance.reshape(1, 2, 128))
+    assert searched.dtype == BF16 and searched.shape == (48, 2)
+    plain, found = group_errors(w, absmax_scales(grouped, bits), bits, importance), group_errors(w, searched, bits, importance)
+    assert np.all(found <= plain)
+
+
+def test_int4_scale_search_cuts_the_squared_error_of_gaussian_weights_by_a_fifth() -> None:
+    w = np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)
+    grouped = w.reshape(256, 4, 128)
+    plain = group_errors(w, absmax_scales(grouped, 4), 4).sum()
+    assert group_errors(w, search_scales(grouped, 4), 4).sum() < 0.8 * plain
+
+
+def test_a_positive_extreme_may_flip_the_grid_to_reach_code_minus_8() -> None:
+    """W = (u - 8) * scale holds 8 steps on one side: a negative scale puts that side on a positive extreme."""
+    w = np.full((1, 32), 0.5, np.float32)
+    w[0, 0] = 4.0  # 4.0 = -8 * -0.5 and 0.5 = -1 * -0.5: exact on the flipped grid, not on +-4/7.5 steps
+    qw = quantize(w, 4, 32)
+    assert qw.scales.astype(np.float32)[0, 0] == -0.5
+    np.testing.assert_array_equal(dequantize(qw), w)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantize_stores_codes_nearest_to_each_weight_on_its_searched_grid(bits: int) -> None:
+    w = weights_with_outliers(bits)
+    w[3, :128] = 0.0
     qw = quantize(w, bits, 128)
-    assert np.all(qw.scales.astype(np.float64) >= 1.0 / (half - 0.5))  # rounded up to bf16
-    assert np.all(qw.scales.astype(np.float64) < 1.0 / (half - 0.5) * (1 + 2**-7))
-    codes = unpack(qw.qweight, bits).astype(int) - half
-    assert codes.min() == -(half - 1) and codes.max() == half - 1
+    assert qw.scales.shape == (48, 2) and qw.qweight.shape == (48, 256 * bits // 8)
+    np.testing.assert_array_equal(qw.scales, search_scales(w.reshape(48, 2, 128), bits))
+    expected = group_errors(w, qw.scales, bits).sum()
+    assert np.isclose(((dequantize(qw, np.float64) - w) ** 2).sum(), expected, rtol=1e-6)
+    assert np.all(dequantize(qw)[3, :128] == 0.0)
+
+
+def test_gptq_with_uncorrelated_inputs_rounds_to_nearest() -> None:
+    """A diagonal Hessian couples no inputs: there is nothing to compensate, so GPTQ is plain rounding."""
+    w = weights_with_outliers(5).astype(np.float64)
+    scales = search_scales(w.reshape(48, 2, 128).astype(np.float32), 4)
+    codes = gptq_codes(w, scales, np.diag(np.random.default_rng(2).uniform(0.5, 2.0, 256)), 4)
+    step = np.repeat(scales.astype(np.float64), 128, axis=1)
+    np.testing.assert_array_equal(codes, np.clip(np.rint(w / step), -8, 7))
+
+
+def test_calibrated_quantization_cuts_the_output_error_on_correlated_inputs() -> None:
+    rng = np.random.default_rng(3)
+    mixing = rng.standard_normal((256, 256)) * 0.3 + np.eye(256)  # correlated channels, as activations are
+    x = rng.standard_normal((4096, 256)) @ mixing * rng.uniform(0.1, 3.0, 256)
+    w = weights_with_outliers(4)
+    hessian = x.T @ x / len(x)
+
+    def output_error(qw: QuantizedWeight) -> float:
+        return float(np.linalg.norm(x @ (dequantize(qw, np.float64) - w).T))
+
+    weight_only, calibrated = quantize(w, 4, 128), quantize(w, 4, 128, hessian)
+    assert calibrated.qweight.shape == weight_only.qweight.shape and calibrated.scales.dtype == BF16
+    assert output_error(calibrated) < 0.8 * output_error(weight_only)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -1,11 +1,13 @@
 """Quality of quantized weights on a trained model: int8 and int4 perplexity against bf16 (tools/eval_ppl.py's
 windows and scoring) and teacher-forced top-1 agreement (the quantized model's argmax equals bf16's on the
-same prefixes). The model is quantized with `ninfer-rt quantize` into a temporary directory per bit width.
-Prints one JSON line per variant and exits 1 when a target is missed (int8 within 0.5% of bf16 perplexity,
-int4 within 3%).
+same prefixes). The model is quantized with `ninfer-rt quantize` into a temporary directory per bit width,
+calibrated on --calibration-tokens of the *training* split of the same sources (never the scored held-out
+text; 0: weight-only scale search). Prints one JSON line per variant and exits 1 when a target is missed
+(int8 within 0.5% of bf16 perplexity, int4 within 3%).
 
   python tools/eval_quant.py                                   # the shipped model, numpy executor
   python tools/eval_quant.py --model DIR --device cuda --max-tokens 65536
+  python tools/eval_quant.py --calibration-tokens 0            # weight-only: no calibration forward
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ninfer_rt.model.layers import forward
 from ninfer_rt.model.tiny import ENDOFTEXT
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.models import default_model_dir
-from tiny_corpus import eval_windows, token_stream
+from tiny_corpus import eval_windows, python_sources, read_texts, source_roots, split, token_stream
 
 PPL_TARGETS = {8: 0.005, 4: 0.03}  # allowed relative perplexity increase over bf16
 
@@ -60,6 +62,14 @@ def score(model_dir: Path, windows: np.ndarray, device: str) -> Scores:
     return Scores(nll, windows.shape[0] * seq_len, np.stack(argmax))
 
 
+def write_calibration_text(scratch: Path, tokens: int) -> str:
+    """Training-split sources (disjoint from heldout_text's files), about 8 bytes per wanted token."""
+    train, _ = split(python_sources(source_roots()))
+    path = scratch / "calibration.txt"
+    path.write_text("\n\n".join(read_texts(train, max_bytes=tokens * 8)))
+    return str(path)
+
+
 @click.command()
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="bf16 model directory [default: the shipped tiny model].")
@@ -67,7 +77,9 @@ def score(model_dir: Path, windows: np.ndarray, device: str) -> Scores:
 @click.option("--seq-len", default=512, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-tokens", default=16384, show_default=True, type=click.IntRange(min=1), help="Tokens scored.")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
-def main(model_dir: Path | None, group_size: int, seq_len: int, max_tokens: int, device: str) -> None:
+@click.option("--calibration-tokens", default=32768, show_default=True, type=click.IntRange(min=0),
+              help="Training-split tokens for `quantize --calibration-text`; 0 quantizes without calibration.")
+def main(model_dir: Path | None, group_size: int, seq_len: int, max_tokens: int, device: str, calibration_tokens: int) -> None:
     model_dir = model_dir or default_model_dir()
     tokenizer = Tokenizer(model_dir)
     texts = heldout_text(max_bytes=max_tokens * 8)
@@ -76,8 +88,12 @@ def main(model_dir: Path | None, group_size: int, seq_len: int, max_tokens: int,
     print(json.dumps({"variant": "bf16", "ppl": round(baseline.ppl, 4), "tokens": baseline.tokens}))
     failed = False
     with tempfile.TemporaryDirectory(prefix="eval_quant-") as scratch:
+        calibration = write_calibration_text(Path(scratch), calibration_tokens) if calibration_tokens else None
         for bits, target in PPL_TARGETS.items():
-            quantized_dir = quantize_checkpoint(model_dir, Path(scratch) / f"int{bits}", bits, group_size)
+            quantized_dir = quantize_checkpoint(
+                model_dir, Path(scratch) / f"int{bits}", bits, group_size,
+                calibration_text=calibration, calibration_tokens=calibration_tokens,
+            )
             scores = score(quantized_dir, windows, device)
             increase = scores.ppl / baseline.ppl - 1
             passed = increase <= target
@@ -85,7 +101,7 @@ def main(model_dir: Path | None, group_size: int, seq_len: int, max_tokens: int,
             print(json.dumps({
                 "variant": f"int{bits}-g{group_size}", "ppl": round(scores.ppl, 4), "ppl_increase": round(increase, 5),
                 "target": target, "pass": passed, "top1_agreement": round(float((scores.argmax == baseline.argmax).mean()), 4),
-                "tokens": scores.tokens, "device": device,
+                "tokens": scores.tokens, "device": device, "calibration_tokens": calibration_tokens,
             }))
     sys.exit(1 if failed else 0)
 
