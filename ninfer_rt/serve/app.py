@@ -175,8 +175,7 @@ def _install_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics, co
         raw = await request.body()
         chat = _is_chat_body(raw)
         body = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
-        backend = _ready(state)
-        _check_model(body.model, config)
+        backend = _serving(body.model, state, config)
         ids = _render_chat(body, state, config).ids if chat else _completion_prompt_ids(body, backend)
         return JSONResponse({"count": len(ids), "max_model_len": backend.context_limit, "tokens": ids})
 
@@ -235,10 +234,29 @@ class _Job:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    tokenizer: Tokenizer | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     endpoint = ""
     object_name = ""
+    id_prefix = ""
+
+    @classmethod
+    def _fields(
+        cls, body: ChatCompletionRequest | CompletionRequest, backend: GenerationBackend, prompt_ids: list[int],
+        config: ServeConfig, logprobs: bool, top_logprobs: int,
+    ) -> dict[str, Any]:
+        """The fields both endpoints fill the same way from the request and its tokenized prompt."""
+        params = _sampling_params(body, body.requested_max_tokens, prompt_ids, backend, config)
+        return {
+            "request_id": f"{cls.id_prefix}-{uuid.uuid4().hex}",
+            "model": body.model,
+            "prompt_ids": prompt_ids,
+            "params": _with_logprobs(params, logprobs, top_logprobs),
+            "stream": body.stream,
+            "include_usage": bool(body.stream_options and body.stream_options.include_usage),
+            "tokenizer": backend.tokenizer,
+        }
 
     def chunk_object(self) -> str:
         return self.object_name + ".chunk" if self.object_name == "chat.completion" else self.object_name
@@ -265,30 +283,18 @@ class _Job:
 @dataclass
 class _ChatJob(_Job):
     parser: OutputParser = field(default_factory=OutputParser)
-    tokenizer: Tokenizer | None = None
     sent_role: bool = False
 
     endpoint = "/v1/chat/completions"
     object_name = "chat.completion"
+    id_prefix = "chatcmpl"
 
     @classmethod
     def build(cls, body: ChatCompletionRequest, state: ServerState, config: ServeConfig) -> _ChatJob:
-        backend = _ready(state)
-        _check_model(body.model, config)
+        backend = _serving(body.model, state, config)
         prompt = _render_chat(body, state, config)
-        prompt_ids = prompt.ids
-        params = _sampling_params(body, body.requested_max_tokens, prompt_ids, backend, config)
-        params = _with_logprobs(params, body.logprobs, body.top_logprobs or 0)
-        return cls(
-            request_id=f"chatcmpl-{uuid.uuid4().hex}",
-            model=body.model,
-            prompt_ids=prompt_ids,
-            params=params,
-            stream=body.stream,
-            include_usage=bool(body.stream_options and body.stream_options.include_usage),
-            parser=OutputParser.for_prompt(prompt.generation_prompt, body.parses_tool_calls),
-            tokenizer=backend.tokenizer,
-        )
+        fields = cls._fields(body, backend, prompt.ids, config, body.logprobs, body.top_logprobs or 0)
+        return cls(parser=OutputParser.for_prompt(prompt.generation_prompt, body.parses_tool_calls), **fields)
 
     def delta(self, output: RequestOutput) -> dict[str, Any] | None:
         parsed = self.parser.feed(output.text)
@@ -336,29 +342,18 @@ class _ChatJob(_Job):
 
 @dataclass
 class _CompletionJob(_Job):
-    tokenizer: Tokenizer | None = None
     num_logprobs: int | None = None
 
     endpoint = "/v1/completions"
     object_name = "text_completion"
+    id_prefix = "cmpl"
 
     @classmethod
     def build(cls, body: CompletionRequest, state: ServerState, config: ServeConfig) -> _CompletionJob:
-        backend = _ready(state)
-        _check_model(body.model, config)
+        backend = _serving(body.model, state, config)
         prompt_ids = _completion_prompt_ids(body, backend)
-        params = _sampling_params(body, body.requested_max_tokens, prompt_ids, backend, config)
-        params = _with_logprobs(params, body.logprobs is not None, body.logprobs or 0)
-        return cls(
-            request_id=f"cmpl-{uuid.uuid4().hex}",
-            model=body.model,
-            prompt_ids=prompt_ids,
-            params=params,
-            stream=body.stream,
-            include_usage=bool(body.stream_options and body.stream_options.include_usage),
-            tokenizer=backend.tokenizer,
-            num_logprobs=body.logprobs,
-        )
+        fields = cls._fields(body, backend, prompt_ids, config, body.logprobs is not None, body.logprobs or 0)
+        return cls(num_logprobs=body.logprobs, **fields)
 
     def delta(self, output: RequestOutput) -> dict[str, Any] | None:
         if not output.text and not output.finished:
@@ -414,12 +409,15 @@ def _render_chat(body: ChatCompletionRequest, state: ServerState, config: ServeC
     return _ChatPrompt(backend.tokenizer.encode(prompt.text), prompt.generation_prompt)
 
 
-def _check_model(model: str, config: ServeConfig) -> None:
+def _serving(model: str, state: ServerState, config: ServeConfig) -> GenerationBackend:
+    """The backend, once it is ready and if `model` is the one this server serves."""
+    backend = _ready(state)
     if model != config.served_model_name:
         raise APIError(
             404, f"the model {model!r} does not exist; this server serves {config.served_model_name!r}",
             param="model", code="model_not_found",
         )
+    return backend
 
 
 def _completion_prompt_ids(body: CompletionRequest, backend: GenerationBackend) -> list[int]:
