@@ -22,6 +22,8 @@ from ninfer_rt.kv.cache import KVCache
 from ninfer_rt.kv.sequence import SequenceKV
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
 
+StepForward = Callable[[StepBatch], ForwardOutput]
+
 
 @dataclass(frozen=True)
 class SampledTokens:
@@ -73,18 +75,18 @@ class ModelRunner:
         model: PreparedModel,
         kv: KVCache,
         ledger: KVLedger,
-        step_forward: Callable[[StepBatch], ForwardOutput] | None = None,
+        step_forward: StepForward | None = None,
     ) -> None:
         self.executor = executor
         self.model = model
         self.kv = kv
         self.ledger = ledger
-        # The CUDA executor replays decode-width steps from graphs; the default is the plain forward.
-        self.step_forward = step_forward or (lambda batch: forward(executor, model, batch, kv))
+        # The CUDA executor replays steps from graphs keyed by step shape; the default is the plain forward.
+        self.forward = step_forward or (lambda batch: forward(executor, model, batch, kv))
 
     def run(self, chunks: Sequence[ScheduledChunk]) -> list[SampledTokens]:
         batch = self.build_batch(chunks)
-        output = self.step_forward(batch)
+        output = self.forward(batch)
         logits = self.executor.to_host(output.logits)
         sampling = [chunk.request for chunk in chunks if chunk.samples]
         return [

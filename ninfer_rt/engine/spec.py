@@ -37,25 +37,23 @@ entry at position M-1, which the earlier owner computed with its own x[M].
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.request import Request
-from ninfer_rt.engine.runner import SampledTokens, SeqRows, step_batch
+from ninfer_rt.engine.runner import ModelRunner, SampledTokens, SeqRows, StepForward, step_batch
 from ninfer_rt.engine.sampling import Sample, described, final_logits, softmax
 from ninfer_rt.engine.scheduler import ScheduledChunk
 from ninfer_rt.engine.spec_verify import Verdict, verify_greedy, verify_sampled
 from ninfer_rt.engine.spec_vocab import DraftVocab
 from ninfer_rt.exec.base import Executor, StepBatch, Tensor
 from ninfer_rt.kv.cache import KVCache
-from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
+from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import PreparedMTP, mtp_forward
 from ninfer_rt.model.weights import ModelWeights
-
-StepForward = Callable[[StepBatch], ForwardOutput]
 
 
 def lookahead(draft_tokens: int) -> int:
@@ -127,8 +125,9 @@ class Drafter:
     draft_tokens: int  # k: drafts per step
 
 
-class SpecRunner:
-    """ModelRunner's drop-in for `--spec mtp`: `run` returns the accepted drafts plus one token per request."""
+class SpecRunner(ModelRunner):
+    """ModelRunner's drop-in for `--spec mtp`: `run` returns the accepted drafts plus one token per request.
+    Its step forward is the verify forward (on the CUDA executor, graphs keyed by batch x verify width)."""
 
     def __init__(
         self,
@@ -139,15 +138,10 @@ class SpecRunner:
         drafter: Drafter,
         step_forward: StepForward | None = None,
     ) -> None:
-        self.executor = executor
-        self.model = model
-        self.kv = kv
-        self.ledger = ledger
+        super().__init__(executor, model, kv, ledger, step_forward)
         self.mtp = drafter.mtp
         self.head = drafter.head
         self.draft_tokens = drafter.draft_tokens
-        # The verify forward: on the CUDA executor, graphs keyed by step shape (batch x verify width).
-        self.forward = step_forward or (lambda batch: forward(executor, model, batch, kv))
         self.drafts: dict[str, Draft] = {}  # made at the end of a request's step, verified in its next one
 
     def run(self, chunks: Sequence[ScheduledChunk]) -> list[SampledTokens]:
