@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.kv.cache import page_resource
 from ninfer_rt.kv.pages import OutOfPages, PagePool
 
@@ -12,6 +12,23 @@ from ninfer_rt.kv.pages import OutOfPages, PagePool
 @pytest.fixture
 def streams() -> StreamSet:
     return StreamSet(verify=True)
+
+
+def cached_page(pool: PagePool, compute: Stream) -> int:
+    """A page allocated, retained and released: cached, with no references."""
+    [page] = pool.allocate(1, compute)
+    pool.retain(page)
+    pool.release([page], compute.record())
+    return page
+
+
+def cached_free_and_in_use(compute: Stream) -> PagePool:
+    """A pool of three pages: one cached, one free, one in use."""
+    pool = PagePool(3)
+    a, b, _ = pool.allocate(3, compute)
+    pool.retain(a)
+    pool.release([a, b], compute.record())
+    return pool
 
 
 def test_a_new_pool_is_all_free() -> None:
@@ -51,9 +68,7 @@ def test_retained_page_becomes_cached_not_free_at_zero_references(streams: Strea
 def test_sharing_a_cached_page_reactivates_it(streams: StreamSet) -> None:
     pool = PagePool(4)
     compute = streams.create("compute")
-    [page] = pool.allocate(1, compute)
-    pool.retain(page)
-    pool.release([page], compute.record())
+    page = cached_page(pool, compute)
     pool.share([page], compute)
     assert not pool.is_cached(page) and pool.refcount(page) == 1
 
@@ -86,11 +101,7 @@ def test_allocation_evicts_least_recently_released_cached_page_and_reports_it(st
 
 
 def test_can_allocate_counts_free_and_evictable_pages(streams: StreamSet) -> None:
-    pool = PagePool(3)
-    compute = streams.create("compute")
-    a, b, c = pool.allocate(3, compute)
-    pool.retain(a)
-    pool.release([a, b], compute.record())
+    pool = cached_free_and_in_use(streams.create("compute"))
     assert pool.can_allocate(2) and not pool.can_allocate(3)
 
 
@@ -101,11 +112,7 @@ def test_allocating_beyond_capacity_raises_out_of_pages(streams: StreamSet) -> N
 
 
 def test_explicit_eviction_frees_cached_pages_only(streams: StreamSet) -> None:
-    pool = PagePool(3)
-    compute = streams.create("compute")
-    a, b, _ = pool.allocate(3, compute)
-    pool.retain(a)
-    pool.release([a, b], compute.record())
+    pool = cached_free_and_in_use(streams.create("compute"))
     assert pool.evict(5) == 1
     assert (pool.stats().free, pool.stats().in_use, pool.stats().cached) == (2, 1, 0)
 

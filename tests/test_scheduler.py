@@ -102,13 +102,20 @@ def test_a_finished_lane_admits_the_next_waiting_request() -> None:
     assert set(sizes(run_step(scheduler))) == {"b"}
 
 
-def test_when_pages_run_out_the_newest_request_is_preempted_and_waits_first_in_line() -> None:
-    ledger = CountingLedger(4)  # 16 tokens
+def old_and_new_filling_the_pool(ledger: CountingLedger) -> tuple[Scheduler, Request, Request]:
+    """Requests "old" then "new", 8 prompt tokens each, after the step that gives each 2 pages: with a
+    4-page (16-token) ledger the pool is full."""
     scheduler = Scheduler(SchedulerConfig(max_concurrency=2, token_budget=64), ledger)
     old, new = make_request("old", 8), make_request("new", 8)
     scheduler.add(old)
     scheduler.add(new)
-    run_step(scheduler)  # both hold 2 pages: the pool is full
+    run_step(scheduler)
+    return scheduler, old, new
+
+
+def test_when_pages_run_out_the_newest_request_is_preempted_and_waits_first_in_line() -> None:
+    ledger = CountingLedger(4)
+    scheduler, old, new = old_and_new_filling_the_pool(ledger)
     step = run_step(scheduler)  # "old" needs a third page for its 9th token
     assert step.preempted == [new]
     assert new.state is RequestState.PREEMPTED and new.num_computed == 0
@@ -117,12 +124,8 @@ def test_when_pages_run_out_the_newest_request_is_preempted_and_waits_first_in_l
 
 
 def test_a_preempted_request_recomputes_prompt_and_output_when_readmitted() -> None:
-    scheduler = Scheduler(SchedulerConfig(max_concurrency=2, token_budget=64), CountingLedger(4))
-    old, new = make_request("old", 8), make_request("new", 8)
-    scheduler.add(old)
-    scheduler.add(new)
-    run_step(scheduler)
-    run_step(scheduler)
+    scheduler, old, new = old_and_new_filling_the_pool(CountingLedger(4))
+    run_step(scheduler)  # preempts "new"
     scheduler.finish(old, FinishReason.STOP)
     step = run_step(scheduler)
     assert sizes(step) == {"new": 9}  # 8 prompt tokens + the token it had sampled
