@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 from server_helpers import healthy_server
+from test_tokenizer import TOOLS
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.model.tokenizer import Tokenizer
@@ -26,16 +27,6 @@ from ninfer_rt.serve.chat import ChatTemplate
 MODEL = "tiny"
 MAX_CONTEXT = 1024
 LONG_SYSTEM = "You are a careful coding agent. " + "Read the code before you change it. " * 10
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-        },
-    }
-]
 
 
 @dataclass
