@@ -119,7 +119,9 @@ def agent(s: Scale) -> list[Turn]:
     main = [
         Turn(lane="agent", content=s.size(450, 24), system=system if t == 0 else None, tools=AGENT_TOOLS,
              role="tool" if t % 10 else "user", thinking=True, stream=True, align=TAIL_ALIGN if t % 8 == 7 else None,
-             max_tokens=s.size(400, 24), ignore_eos=True, seed=t)
+             # Replies of 250 keep the last prompt near 115k: each turn also carries ~190 tokens of template,
+             # tool-call and think markup (the H200 run with 400-token replies reached 130,973).
+             max_tokens=s.size(250, 24), ignore_eos=True, seed=t)
         for t in range(turns)
     ]
     side_requests = s.count(14, 4)
