@@ -7,22 +7,17 @@ watch (compile, test and bench again on every save).
 
 from __future__ import annotations
 
-import os
-import sys
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import click
-from tqdm import tqdm
 
 from ninfer_rt.cuda.benchmark import LAUNCHES, REPEATS, BenchSession, Measurement, Roofline
 from ninfer_rt.cuda.compiler import (
     ArchError,
-    CompiledFamily,
     KernelCompileError,
-    UnknownFamilyError,
-    compile_family,
+    Outcome,
+    compile_many,
     families,
     kernels_dir,
     resolve_arch,
@@ -41,7 +36,6 @@ from ninfer_rt.kernel_dev import (
 )
 from ninfer_rt.kernel_benches import BENCHES, SHAPES
 
-Outcome = CompiledFamily | KernelCompileError
 DEFAULT_SHAPE = "qwen3-8b"
 
 
@@ -62,7 +56,7 @@ def kernels() -> None:
 def compile_command(arch: str, names: tuple[str, ...]) -> None:
     """Compile every kernel family (or the named ones) for ARCH and print a table."""
     names, arch = _known(names), _one_arch(arch)
-    outcomes = _compile_all([(name, arch) for name in names])
+    outcomes = compile_many([(name, arch) for name in names])
     errors = [o for o in outcomes if isinstance(o, KernelCompileError)]
     if errors:
         raise click.ClickException(str(errors[0]))
@@ -75,7 +69,7 @@ def list_command() -> None:
     names = families()
     archs = _archs("native")
     # Entry points come from the cubin (macro-generated names); one arch suffices, the cache keeps it.
-    outcomes = _compile_all([(name, archs[0]) for name in names])
+    outcomes = compile_many([(name, archs[0]) for name in names])
     for name, outcome in zip(names, outcomes):
         click.echo(_describe_family(name, archs, outcome))
 
@@ -189,35 +183,13 @@ def _can_run(archs: list[str], quiet: bool = False) -> bool:
 
 def _compile_and_report(names: list[str], archs: list[str]) -> bool:
     """Compile every (family, arch); print the table, or each error with its source lines. True if all compiled."""
-    outcomes = _compile_all([(name, arch) for name in names for arch in archs])
+    outcomes = compile_many([(name, arch) for name in names for arch in archs])
     errors = [o for o in outcomes if isinstance(o, KernelCompileError)]
     for error in errors:
         click.echo(describe_compile_error(error))
     if not errors:
         click.echo(_compile_table(outcomes))
     return not errors
-
-
-def _compile_all(jobs: list[tuple[str, str]]) -> list[Outcome]:
-    """Compile in parallel (NVRTC releases the GIL); outcomes in `jobs` order, an NVRTC error in place of its cubin."""
-    pool = ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1)))
-    try:
-        futures = {pool.submit(_compile_one, name, arch): i for i, (name, arch) in enumerate(jobs)}
-        progress = tqdm(as_completed(futures), total=len(futures), desc="compiling", unit="cubin",
-                        disable=not sys.stderr.isatty(), leave=False)
-        outcomes = {futures[future]: future.result() for future in progress}
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return [outcomes[i] for i in range(len(jobs))]
-
-
-def _compile_one(name: str, arch: str) -> Outcome:
-    try:
-        return compile_family(name, arch)
-    except KernelCompileError as err:
-        return err
-    except UnknownFamilyError as err:  # the file vanished (an editor's save-by-rename): report it as a failure
-        return KernelCompileError(name, arch, str(err))
 
 
 def _compile_table(results: list[Outcome]) -> str:

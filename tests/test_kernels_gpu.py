@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -11,6 +12,9 @@ from gpu_session import POISON, GpuSession
 from kernel_refs import rmsnorm_ref, rmsnorm_residual_ref, silu_mul_ref
 
 from ninfer_rt.cuda import ops
+from ninfer_rt.cuda.compiler import families
+from ninfer_rt.cuda.driver import open_device
+from ninfer_rt.cuda.kernels import KernelLibrary
 
 pytestmark = pytest.mark.gpu
 
@@ -110,3 +114,14 @@ def test_silu_mul_matches_reference(session: GpuSession, rows: int, inter: int) 
 
     assert_matches("out", session.download(stream, out, BF16, rows * inter), silu_mul_ref(gate_up))
     assert_guard_untouched(session, stream, out, rows * inter)
+
+
+def test_a_cold_start_compiles_every_family_up_front_and_says_how_long_a_warm_start_is_silent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path))
+    device = open_device()
+    KernelLibrary(device).preload(families())
+    cold = capsys.readouterr().err
+    KernelLibrary(device).preload(families())
+    assert f"compiled {len(families())} kernel families" in cold and capsys.readouterr().err == ""

@@ -15,10 +15,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 from cuda.bindings import nvrtc
+from tqdm import tqdm
 
 from ninfer_rt.cuda.driver import arch_string, check, device_count, open_device
 
@@ -228,3 +230,29 @@ def _program_log(program: object) -> str:
     log = b" " * size
     check(nvrtc.nvrtcGetProgramLog(program, log), "nvrtcGetProgramLog")
     return log.rstrip(b"\0").decode(errors="replace").strip()
+
+
+Outcome = CompiledFamily | KernelCompileError
+
+
+def compile_many(jobs: list[tuple[str, str]]) -> list[Outcome]:
+    """Compile (family, arch) jobs in parallel (NVRTC releases the GIL); outcomes in `jobs` order, an NVRTC
+    error in place of its cubin. A progress bar on a terminal."""
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1)))
+    try:
+        futures = {pool.submit(_compile_one, name, arch): i for i, (name, arch) in enumerate(jobs)}
+        progress = tqdm(as_completed(futures), total=len(futures), desc="compiling kernels", unit="cubin",
+                        disable=not sys.stderr.isatty(), leave=False)
+        outcomes = {futures[future]: future.result() for future in progress}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [outcomes[i] for i in range(len(jobs))]
+
+
+def _compile_one(name: str, arch: str) -> Outcome:
+    try:
+        return compile_family(name, arch)
+    except KernelCompileError as err:
+        return err
+    except UnknownFamilyError as err:  # the file vanished (an editor's save-by-rename): report it as a failure
+        return KernelCompileError(name, arch, str(err))

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 from cuda.bindings import driver as cu
 
-from ninfer_rt.cuda.compiler import compile_family
+from ninfer_rt.cuda.compiler import KernelCompileError, cache_dir, compile_family, compile_many
 from ninfer_rt.cuda.driver import Device, check
 from ninfer_rt.cuda.memory import Buffer
 from ninfer_rt.cuda.streams import require_stream
@@ -141,6 +143,23 @@ class KernelLibrary:
         check(cu.cuFuncSetAttribute(kernel.function, attribute, nbytes), f"cuFuncSetAttribute({spec.name})")
         kernel.max_dynamic_smem = nbytes
         return kernel
+
+    def preload(self, names: list[str]) -> None:
+        """Compile (in parallel) and load `names` now, so no request pays for NVRTC; a cold cache's compile
+        time goes to stderr, a warm start says nothing."""
+        arch = self.arch or self.device.arch
+        missing = [name for name in names if name not in self._modules]
+        started = time.perf_counter()
+        outcomes = compile_many([(name, arch) for name in missing])
+        errors = [o for o in outcomes if isinstance(o, KernelCompileError)]
+        if errors:
+            raise errors[0]
+        for compiled in outcomes:
+            self._modules[compiled.family] = check(cu.cuModuleLoadData(compiled.cubin), f"cuModuleLoadData({compiled.family})")
+        fresh = [o.family for o in outcomes if not o.cached]
+        if fresh:
+            print(f"ninfer-rt: compiled {len(fresh)} kernel families for {arch} in {time.perf_counter() - started:.1f} s "
+                  f"(cached in {cache_dir()} for the next start)", file=sys.stderr)
 
     def _module(self, family: str) -> object:
         if family not in self._modules:

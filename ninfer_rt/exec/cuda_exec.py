@@ -27,6 +27,7 @@ import numpy as np
 
 from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops
 from ninfer_rt.cuda.blas import Blas, GemmShape
+from ninfer_rt.cuda.compiler import families
 from ninfer_rt.cuda.graphs import Graph, capture
 from ninfer_rt.cuda.kernels import KernelLibrary
 from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
@@ -120,6 +121,7 @@ class CudaExecutor:
         self.streams = streams
         self.compute = streams.create("compute")
         self.library = library or KernelLibrary(streams.device)
+        self.library.preload(families())  # compile at start-up, not inside the first request
         self.blas = Blas(streams)
         self.max_tokens = max_tokens
         self.max_seqs = max_seqs
