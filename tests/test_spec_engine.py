@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ninfer_rt.engine.engine import Engine, EngineConfig, EngineError
+from ninfer_rt.engine.engine import Engine, EngineConfig, EngineError, max_step_rows
 from ninfer_rt.engine.output import RequestOutput, RequestStats
 from ninfer_rt.engine.request import SamplingParams
 from spec_models import make_agreeable_mtp_model
@@ -134,3 +134,20 @@ def test_outputs_stop_at_eos_inside_accepted_drafts(agreeable: Path) -> None:
     plain, _ = run(engine(agreeable), PROMPTS, SamplingParams(temperature=0, max_tokens=24))
     speculative, _ = run(engine(agreeable, spec="mtp", draft_tokens=4), PROMPTS, SamplingParams(temperature=0, max_tokens=24))
     assert speculative == plain
+
+
+def test_no_step_holds_more_rows_than_the_executor_is_sized_for(agreeable: Path) -> None:
+    # A prefill chunk takes the whole budget while the other lane verifies 1 + K rows: the CUDA executor's
+    # activation pool is sized by max_step_rows, so every step must fit it, and the drafts must need it.
+    config = {"token_budget": 16, "max_concurrency": 2, "spec": "mtp", "draft_tokens": 3}
+    eng = engine(agreeable, **config)
+    rows: list[int] = []
+    begin_step = eng.executor.begin_step
+    eng.executor.begin_step = lambda batch, kv: (rows.append(batch.num_tokens), begin_step(batch, kv))[1]
+    eng.add_request(prompt(9, 2), GREEDY)
+    eng.step()
+    eng.add_request(prompt(120, 1), GREEDY)
+    while eng.has_work:
+        eng.step()
+    assert max(rows) <= max_step_rows(EngineConfig(**config))  # type: ignore[arg-type]
+    assert max(rows) > config["token_budget"]

@@ -222,12 +222,19 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def max_step_rows(config: EngineConfig) -> int:
+    """The most rows one step can hold: the token budget counts a speculative decode as one token, but
+    it verifies 1 + draft_tokens rows."""
+    drafts = config.draft_tokens if config.spec == "mtp" else 0
+    return config.token_budget + config.max_concurrency * drafts
+
+
 def make_executor(config: EngineConfig, streams: StreamSet, max_context: int) -> Executor:
     if streams.device is None:
         return NumpyExecutor(streams)
     return CudaExecutor(
         streams,
-        max_tokens=config.token_budget,
+        max_tokens=max_step_rows(config),
         max_seqs=config.max_concurrency,
         max_pages_per_seq=-(-max_context // config.page_size) + 1,
         max_positions=max_context,
