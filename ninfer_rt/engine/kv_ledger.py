@@ -48,7 +48,7 @@ class KVLedger:
 
     def commit(self, request: Request) -> None:
         seq = self.sequences[request.request_id]
-        self.manager.commit(seq, request.all_ids[seq.num_tokens : request.num_computed])
+        self.manager.commit(seq, request.token_slice(seq.num_tokens, request.num_computed))
 
     def rollback(self, request: Request) -> None:
         seq = self.sequences[request.request_id]

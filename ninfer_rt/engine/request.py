@@ -121,6 +121,15 @@ class Request:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """`all_ids[start:stop]` without building the whole sequence (per-step callers on long prompts)."""
+        split = len(self.prompt_ids)
+        if stop <= split:
+            return self.prompt_ids[start:stop]
+        if start >= split:
+            return self.output_ids[start - split : stop - split]
+        return self.prompt_ids[start:] + self.output_ids[: stop - split]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)

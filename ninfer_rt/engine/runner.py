@@ -102,7 +102,7 @@ class ModelRunner:
         return SeqRows(
             self.ledger.sequence(request),
             start,
-            request.all_ids[start : start + size],
+            request.token_slice(start, start + size),
             [size - 1] if chunk.samples else [],
             request.request_id,
         )

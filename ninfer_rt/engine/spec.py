@@ -166,7 +166,7 @@ class SpecRunner(ModelRunner):
         request = chunk.request
         seq = self.ledger.sequence(request)
         start, size = request.num_computed, chunk.num_tokens
-        tokens = request.all_ids[start : start + size]
+        tokens = request.token_slice(start, start + size)
         if not chunk.samples:
             return SeqRows(seq, start, tokens, [], request.request_id), Draft()
         held = self.drafts.get(request.request_id, Draft()) if size == 1 else Draft()
@@ -251,6 +251,6 @@ def _next_tokens(chunk: ScheduledChunk, part: SeqRows, verified: Verified | None
     accepted ones get a filler: their MTP K/V lies past the accepted length and is rewritten before use."""
     request, start, size = chunk.request, chunk.request.num_computed, chunk.num_tokens
     if verified is None:  # a prefill chunk that samples nothing: the next prompt tokens
-        return request.all_ids[start + 1 : start + size + 1]
-    following = request.all_ids[start + 1 : start + size] + verified.verdict.tokens
+        return request.token_slice(start + 1, start + size + 1)
+    following = request.token_slice(start + 1, start + size) + verified.verdict.tokens
     return following + following[-1:] * (len(part.token_ids) - len(following))
