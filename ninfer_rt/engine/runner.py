@@ -55,17 +55,12 @@ def step_batch(parts: Sequence[SeqRows]) -> StepBatch:
         query_start=query_start,
         context_lens=np.array([part.start + size for part, size in zip(parts, sizes)], np.int32),
         block_tables=np.stack([part.seq.block_table_row(width) for part in parts]),
-        slot_mapping=np.concatenate([_slots(part.seq, pos) for part, pos in zip(parts, positions)]),
+        slot_mapping=np.concatenate([part.seq.slots(pos) for part, pos in zip(parts, positions)]),
         logit_rows=np.array(
             [query_start[i] + offset for i, part in enumerate(parts) for offset in part.logit_offsets], np.int32
         ),
         lanes=tuple(part.lane for part in parts),
     )
-
-
-def _slots(seq: SequenceKV, positions: np.ndarray) -> np.ndarray:
-    pages = np.asarray(seq.pages, np.int64)[positions // seq.page_size]
-    return (pages * seq.page_size + positions % seq.page_size).astype(np.int32)
 
 
 class ModelRunner:

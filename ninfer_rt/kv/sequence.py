@@ -40,7 +40,10 @@ class SequenceKV:
 
     def slot_mapping(self, new_tokens: int) -> np.ndarray:
         """int32 slot (page * page_size + offset) for each of the next `new_tokens` tokens."""
-        positions = np.arange(self.num_tokens, self.num_tokens + new_tokens)
+        return self.slots(np.arange(self.num_tokens, self.num_tokens + new_tokens))
+
+    def slots(self, positions: np.ndarray) -> np.ndarray:
+        """int32 slot (page * page_size + offset) of each token position."""
         pages = np.asarray(self.pages, np.int64)[positions // self.page_size]
         return (pages * self.page_size + positions % self.page_size).astype(np.int32)
 
