@@ -81,3 +81,25 @@ def test_a_plain_thread_can_submit_and_collect_through_a_callback(tiny_qwen3: Pa
     loop.stop()
     assert [t for o in received for t in o.token_ids] == direct_tokens(tiny_qwen3)[1]
     assert received[-1].finish_reason is FinishReason.LENGTH
+
+
+def test_a_request_queued_when_the_engine_fails_gets_the_error(tiny_qwen3: Path) -> None:
+    eng = engine(tiny_qwen3)
+    in_step, fail = threading.Event(), threading.Event()
+
+    def failing_step() -> list[RequestOutput]:
+        in_step.set()
+        fail.wait(timeout=60)
+        raise RuntimeError("sticky")
+
+    eng.step = failing_step  # type: ignore[method-assign]
+    loop = EngineLoop(eng).start()
+    received: list[RequestOutput | BaseException] = []
+    loop.submit(PROMPTS[0], PARAMS, received.append)
+    assert in_step.wait(timeout=60)
+    loop.submit(PROMPTS[1], PARAMS, received.append)  # queued behind the failing step
+    fail.set()
+    loop.stop()
+    assert len(received) == 2 and all(isinstance(item, RuntimeError) for item in received)
+    with pytest.raises(RuntimeError, match="stopped"):
+        loop.submit(PROMPTS[1], PARAMS, received.append)

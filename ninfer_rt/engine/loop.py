@@ -43,6 +43,7 @@ class EngineLoop:
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
         self.error: BaseException | None = None  # what stopped the loop, if anything did
+        self._error_lock = threading.Lock()  # a submit either sees `error` or is failed by the loop
 
     def start(self) -> EngineLoop:
         self._thread.start()
@@ -61,7 +62,10 @@ class EngineLoop:
         prompt_ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         self.engine.validate(prompt_ids, params)
         request_id = f"loop-{next(self._ids)}"
-        self._commands.put(_Submit(request_id, prompt_ids, params, sink))
+        with self._error_lock:
+            if self.error is not None:
+                raise RuntimeError(f"the engine loop stopped: {self.error}")
+            self._commands.put(_Submit(request_id, prompt_ids, params, sink))
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -92,9 +96,21 @@ class EngineLoop:
                 for output in self.engine.step():
                     self._deliver(output)
         except BaseException as err:  # a fatal engine error ends every request, never silently
-            self.error = err
+            with self._error_lock:
+                self.error = err
+            # requests still queued (submitted before `error` was set) fail too
+            while True:
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(command, _Submit):
+                    self._sinks[command.request_id] = command.sink
             for sink in self._sinks.values():
-                sink(err)
+                try:
+                    sink(err)
+                except Exception:  # noqa: BLE001 -- a consumer that went away must not keep the others waiting
+                    pass
             self._sinks.clear()
 
     def _apply_commands(self, block: bool) -> bool:
