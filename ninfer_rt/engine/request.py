@@ -9,6 +9,7 @@ chunk of the sequence, and when the chunk reaches the end, sample one more token
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import math
 import time
@@ -129,6 +130,11 @@ class Request:
         if start >= split:
             return self.output_ids[start - split : stop - split]
         return self.prompt_ids[start:] + self.output_ids[: stop - split]
+
+    @functools.cached_property
+    def prompt_vocab(self) -> np.ndarray:
+        """The prompt's distinct token ids, once: what the repetition penalty reads of it every token."""
+        return np.unique(np.asarray(self.prompt_ids, np.int64))
 
     @property
     def num_tokens(self) -> int:

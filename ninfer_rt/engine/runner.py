@@ -85,7 +85,7 @@ class ModelRunner:
         logits = self.executor.to_host(output.logits)
         sampling = [chunk.request for chunk in chunks if chunk.samples]
         return [
-            SampledTokens(request, [sample(row, request.params, request.generator, request.prompt_ids, request.output_ids)])
+            SampledTokens(request, [sample(row, request.params, request.generator, request.prompt_vocab, request.output_ids)])
             for request, row in zip(sampling, logits)
         ]
 

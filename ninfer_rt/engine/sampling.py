@@ -34,7 +34,7 @@ def apply_penalties(
 ) -> np.ndarray:
     logits = logits.astype(np.float64, copy=True)
     if params.repetition_penalty != 1.0:
-        seen = np.unique(np.asarray([*prompt_ids, *output_ids], dtype=np.int64))
+        seen = np.unique(np.concatenate([np.asarray(prompt_ids, np.int64), np.asarray(output_ids, np.int64)]))
         values = logits[seen]
         # dividing a negative logit would raise it; multiplying pushes both signs toward "less likely"
         logits[seen] = np.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)

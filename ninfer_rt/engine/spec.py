@@ -178,7 +178,7 @@ class SpecRunner(ModelRunner):
         params = request.params
         # Row i's target is conditioned on the drafts before it (penalties see them as output).
         finals = [
-            final_logits(row, params, request.prompt_ids, request.output_ids + draft.tokens[:i])
+            final_logits(row, params, request.prompt_vocab, request.output_ids + draft.tokens[:i])
             for i, row in enumerate(rows)
         ]
         if params.greedy:
