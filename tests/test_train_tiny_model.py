@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from forward_helpers import SeqStep, hf_outputs, make_runtime, relative_error, step_batch
