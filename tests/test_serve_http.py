@@ -5,6 +5,7 @@ robustness; what the parser makes of real model text is tested in test_parsing.p
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -206,6 +207,20 @@ def test_a_client_that_disconnects_mid_stream_has_its_pages_freed(server: Server
         time.sleep(0.02)
     assert server.pages_in_use() == 0
     assert server.state.in_flight == 0
+
+
+def test_clients_that_drop_the_connection_right_after_sending_leave_no_slot_or_page_taken(server: Server) -> None:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 300,
+                       "stream": True, "ignore_eos": True}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    for _ in range(5):  # whatever moment the server notices, no slot may stay taken
+        with socket.create_connection((host, int(port))) as raw:
+            raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.monotonic() + 2.0
+    while (server.state.in_flight or server.pages_in_use()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.state.in_flight == 0 and server.pages_in_use() == 0
 
 
 def test_metrics_count_requests_tokens_and_cache_hits(server: Server) -> None:

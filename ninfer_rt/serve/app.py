@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from ninfer_rt.engine.output import RequestOutput, RequestStats
 from ninfer_rt.engine.request import SamplingParams
@@ -510,7 +511,11 @@ async def _serve(
     state.in_flight += 1
     outputs = _Outputs(state, metrics, backend.generate(job.prompt_ids, job.params, job.request_id))
     if job.stream:
-        return StreamingResponse(_sse(job, outputs, metrics), media_type="text/event-stream")
+        # The background task releases the slot even when the client leaves before the body starts
+        # (then `_sse` never runs, so its `finally` cannot); aclose is idempotent.
+        return StreamingResponse(
+            _sse(job, outputs, metrics), media_type="text/event-stream", background=BackgroundTask(outputs.aclose)
+        )
     try:
         collected = [output async for output in outputs]
     finally:
