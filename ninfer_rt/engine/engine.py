@@ -266,9 +266,12 @@ def kv_spec(weights: ModelWeights, config: EngineConfig, device: Device | None) 
         dtype=config.kv_dtype,
         page_size=config.page_size,
     )
-    free_bytes = None  # CPU: memory is not the limit
-    if device is not None:
-        # What prepare_model left free, less the activation pool, cuBLAS workspaces and graphs.
-        free_bytes = device.free_memory() - max(2 << 30, device.total_memory // 20)
-    num_pages = resolve_kv_capacity(config.kv_capacity, KVSpec(num_pages=1, **shape), free_bytes)
+    page = KVSpec(num_pages=1, **shape)
+    if device is None:  # CPU: memory is not the limit
+        num_pages = resolve_kv_capacity(config.kv_capacity, page, None)
+    else:
+        # What prepare_model left free; the margin keeps room for the activation pool, cuBLAS workspaces
+        # and graphs, which are allocated after the KV.
+        margin = max(3 << 30, device.total_memory // 20)
+        num_pages = resolve_kv_capacity(config.kv_capacity, page, device.free_memory(), margin)
     return KVSpec(num_pages=num_pages, **shape)
