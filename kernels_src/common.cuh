@@ -48,3 +48,33 @@ __forceinline__ float block_sum(float value) {
     for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
     return value;
 }
+
+// Programmatic dependent launch (sm_90 and later; no-ops below, where launches are plain). Kernels are
+// launched with the programmatic-stream-serialization attribute, so a kernel's blocks may start while the
+// previous kernel on its stream is still running: its launch latency and prologue hide behind that
+// kernel's tail. The contract that keeps stream order intact: every kernel calls
+// grid_dependency_wait() before its first access to memory that another kernel writes or reads
+// (activations, KV pages, step inputs, outputs); only reads of immutable data (weights) may come first.
+// The wait returns once the previous grid has completed and its writes are visible, and since every
+// kernel waits, that previous grid had itself waited for the one before it. A test checks that every
+// kernel entry contains the wait (tests/test_pdl_contract.py).
+__forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel on the stream launch now (its blocks then wait in grid_dependency_wait for this
+// grid to finish). Called right after the wait: the next kernel's blocks fill SM slots as this one's
+// blocks retire, instead of after the whole grid has drained.
+__forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// The usual kernel prologue: wait for the previous kernel, then let the next one launch.
+__forceinline__ void enter_dependent_kernel() {
+    grid_dependency_wait();
+    allow_dependent_launch();
+}
