@@ -47,6 +47,7 @@ def test_the_cli_group_has_the_serve_command() -> None:
     console_script = Path(sys.executable).parent / "ninfer-rt"
     result = subprocess.run([str(console_script), "serve", "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "--preserve-thinking / --no-preserve-thinking" in result.stdout
+    assert "--prefix-caching / --no-prefix-caching" in result.stdout
 
 
 def test_sigterm_drains_in_flight_streams_then_exits_0(tiny_qwen3: Path) -> None:

@@ -49,8 +49,10 @@ class Server:
 
 
 @contextmanager
-def running_server(model_dir: Path, **serve_options: Any) -> Iterator[Server]:
-    engine_config = EngineConfig(device="cpu", max_context=MAX_CONTEXT, kv_capacity="64", max_concurrency=2)
+def running_server(model_dir: Path, engine_options: dict[str, Any] | None = None, **serve_options: Any) -> Iterator[Server]:
+    engine_config = EngineConfig(
+        device="cpu", max_context=MAX_CONTEXT, kv_capacity="64", max_concurrency=2, **(engine_options or {})
+    )
     config = ServeConfig(served_model_name=MODEL, **serve_options)
     app = create_app(lambda: EngineBackend.start(lambda: Engine.load(model_dir, engine_config)), config)
     with healthy_server(app) as url:
@@ -193,6 +195,19 @@ def test_without_preserve_thinking_a_new_user_turn_drops_old_reasoning_and_the_c
     with running_server(tiny_qwen3, preserve_thinking=False) as plain:
         _, second = _agent_turns(plain, THINKING_HISTORY, {"role": "user", "content": "Thanks. Anything else?"})
     assert second.usage.prompt_tokens_details.cached_tokens < 0.7 * second.usage.prompt_tokens
+
+
+def test_with_prefix_caching_off_nothing_is_cached_and_every_page_is_freed(tiny_qwen3: Path) -> None:
+    # Off must mean off: no hit, and no page left cached (indexed) after the requests end.
+    messages = [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": "Fix the failing test."}]
+    with running_server(tiny_qwen3, engine_options={"prefix_caching": False}) as cold:
+        first = chat(cold, messages, max_tokens=4, temperature=0.0)
+        second = chat(cold, messages, max_tokens=4, temperature=0.0)
+        assert cold.state.backend is not None
+        stats = cold.state.backend.kv_stats()
+    assert first.usage.prompt_tokens > 2 * 64  # whole pages were filled, so there was something to index
+    assert second.usage.prompt_tokens_details.cached_tokens == 0
+    assert (stats.cached, stats.in_use, stats.free) == (0, 0, stats.total)
 
 
 def test_a_client_that_disconnects_mid_stream_has_its_pages_freed(server: Server) -> None:

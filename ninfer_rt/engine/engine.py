@@ -98,7 +98,7 @@ class Engine:
         drafter = make_drafter(self.executor, weights, model, config, token_frequencies)  # before KV sizing
         # KV is sized last: `--kv-capacity auto` takes what the weights and activations left free.
         self.kv = KVCache(self.streams, kv_spec(weights, config, self.streams.device))
-        self.kv_manager = KVManager(self.streams, self.kv, max_context)
+        self.kv_manager = KVManager(self.streams, self.kv, max_context, config.prefix_caching)
         self.ledger = KVLedger(
             self.kv_manager, self.executor.compute, self.streams.create("copy"), config.prefix_caching
         )

@@ -16,6 +16,9 @@ Lifecycle of one request (every call is made by the engine between steps, never 
    partial last page is catalogued as a tail, and its pages are released: the indexed ones stay cached
    (the retained catalog: the next turn re-activates them), the rest become free. Preemption is the same
    call; re-admission later hits whatever has not been evicted meanwhile.
+
+With prefix caching off (`prefix_caching=False`) nothing is indexed, so `finish` frees every page of the
+sequence (none stays cached); the caller (engine/kv_ledger.py) skips `match` for the same flag.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from ninfer_rt.kv.sequence import SequenceKV
 
 
 class KVManager:
-    def __init__(self, streams: StreamSet, cache: KVCache, max_context: int) -> None:
+    def __init__(self, streams: StreamSet, cache: KVCache, max_context: int, prefix_caching: bool = True) -> None:
         self.cache = cache
+        self.prefix_caching = prefix_caching
         self.page_size = cache.spec.page_size
         self.pool = PagePool(cache.spec.num_pages)
         self.prefix = PrefixCache(self.pool, self.page_size)
@@ -103,6 +107,8 @@ class KVManager:
     def commit(self, seq: SequenceKV, tokens: Sequence[int]) -> None:
         """The step wrote these tokens' K/V; index every page they completed."""
         seq.token_ids.extend(tokens)
+        if not self.prefix_caching:
+            return
         for index in range(len(seq.hashes), seq.full_pages):
             parent = seq.hashes[-1] if seq.hashes else None
             page_tokens = seq.token_ids[index * self.page_size : (index + 1) * self.page_size]
@@ -117,7 +123,7 @@ class KVManager:
             self.pool.release([seq.pending_copy.destination], seq.pending_copy.fence)
             self._open_copies.remove(seq.pending_copy)
             seq.pending_copy = None
-        tail = seq.tail()
+        tail = seq.tail() if self.prefix_caching else None
         if tail is not None:
             self.prefix.insert_tail(seq.hashes[-1] if seq.hashes else None, tail[1], tail[0])
         self.pool.release(reversed(seq.pages), fence)
