@@ -13,6 +13,7 @@ __forceinline__ float silu(float g) {
 }
 
 extern "C" __global__ void silu_mul_bf16(bf16* out, const bf16* gate_up, int rows, int inter) {
+    enter_dependent_kernel();
     const bool vectorised = inter % 8 == 0 && aligned16(out) && aligned16(gate_up);
     const int width = vectorised ? 8 : 1;
     const long long items_per_row = inter / width;

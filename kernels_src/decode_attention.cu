@@ -463,6 +463,7 @@ constexpr int kMinBlocks = kInt8 && D <= 128 ? 4 : 1;
         const float* k_scale, const float* v_scale, const int* block_tables, int max_pages,                    \
         const int* context_lens, const int* query_start, int max_queries, int num_q_heads, int num_kv_heads,   \
         float scale, int row_groups) {                                                                         \
+        enter_dependent_kernel();                                                                          \
         decode_split<D, INT8>(partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale, block_tables,    \
                               max_pages, context_lens, query_start, max_queries, num_q_heads, num_kv_heads,    \
                               scale, row_groups);                                                              \
@@ -478,6 +479,7 @@ DECODE_KERNEL(256, int8, true)
 extern "C" __global__ void __launch_bounds__(kDecodeThreads)
     decode_attention_combine(bf16* out, const float* partial_acc, const float* partial_ml, const int* query_start,
                              int num_splits, int num_seqs, int max_queries, int num_q_heads, int head_dim) {
+    enter_dependent_kernel();
     __shared__ float weight[kMaxSplits];
     __shared__ float inv_denominator;
     __shared__ float4 part[kDecodeThreads];

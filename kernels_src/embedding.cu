@@ -12,6 +12,7 @@
 
 extern "C" __global__ void gather_rows_bf16(bf16* out, int out_stride, const bf16* src, int src_stride,
                                             const int* ids, int width) {
+    enter_dependent_kernel();
     const long long row = ids == nullptr ? blockIdx.x : ids[blockIdx.x];
     const bf16* from = src + row * src_stride;
     bf16* to = out + (long long)blockIdx.x * out_stride;

@@ -15,7 +15,8 @@
 // weight rows (n, n+1, or i and N+i for SwiGLU) and walks K with 16-byte loads, lane-interleaved so each
 // warp load is 512 contiguous bytes; unroll(B) * 2 loads are in flight per lane. Decode is memory bound:
 // W streams through with L1::no_allocate so it does not evict x, which every warp of the SM re-reads.
-// Partial sums are reduced with warp shuffles; there is no cross-warp communication.
+// Partial sums are reduced with warp shuffles; there is no cross-warp communication. Each warp's first
+// batch of weight loads is issued before grid_dependency_wait (see common.cuh).
 #include "gemv_common.cuh"
 
 constexpr int kRowsPerWarp = 2;
@@ -40,6 +41,14 @@ __forceinline__ void dot8(float& acc, const uint4 w, const float (&x)[8]) {
     for (int i = 0; i < 8; ++i) acc = fmaf(wf[i], x[i], acc);
 }
 
+template <int kU>
+__forceinline__ void load_batch(uint4 (&wv)[kU][kRowsPerWarp], const uint4* const (&w_row)[kRowsPerWarp], int c) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+        for (int j = 0; j < kRowsPerWarp; ++j) wv[u][j] = load_streaming_in_order(w_row[j] + c + 32 * u);
+}
+
 // Rows b >= `rows` of a bucket re-read row rows-1 (an L1 hit) and are never stored.
 template <int B>
 __forceinline__ void accumulate(float (&acc)[kRowsPerWarp][B], const uint4 (&w)[kRowsPerWarp], const uint4* x,
@@ -59,7 +68,10 @@ __forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* res
     const long long group = (long long)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
     const long long w_rows = EPI == kSwiglu ? 2ll * n : n;
     const long long groups = EPI == kSwiglu ? n : (n + kRowsPerWarp - 1) / kRowsPerWarp;
-    if (group >= groups) return;
+    if (group >= groups) {
+        enter_dependent_kernel();
+        return;
+    }
     const int kc = k >> 3;  // 16-byte chunks per row
 
     long long w_index[kRowsPerWarp];
@@ -80,20 +92,25 @@ __forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* res
 
     int c = lane;
     constexpr int kU = kUnroll<B>;
-    for (; c + 32 * (kU - 1) < kc; c += 32 * kU) {
-        uint4 wv[kU][kRowsPerWarp];  // all loads issued before any math: kU * 2 in flight
-#pragma unroll
-        for (int u = 0; u < kU; ++u)
-#pragma unroll
-            for (int j = 0; j < kRowsPerWarp; ++j) wv[u][j] = load_streaming_in_order(w_row[j] + c + 32 * u);
+    // The first batch of weight loads leaves before the wait for the previous kernel (weights are
+    // immutable): with programmatic dependent launch it overlaps that kernel's tail. x, y and residual
+    // are touched only after the wait.
+    uint4 wv[kU][kRowsPerWarp];  // all loads of a batch issued before any math: kU * 2 in flight
+    bool full = c + 32 * (kU - 1) < kc;
+    if (full) load_batch<kU>(wv, w_row, c);
+    enter_dependent_kernel();
+    while (full) {
 #pragma unroll
         for (int u = 0; u < kU; ++u) accumulate<B>(acc, wv[u], x4, rows, kc, c + 32 * u);
+        c += 32 * kU;
+        full = c + 32 * (kU - 1) < kc;
+        if (full) load_batch<kU>(wv, w_row, c);
     }
     for (; c < kc; c += 32) {
-        uint4 wv[kRowsPerWarp];
+        uint4 tail[kRowsPerWarp];
 #pragma unroll
-        for (int j = 0; j < kRowsPerWarp; ++j) wv[j] = load_streaming(w_row[j] + c);
-        accumulate<B>(acc, wv, x4, rows, kc, c);
+        for (int j = 0; j < kRowsPerWarp; ++j) tail[j] = load_streaming(w_row[j] + c);
+        accumulate<B>(acc, tail, x4, rows, kc, c);
     }
 
     warp_sum(acc);

@@ -260,6 +260,7 @@ __forceinline__ void prefill_attention(bf16* out, const bf16* q, const void* k_c
         bf16* out, const bf16* q, const void* k_cache, const void* v_cache, const float* k_scale,               \
         const float* v_scale, const int* block_tables, int max_pages, const int* context_lens,                 \
         const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, float scale) {      \
+        enter_dependent_kernel();                                                                          \
         prefill_attention<D, INT8>(out, q, k_cache, v_cache, k_scale, v_scale, block_tables, max_pages,         \
                                    context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,   \
                                    scale);                                                                     \

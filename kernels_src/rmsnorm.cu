@@ -70,10 +70,12 @@ __forceinline__ void rmsnorm_row(bf16* out, bf16* residual, const bf16* x, const
 }
 
 extern "C" __global__ void rmsnorm_bf16(bf16* out, const bf16* x, const bf16* w, int hidden, float eps) {
+    enter_dependent_kernel();
     rmsnorm_row<false>(out, nullptr, x, w, hidden, eps);
 }
 
 extern "C" __global__ void rmsnorm_residual_bf16(bf16* out, bf16* residual, const bf16* x, const bf16* w, int hidden,
                                                  float eps) {
+    enter_dependent_kernel();
     rmsnorm_row<true>(out, residual, x, w, hidden, eps);
 }

@@ -139,6 +139,7 @@ __forceinline__ void rope_kv(bf16* q_out, void* k_cache, void* v_cache, float* k
         bf16* q_out, void* k_cache, void* v_cache, float* k_scale, float* v_scale, const bf16* qkv,             \
         const bf16* q_norm, const bf16* k_norm, float eps, const float* cos_sin, const int* positions,         \
         const int* slot_mapping, int num_q_heads, int num_kv_heads) {                                          \
+        enter_dependent_kernel();                                                                          \
         rope_kv<D, INT8>(q_out, k_cache, v_cache, k_scale, v_scale, qkv, q_norm, k_norm, eps, cos_sin,          \
                          positions, slot_mapping, num_q_heads, num_kv_heads);                                  \
     }

@@ -53,12 +53,12 @@ class Runtime:
         return np.concatenate(logits)
 
 
-def runtime(model_dir: Path, device: bool, kv_dtype: str = "bf16") -> Runtime:
+def runtime(model_dir: Path, device: bool, kv_dtype: str = "bf16", dependent_launch: bool = True) -> Runtime:
     weights = load_model_weights(model_dir)
     cfg = weights.config
     if device:
         executor = CudaExecutor(
-            StreamSet(open_device(0)), max_tokens=256, max_seqs=8, max_pages_per_seq=8,
+            StreamSet(open_device(0), dependent_launch=dependent_launch), max_tokens=256, max_seqs=8, max_pages_per_seq=8,
             max_positions=cfg.max_position_embeddings,
         )
     else:

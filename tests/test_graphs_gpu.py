@@ -27,6 +27,18 @@ def test_graph_replay_is_bit_identical_to_eager(gpu_tiny: Path) -> None:
     np.testing.assert_array_equal(graphed, eager)
 
 
+def test_dependent_launch_changes_no_result(gpu_tiny: Path) -> None:
+    # Kernels that start before their predecessor finishes (kernels_src/common.cuh) must still see all of
+    # its writes: graphed steps with programmatic dependent launch equal plain eager launches bit for bit.
+    tokens = random_tokens(GPU_TINY["vocab"], PROMPT + DECODE, seed=5)
+    steps = [PROMPT] + [1] * DECODE
+    plain = runtime(gpu_tiny, device=True, dependent_launch=False).run(tokens, steps)
+    overlapped_rt = runtime(gpu_tiny, device=True, dependent_launch=True)
+    graphed = GraphedForward(overlapped_rt.executor, overlapped_rt.model, overlapped_rt.kv)
+    np.testing.assert_array_equal(overlapped_rt.run(tokens, steps, graphed), plain)
+    np.testing.assert_array_equal(overlapped_rt.run(tokens, steps), plain)
+
+
 @pytest.mark.parametrize("widths", [(1, 1, 1), (4,), (2, 2)], ids=["batch3", "verify4", "batch2-verify2"])
 def test_batched_and_verify_width_graphs_match_eager(gpu_tiny: Path, widths: tuple[int, ...]) -> None:
     rng = np.random.default_rng(len(widths))

@@ -120,6 +120,15 @@ def compile_family(
     return CompiledFamily(family, arch, cubin, time.perf_counter() - started, cached)
 
 
+def family_ptx(family: str, arch: str = "sm_90a") -> str:
+    """The PTX of `family` for `arch`'s virtual architecture (uncached): for reading what the kernels
+    compile to, e.g. the test that every entry waits for the previous kernel (common.cuh)."""
+    virtual = resolve_arch(arch).replace("sm_", "compute_")
+    source = (kernels_dir() / f"{family}.cu").read_text()
+    options = _options(source, virtual, {})
+    return _nvrtc_compile(f"{family}.cu", source, _local_headers(source, kernels_dir()), options, family, virtual, ptx=True).decode()
+
+
 def _local_headers(source: str, directory: Path) -> dict[str, str]:
     """`#include "x.cuh"` files found in `directory`, recursively: handed to NVRTC in memory and hashed,
     so what is compiled is exactly what the cache key covers."""
@@ -206,7 +215,9 @@ def _write_cache_entry(path: Path, cubin: bytes) -> None:
         raise
 
 
-def _nvrtc_compile(name: str, source: str, headers: Mapping[str, str], options: list[str], family: str, arch: str) -> bytes:
+def _nvrtc_compile(
+    name: str, source: str, headers: Mapping[str, str], options: list[str], family: str, arch: str, ptx: bool = False
+) -> bytes:
     program = check(
         nvrtc.nvrtcCreateProgram(
             source.encode(), name.encode(), len(headers), [h.encode() for h in headers.values()], [n.encode() for n in headers]
@@ -217,10 +228,10 @@ def _nvrtc_compile(name: str, source: str, headers: Mapping[str, str], options: 
         (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise KernelCompileError(family, arch, _program_log(program))
-        size = check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
-        return cubin
+        get_size, get = (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ptx else (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+        output = b" " * check(get_size(program), get_size.__name__)
+        check(get(program, output), get.__name__)
+        return output.rstrip(b"\0") if ptx else output
     finally:
         check(nvrtc.nvrtcDestroyProgram(program), "nvrtcDestroyProgram")
 

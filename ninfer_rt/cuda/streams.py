@@ -13,6 +13,7 @@ the same logical streams, so CI verifies the engine's real op sequence without a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -50,13 +51,19 @@ def require_stream(stream: object) -> Stream:
 
 
 _DEFAULT_HANDLES = (0, int(cu.CU_STREAM_LEGACY), int(cu.CU_STREAM_PER_THREAD))
+_MAX_LAUNCH_CONFIGS = 4096
+Dim3 = tuple[int, int, int]
 
 
 class StreamSet:
     """The runtime context: device (None = logical/CPU), streams, verifier and crash context."""
 
-    def __init__(self, device: Device | None = None, verify: bool | None = None) -> None:
+    def __init__(self, device: Device | None = None, verify: bool | None = None, dependent_launch: bool | None = None) -> None:
         self.device = device
+        # Programmatic dependent launch (kernels_src/common.cuh): Hopper and later, unless NINFER_PDL=0.
+        if dependent_launch is None:
+            dependent_launch = os.environ.get("NINFER_PDL", "1") != "0"
+        self.dependent_launch = dependent_launch and device is not None and device.compute_capability >= (9, 0)
         self.verifier: Verifier | None = Verifier() if (verify_by_default() if verify is None else verify) else None
         self.crash = CrashContext()
         self.streams: list[Stream] = []
@@ -158,6 +165,7 @@ class Stream:
         self.handle = handle
         self.ring = owner.crash.ring(f"stream:{name}")
         self.timeline = owner.verifier.timeline(f"stream:{name}") if owner.verifier is not None else None
+        self._launch_configs: dict[tuple[Dim3, Dim3, int], object] = {}
 
     def __repr__(self) -> str:
         return f"Stream({self.name!r}{', logical' if self.handle is None else ''})"
@@ -178,8 +186,8 @@ class Stream:
     def launch(
         self,
         function: object,
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
+        grid: Dim3,
+        block: Dim3,
         params: object,
         smem: int = 0,
         *,
@@ -188,11 +196,34 @@ class Stream:
         writes: Iterable[Resource] = (),
         lane: object = None,
     ) -> None:
-        """cuLaunchKernel on this stream. `params` is cuda.bindings' kernelParams argument."""
+        """cuLaunchKernel on this stream (cuLaunchKernelEx with programmatic stream serialization where the
+        StreamSet allows dependent launch). `params` is cuda.bindings' kernelParams argument."""
         if self.handle is None:
             raise DefaultStreamError(f"cannot launch {label!r} on logical stream {self.name!r} (no device)")
         self.declare(label, reads, writes, lane)
+        if self.owner.dependent_launch:
+            config = self._launch_configs.get((grid, block, smem)) or self._dependent_launch_config(grid, block, smem)
+            check(cu.cuLaunchKernelEx(config, function, params, 0), f"cuLaunchKernelEx({label})")
+            return
         check(cu.cuLaunchKernel(function, *grid, *block, smem, self.handle, params, 0), f"cuLaunchKernel({label})")
+
+    def _dependent_launch_config(self, grid: Dim3, block: Dim3, smem: int) -> object:
+        """A launch config allowing the kernel to start before the previous one on this stream finishes
+        (it waits inside, see kernels_src/common.cuh); cached, since building one costs more than a launch."""
+        attribute = cu.CUlaunchAttribute()
+        attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = smem
+        config.hStream = self.handle
+        config.attrs = [attribute]
+        config.numAttrs = 1
+        if len(self._launch_configs) >= _MAX_LAUNCH_CONFIGS:  # prefill grids vary with the chunk: stay bounded
+            self._launch_configs.clear()
+        self._launch_configs[(grid, block, smem)] = config
+        return config
 
     def copy(
         self,
