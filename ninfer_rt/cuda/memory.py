@@ -75,6 +75,27 @@ class DeviceBuffer(Buffer):
         super().free()
 
 
+class DeviceView(Buffer):
+    """Bytes [offset, offset + nbytes) of a DeviceBuffer, passed to kernels like a buffer of its own. It
+    shares the parent's resource: the verifier sees an access to the view as one to the whole buffer."""
+
+    on_device = True
+
+    def __init__(self, parent: DeviceBuffer, offset: int, nbytes: int, name: str) -> None:
+        if offset < 0 or nbytes <= 0 or offset + nbytes > parent.nbytes:
+            raise ValueError(f"view {name!r}: bytes {offset}..{offset + nbytes} outside {parent.name} ({parent.nbytes})")
+        self.owner = parent.owner
+        self.nbytes = nbytes
+        self.name = name
+        self.resource = parent.resource
+        self.ptr = parent.ptr + offset if parent.ptr else 0
+        self.on_device = parent.on_device
+        self._bytes = parent._bytes[offset : offset + nbytes] if parent._bytes is not None else None
+
+    def free(self) -> None:
+        raise TypeError(f"{self.name} is a view of another buffer: free that one")
+
+
 class PinnedBuffer(Buffer):
     """Page-locked host memory: the only host memory async copies may use."""
 

@@ -69,6 +69,9 @@ class StreamSet:
         self.streams: list[Stream] = []
         self._host_ring = self.crash.ring("host")
         self.fatal: FatalCudaError | None = None  # set by the first sticky error: the context is dead
+        # Handles of dropped non-timing events, recorded again instead of created: a decode step records
+        # several events, and cuEventCreate + cuEventDestroy cost more than the record itself.
+        self.idle_events: list[object] = []
 
     @property
     def logical(self) -> bool:
@@ -109,6 +112,8 @@ class StreamSet:
             raise self.fatal from err
 
     def destroy(self) -> None:
+        while self.idle_events:
+            check(cu.cuEventDestroy(self.idle_events.pop()), "cuEventDestroy")
         for stream in self.streams:
             if stream.handle is not None:
                 check(cu.cuStreamDestroy(stream.handle), "cuStreamDestroy")
@@ -118,10 +123,11 @@ class StreamSet:
 class Event:
     """A point on one stream. Waiting on it orders later work after everything enqueued before it."""
 
-    def __init__(self, stream: Stream, clock: dict[int, int] | None, handle: object) -> None:
+    def __init__(self, stream: Stream, clock: dict[int, int] | None, handle: object, timing: bool = False) -> None:
         self.stream_name = stream.name
         self.clock = clock
         self.handle = handle
+        self._timing = timing
         self._owner = stream.owner
         self._done = handle is None  # logical ops ran eagerly: complete as soon as recorded
 
@@ -152,8 +158,13 @@ class Event:
         return float(check(cu.cuEventElapsedTime(self.handle, later.handle), "cuEventElapsedTime"))
 
     def __del__(self) -> None:
+        # Nobody can wait on this event any more, so its handle may be recorded again (a pending record is
+        # simply superseded; waits already enqueued keep the record they saw).
         if self.handle is not None:
-            cu.cuEventDestroy(self.handle)
+            if self._timing:
+                cu.cuEventDestroy(self.handle)
+            else:
+                self._owner.idle_events.append(self.handle)
 
 
 class Stream:
@@ -290,10 +301,13 @@ class Stream:
         clock = self.owner.verifier.record(self.timeline) if self.timeline is not None else None
         handle = None
         if self.handle is not None:
-            flags = cu.CUevent_flags.CU_EVENT_DEFAULT if timing else cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
-            handle = check(cu.cuEventCreate(flags), "cuEventCreate")
+            if not timing and self.owner.idle_events:
+                handle = self.owner.idle_events.pop()
+            else:
+                flags = cu.CUevent_flags.CU_EVENT_DEFAULT if timing else cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+                handle = check(cu.cuEventCreate(flags), "cuEventCreate")
             check(cu.cuEventRecord(handle, self.handle), "cuEventRecord")
-        return Event(self, clock, handle)
+        return Event(self, clock, handle, timing)
 
     def wait(self, event: Event) -> None:
         """Order all later work on this stream after `event`."""

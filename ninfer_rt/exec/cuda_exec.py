@@ -11,9 +11,10 @@ wider steps dequantize into one bf16 scratch matrix first) and cuBLASLt above; a
 deferred and fused with the SwiGLU that consumes it (one pass over the weights, no gate_up round trip);
 attention is attention_ops.attention (rope_kv, then the decode or prefill kernel per sequence).
 
-Step inputs (rule 3) are published by `begin_step` through a StagingRing on the compute stream into fixed
-device buffers, which is what lets a captured step (GraphedForward, graphs.py) replay after a fresh
-publish.
+Step inputs (rule 3) are published by `begin_step` through a StagingRing on the compute stream: all seven
+int32 arrays packed into one staging slot and one copy, at offsets that depend only on their lengths
+(so on the step's shape), which is what lets a captured step (GraphedForward, graphs.py) replay after a
+fresh publish into the same addresses.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ninfer_rt.cuda.compiler import families
 from ninfer_rt.cuda.graphs import Graph, capture
 from ninfer_rt.cuda.kernels import KernelLibrary
 from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
-from ninfer_rt.cuda.memory import DeviceBuffer, PinnedBuffer, StagingRing
+from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView, PinnedBuffer, StagingRing
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, StepBatch
@@ -95,6 +96,15 @@ class DeferredSwiglu:
 
 
 @dataclass(frozen=True)
+class InputLayout:
+    """Where a step's input arrays (in STEP_INPUTS order) sit in the one step-input buffer, in int32s."""
+
+    offsets: tuple[int, ...]
+    size: int
+    views: dict[str, DeviceView]
+
+
+@dataclass(frozen=True)
 class StepShape:
     """Everything host-side that decides which launches a step makes (a captured graph's key)."""
 
@@ -129,8 +139,10 @@ class CudaExecutor:
         self.max_positions = max_positions
         self.max_logit_rows = max_logit_rows or max_tokens
         self._pool = _Pool(streams)
-        self._staging = StagingRing(streams, 2 * len(STEP_INPUTS), self._input_bytes(), name="step_inputs")
-        self._inputs = {name: DeviceBuffer(streams, self._input_capacity(name) * 4, f"step.{name}") for name in STEP_INPUTS}
+        self._input_buffer = DeviceBuffer(streams, self._input_bytes(), "step.inputs")
+        self._staging = StagingRing(streams, 3, self._input_bytes(), name="step_inputs")
+        self._input_layouts: dict[tuple[int, ...], InputLayout] = {}
+        self._inputs: dict[str, DeviceView] = {}  # this step's arrays, views of _input_buffer
         self._host_out: PinnedBuffer | None = None
         self._upload_ring: StagingRing | None = None
         self._batch: StepBatch | None = None
@@ -197,9 +209,16 @@ class CudaExecutor:
         tables = np.full((batch.num_seqs, self.max_pages_per_seq), -1, np.int32)
         tables[:, : batch.block_tables.shape[1]] = batch.block_tables
         arrays = {name: getattr(batch, name) for name in STEP_INPUTS} | {"block_tables": tables}
-        for name in STEP_INPUTS:
-            data = np.ascontiguousarray(arrays[name], dtype=np.int32)
-            self._staging.publish(self.compute, self._inputs[name], data, label=f"publish {name}", lane=lane)
+        lengths = tuple(int(np.size(arrays[name])) for name in STEP_INPUTS)
+        layout = self._input_layouts.get(lengths)
+        if layout is None:
+            layout = self._input_layouts[lengths] = input_layout(self._input_buffer, dict(zip(STEP_INPUTS, lengths)))
+        packed = np.zeros(layout.size, np.int32)  # alignment gaps stay 0
+        for name, offset, length in zip(STEP_INPUTS, layout.offsets, lengths):
+            packed[offset : offset + length] = np.ravel(arrays[name])
+        self._staging.publish(self.compute, self._input_buffer, packed, label="publish step inputs", lane=lane)
+        self._inputs = layout.views
+
 
     @contextmanager
     def prepublished(self, batch: StepBatch, kv: KVCache) -> Iterator[None]:
@@ -382,7 +401,7 @@ class CudaExecutor:
         }.get(name, self.max_tokens)
 
     def _input_bytes(self) -> int:
-        return 4 * max(self._input_capacity(name) for name in STEP_INPUTS)
+        return 4 * sum(-(-self._input_capacity(name) // 4) * 4 for name in STEP_INPUTS)
 
     def _check(self, batch: StepBatch) -> None:
         """Limits and token ids, before anything is published: a kernel never sees an id out of range."""
@@ -402,6 +421,17 @@ class CudaExecutor:
             raise ValueError(f"position {int(batch.positions.max())} beyond the RoPE table ({self.max_positions})")
         if len(batch.logit_rows) and (batch.logit_rows.min() < 0 or batch.logit_rows.max() >= batch.num_tokens):
             raise ValueError("logit_rows must index the step's rows")
+
+
+def input_layout(buffer: DeviceBuffer, lengths: dict[str, int]) -> InputLayout:
+    """Consecutive regions of `lengths` int32s in `buffer`, each 16-byte aligned (an empty one still gets
+    4 bytes: a kernel argument needs an address)."""
+    offsets, views, end = [], {}, 0
+    for name, length in lengths.items():
+        offsets.append(end)
+        views[name] = DeviceView(buffer, 4 * end, 4 * max(length, 1), f"step.{name}")
+        end += -(-max(length, 1) // 4) * 4
+    return InputLayout(tuple(offsets), end, views)
 
 
 def step_shape(batch: StepBatch) -> StepShape:
