@@ -87,13 +87,67 @@ def test_a_tool_call_inside_reasoning_is_reasoning() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    ['{"name": "f", "arguments": {', "not json at all", '["a list"]', '{"arguments": {}}', '{"name": 3}'],
+    ['{"name": "f", "argu', "not json at all", '["a list"]', '{"arguments": {}}', '{"name": 3}'],
 )
-def test_malformed_tool_call_comes_back_as_content(body: str) -> None:
+def test_a_tool_call_that_never_opened_comes_back_as_content(body: str) -> None:
     text = f"<tool_call>{body}</tool_call>"
     out = parse_complete(text)
     assert out.tool_calls == []
     assert out.content == text
+
+
+def test_streamed_arguments_arrive_in_fragments_that_concatenate_to_the_final_arguments() -> None:
+    parser = OutputParser()
+    pieces = [call for start in range(len(TOOL_ANSWER)) for call in parser.feed(TOOL_ANSWER[start]).tool_calls]
+    pieces += parser.finish().tool_calls
+    for index, (name, arguments) in enumerate([("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "CET"}')]):
+        mine = [p for p in pieces if p.index == index]
+        assert (mine[0].name, mine[0].id is not None) == (name, True)
+        assert all(p.id is None and p.name is None for p in mine[1:])
+        assert len(mine) > 3  # character by character in, fragment by fragment out
+        assert "".join(p.arguments for p in mine) == arguments
+    assert parser.num_tool_calls == 2
+
+
+def test_a_call_is_announced_as_soon_as_its_name_is_complete() -> None:
+    parser = OutputParser()
+    first = parser.feed('<tool_call>\n{"name": "read_file", "arguments":')
+    assert [(c.index, c.name, c.arguments) for c in first.tool_calls] == [(0, "read_file", "")]
+    assert first.tool_calls[0].stream_json() == {
+        "index": 0, "id": first.tool_calls[0].id, "type": "function", "function": {"name": "read_file", "arguments": ""}
+    }
+    second = parser.feed(' {"path": "a.py"')
+    assert [c.stream_json() for c in second.tool_calls] == [{"index": 0, "function": {"arguments": '{"path": "a.py"'}}]
+
+
+def test_an_opened_call_whose_arguments_break_keeps_what_it_got() -> None:
+    # The call was already streamed to the client: it stays a call, with the arguments as the model wrote them.
+    for text in ['<tool_call>{"name": "f", "arguments": {"a": </tool_call>', '<tool_call>{"name": "f", "arguments": {"a": 1']:
+        whole, streamed = parse_complete(text), stream(text, chunk=1)
+        assert [(c.name, c.arguments) for c in whole.tool_calls] == [("f", text.split('"arguments": ')[1].split("<")[0].strip())]
+        assert [(c.name, c.arguments) for c in streamed.tool_calls] == [(c.name, c.arguments) for c in whole.tool_calls]
+        assert whole.content == ""
+
+
+def test_arguments_are_the_models_text_not_reserialized() -> None:
+    # The template writes string arguments back verbatim: the next turn renders the tokens the model wrote.
+    out = parse_complete('<tool_call>\n{"name": "f", "arguments": {"a":1,  "b": [2]}}\n</tool_call>')
+    assert out.tool_calls[0].arguments == '{"a":1,  "b": [2]}'
+
+
+def test_a_call_in_another_key_order_is_a_call_at_its_close() -> None:
+    out = stream('<tool_call>{"arguments": {"a": 1}, "name": "f"}</tool_call>', chunk=1)
+    assert [(c.index, c.name, c.arguments) for c in out.tool_calls] == [(0, "f", '{"a": 1}')]
+
+
+def test_a_prefill_is_parsed_as_the_start_of_the_reply() -> None:
+    parser = OutputParser.for_prompt("<|im_start|>assistant\n<think>\n", True, prefill='\n</think>\n\n<tool_call>\n{"name": "f", "arguments":')
+    out = parser.feed(' {"a": 1}}\n</tool_call>')
+    out.extend(parser.finish())
+    assert message_fields(out, parser.has_reasoning) == {
+        "content": None, "reasoning_content": "",
+        "tool_calls": [{"id": out.tool_calls[0].id, "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+    }
 
 
 def test_unterminated_tool_call_comes_back_as_content() -> None:

@@ -31,7 +31,7 @@ from ninfer_rt.kv.pages import PoolStats
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.serve.chat import ChatTemplate, ChatTemplateError
 from ninfer_rt.serve.metrics import ServerMetrics
-from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, message_fields, tool_call_json
+from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, message_fields
 from ninfer_rt.serve.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -310,8 +310,7 @@ class _ChatJob(_Job):
         if parsed.content:
             message["content"] = parsed.content
         if parsed.tool_calls:
-            first = self.parser.num_tool_calls - len(parsed.tool_calls)
-            message["tool_calls"] = [tool_call_json(c, first + i) for i, c in enumerate(parsed.tool_calls)]
+            message["tool_calls"] = [call.stream_json() for call in parsed.tool_calls]
         logprobs = self._logprobs(output.logprobs)
         if not message and logprobs is None and not output.finished:
             return None

@@ -6,7 +6,15 @@ Qwen3 writes ``<think>\\nreasoning\\n</think>\\n\\ncontent`` and calls tools wit
 delta decides it. Rules agents rely on:
 
 - a ``<tool_call>`` inside reasoning is reasoning text, not a call;
-- a tool call whose body is not a JSON object with a string ``name`` comes back verbatim as content;
+- a tool call is streamed as it is generated, as OpenAI and vLLM do: once its body has opened with
+  ``{"name": "...", "arguments":`` the call's first delta carries its index, id and name, and later deltas
+  carry the arguments text as the model writes it (without the body's closing brace), so the fragments
+  concatenate to the final ``arguments``. From that point the call cannot be taken back: arguments that
+  turn out not to be valid JSON (or are cut off by max_tokens) still come back as that call's arguments;
+- a body whose opening is not that (not JSON, no string ``name``) comes back verbatim as content, unless
+  it is a whole JSON object with a string ``name`` in another key order, which is a call at its close;
+- arguments are the model's own text, not re-serialized: the chat template writes a string ``arguments``
+  back verbatim, so the next turn renders the very tokens the model produced;
 - the newlines the template itself puts around markers (after ``<think>``, before ``</think>``, between
   ``</think>`` and content, around tool calls) are not part of reasoning or content, so that sending the
   parsed message back renders exactly the tokens the model produced (the prefix cache keeps hitting).
@@ -16,8 +24,9 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 THINK_OPEN = "<think>"
@@ -26,6 +35,9 @@ TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
 # Only newlines are template glue around markers; spaces belong to the text the model wrote.
 GLUE = "\n"
+# The opening of a Qwen3 tool-call body, as the chat template writes it: once it is complete the call's
+# name is known and everything after it is the arguments value.
+_CALL_OPENING = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:')
 
 
 class _State(enum.Enum):
@@ -34,18 +46,41 @@ class _State(enum.Enum):
     TOOL_CALL = "tool_call"
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str  # a JSON text, as OpenAI's API carries it
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class ToolCallDelta:
+    """A piece of tool call `index`: its first piece carries id and name, every piece an arguments fragment.
+    Merged (ParsedDelta.extend) over a whole reply, it is the complete call."""
+
+    index: int
+    arguments: str = ""  # a fragment of the JSON text OpenAI's API carries
+    id: str | None = None
+    name: str | None = None
+
+    def stream_json(self) -> dict[str, Any]:
+        """The piece as a streamed chat chunk carries it: index always, id/type/name on the first piece only."""
+        data: dict[str, Any] = {"index": self.index}
+        function: dict[str, Any] = {}
+        if self.id is not None:
+            data.update(id=self.id, type="function")
+            function["name"] = self.name
+        function["arguments"] = self.arguments
+        data["function"] = function
+        return data
+
+    def message_json(self) -> dict[str, Any]:
+        """The merged call as a non-streamed message carries it."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
 @dataclass
 class ParsedDelta:
     reasoning: str = ""
     content: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.tool_calls)
@@ -53,7 +88,26 @@ class ParsedDelta:
     def extend(self, other: ParsedDelta) -> None:
         self.reasoning += other.reasoning
         self.content += other.content
-        self.tool_calls.extend(other.tool_calls)
+        for call in other.tool_calls:
+            self.add_call(call)
+
+    def add_call(self, piece: ToolCallDelta) -> None:
+        """Appends a piece, merged into the last one when it continues the same call (one delta per call)."""
+        last = self.tool_calls[-1] if self.tool_calls else None
+        if last is not None and last.index == piece.index:
+            last.arguments += piece.arguments  # later pieces of a call carry no id or name
+        else:
+            self.tool_calls.append(replace(piece))  # a copy: merging must not change the caller's piece
+
+
+@dataclass
+class _OpenCall:
+    """The tool call being generated, once its opening is complete."""
+
+    index: int
+    arguments_start: int  # where the arguments value starts in the body (after its leading whitespace)
+    streams_raw: bool | None = None  # an object is streamed as written; None until its first character shows
+    sent: int = 0  # characters of the arguments already emitted
 
 
 def prompt_opens_reasoning(generation_prompt: str) -> bool:
@@ -69,11 +123,16 @@ def prompt_closes_reasoning(generation_prompt: str) -> bool:
 class OutputParser:
     """Feed text deltas with `feed`, then `finish`; each returns what became final in that call."""
 
-    def __init__(self, parse_tool_calls: bool = True, in_reasoning: bool = False, reasoning_done: bool = False) -> None:
+    def __init__(
+        self, parse_tool_calls: bool = True, in_reasoning: bool = False, reasoning_done: bool = False, prefill: str = ""
+    ) -> None:
         self._parse_tool_calls = parse_tool_calls
         self._state = _State.REASONING if in_reasoning else _State.CONTENT
-        self._pending = ""  # text not yet decided: a possible marker prefix or trailing glue
+        # Text not yet decided: a possible marker prefix or trailing glue. A prefill (text the server appended
+        # to the prompt, e.g. a forced tool call's opening) is parsed as the start of the reply.
+        self._pending = prefill
         self._tool_body = ""
+        self._call: _OpenCall | None = None
         self._skip_glue = in_reasoning  # drop newlines right after a marker
         # Whether the reply carries reasoning_content, "" included: a turn whose prompt held an empty think
         # block must say so, because sending "" back is what renders that block again.
@@ -81,11 +140,12 @@ class OutputParser:
         self.num_tool_calls = 0
 
     @classmethod
-    def for_prompt(cls, generation_prompt: str, parse_tool_calls: bool) -> OutputParser:
+    def for_prompt(cls, generation_prompt: str, parse_tool_calls: bool, prefill: str = "") -> OutputParser:
         return cls(
             parse_tool_calls,
             in_reasoning=prompt_opens_reasoning(generation_prompt),
             reasoning_done=prompt_closes_reasoning(generation_prompt),
+            prefill=prefill,
         )
 
     def feed(self, text: str) -> ParsedDelta:
@@ -96,11 +156,16 @@ class OutputParser:
         return out
 
     def finish(self) -> ParsedDelta:
-        """End of stream: an unterminated tool call is content; held-back text is released."""
+        """End of stream: an unterminated tool call is content, or, once opened, a call with the arguments it
+        got; held-back text is released."""
         out = ParsedDelta()
         if self._state is _State.TOOL_CALL:
+            self._tool_body += self._pending
             self._state = _State.CONTENT
-            self._emit_text(out, TOOL_OPEN + self._tool_body + self._pending)
+            if self._call is not None:
+                self._close_tool_call(out)
+            else:
+                self._emit_text(out, TOOL_OPEN + self._tool_body)
         else:
             self._emit_text(out, self._pending)
         self._pending = ""
@@ -141,15 +206,51 @@ class OutputParser:
             safe = safe_kept
         self._pending = self._pending[len(self._pending) - held :] if held else ""
         if self._state is _State.TOOL_CALL:
-            self._tool_body += safe
+            self._grow_tool_body(out, safe)
         else:
             self._emit_text(out, safe)
 
     def _emit_before_marker(self, out: ParsedDelta, text: str) -> None:
         if self._state is _State.TOOL_CALL:
-            self._tool_body += text
+            self._grow_tool_body(out, text)
         else:
             self._emit_text(out, text.rstrip(GLUE))
+
+    def _grow_tool_body(self, out: ParsedDelta, text: str) -> None:
+        """Adds generated text to the open call's body and emits what became known: the call's opening
+        (id, name), then its arguments as far as they are certain."""
+        self._tool_body += text
+        if self._call is None:
+            self._open_call(out)
+        if self._call is not None and self._decide_arguments(self._call) and self._call.streams_raw:
+            self._emit_arguments(out, _arguments_so_far(self._tool_body[self._call.arguments_start :]))
+
+    def _open_call(self, out: ParsedDelta) -> None:
+        opening = _CALL_OPENING.match(self._tool_body)
+        if opening is None:
+            return
+        self._call = _OpenCall(self.num_tool_calls, opening.end())
+        self.num_tool_calls += 1
+        out.add_call(ToolCallDelta(self._call.index, id=new_call_id(), name=json.loads(opening.group(1))))
+
+    def _decide_arguments(self, call: _OpenCall) -> bool:
+        """Whether the arguments' first character has shown: an object streams as written; anything else (a
+        JSON string, as some models write) waits for the close, where it is decoded."""
+        if call.streams_raw is None:
+            rest = self._tool_body[call.arguments_start :]
+            value = rest.lstrip()
+            if not value:
+                return False
+            call.arguments_start += len(rest) - len(value)
+            call.streams_raw = value.startswith("{")
+        return True
+
+    def _emit_arguments(self, out: ParsedDelta, arguments: str) -> None:
+        assert self._call is not None
+        fragment = arguments[self._call.sent :]
+        if fragment:
+            self._call.sent = len(arguments)
+            out.add_call(ToolCallDelta(self._call.index, arguments=fragment))
 
     def _transition(self, out: ParsedDelta, marker: str) -> None:
         if marker == THINK_OPEN:
@@ -165,12 +266,26 @@ class OutputParser:
         self._skip_glue = self._state is not _State.TOOL_CALL
 
     def _close_tool_call(self, out: ParsedDelta) -> None:
-        call = parse_tool_call(self._tool_body)
-        if call is None:
+        """The body is complete (or cut off): the open call gets the rest of its arguments; a body that never
+        opened a call is one if it is a whole JSON call object, else it goes back as the text it was."""
+        if self._call is None:
+            self._close_unopened(out)
+            return
+        call = self._call
+        self._decide_arguments(call)
+        raw = _arguments_so_far(self._tool_body[call.arguments_start :])
+        whole = None if call.streams_raw else parse_tool_call(self._tool_body)
+        self._emit_arguments(out, raw if whole is None else whole[1])
+        self._call = None
+        self._tool_body = ""
+
+    def _close_unopened(self, out: ParsedDelta) -> None:
+        whole = parse_tool_call(self._tool_body)
+        if whole is None:
             # Malformed calls go back to the client as the text the model wrote, never as an error.
             out.content += TOOL_OPEN + self._tool_body + TOOL_CLOSE
         else:
-            out.tool_calls.append(call)
+            out.add_call(ToolCallDelta(self.num_tool_calls, arguments=whole[1], id=new_call_id(), name=whole[0]))
             self.num_tool_calls += 1
         self._tool_body = ""
 
@@ -188,20 +303,13 @@ def message_fields(out: ParsedDelta, has_reasoning: bool) -> dict[str, Any]:
         "reasoning_content": out.reasoning if has_reasoning else None,
     }
     if out.tool_calls:
-        fields["tool_calls"] = [tool_call_json(call) for call in out.tool_calls]
+        fields["tool_calls"] = [call.message_json() for call in out.tool_calls]
     return fields
 
 
-def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
-    """A tool call in OpenAI's shape; streamed calls also carry their index in the message."""
-    data: dict[str, Any] = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-    if index is not None:
-        data["index"] = index
-    return data
-
-
-def parse_tool_call(body: str) -> ToolCall | None:
-    """A Qwen3 tool-call body, or None if it is not a JSON object with a string name."""
+def parse_tool_call(body: str) -> tuple[str, str] | None:
+    """A whole Qwen3 tool-call body as (name, arguments JSON text), or None if it is not a JSON object with a
+    string name."""
     try:
         call = json.loads(body)
     except json.JSONDecodeError:
@@ -212,7 +320,15 @@ def parse_tool_call(body: str) -> ToolCall | None:
     if not isinstance(arguments, str):
         # json.dumps' default separators are what the chat template's tojson writes back: same tokens.
         arguments = json.dumps(arguments, ensure_ascii=False)
-    return ToolCall(name=call["name"], arguments=arguments)
+    return call["name"], arguments
+
+
+def _arguments_so_far(text: str) -> str:
+    """The arguments part of a (growing) body's text after the opening: all of it but the body's closing
+    brace and the whitespace around it, which may be what the text ends with so far. Only ever grows as the
+    text does, so what was emitted is always a prefix of the final arguments."""
+    text = text.rstrip()
+    return text.removesuffix("}").rstrip()
 
 
 def parse_complete(text: str, parse_tool_calls: bool = True, in_reasoning: bool = False) -> ParsedDelta:
