@@ -151,3 +151,47 @@ def test_no_step_holds_more_rows_than_the_executor_is_sized_for(agreeable: Path)
         eng.step()
     assert max(rows) <= max_step_rows(EngineConfig(**config))  # type: ignore[arg-type]
     assert max(rows) > config["token_budget"]
+
+
+def host_copies(eng: Engine) -> list[np.ndarray]:
+    """Everything the engine brings to the host from now on."""
+    copies: list[np.ndarray] = []
+    to_host = eng.executor.to_host
+    eng.executor.to_host = lambda x: (copies.append(to_host(x)), copies[-1])[1]
+    return copies
+
+
+def test_greedy_speculative_steps_bring_only_token_ids_to_the_host(agreeable: Path) -> None:
+    eng = engine(agreeable, spec="mtp", draft_tokens=3)
+    copies = host_copies(eng)
+    run(eng, PROMPTS)
+    assert copies and all(c.dtype == np.int32 and c.shape[1] == 1 for c in copies)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=1),
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=True),
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.5),
+    ],
+    ids=["sampling", "logprobs", "penalty"],
+)
+def test_requests_that_need_the_distribution_still_get_full_logits(agreeable: Path, params: SamplingParams) -> None:
+    eng = engine(agreeable, spec="mtp", draft_tokens=3)
+    copies = host_copies(eng)
+    run(eng, PROMPTS, params)
+    assert any(c.shape[1] == eng.runner.model.config.vocab_size for c in copies)
+
+
+def test_greedy_with_a_penalty_and_logprobs_is_the_same_with_and_without_drafts(agreeable: Path) -> None:
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.3, logprobs=True, top_logprobs=2)
+
+    def tokens_and_logprobs(eng: Engine) -> tuple[list[int], list[float]]:
+        outputs = list(eng.generate([PROMPTS[0]], params))
+        return [t for o in outputs for t in o.token_ids], [lp.logprob for o in outputs for lp in o.logprobs]
+
+    plain_tokens, plain_logprobs = tokens_and_logprobs(engine(agreeable))
+    tokens, logprobs = tokens_and_logprobs(engine(agreeable, spec="mtp", draft_tokens=3))
+    assert tokens == plain_tokens
+    np.testing.assert_allclose(logprobs, plain_logprobs, atol=1e-4)

@@ -28,13 +28,14 @@ from ninfer_rt.engine.spec import lookahead as spec_lookahead
 from ninfer_rt.engine.spec_vocab import DraftVocab, load_token_frequencies
 from ninfer_rt.exec.base import Executor, StepBatch
 from ninfer_rt.exec.cuda_exec import CudaExecutor, GraphedForward
+from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.kv.capacity import check_fits, resolve_kv_capacity
 from ninfer_rt.kv.manager import KVManager
 from ninfer_rt.kv.pages import PoolStats
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, prepare_model
-from ninfer_rt.model.mtp import prepare_mtp
+from ninfer_rt.model.mtp import MTPSteps, PreparedMTP, prepare_mtp
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 
@@ -108,7 +109,8 @@ class Engine:
         if drafter is None:
             self.runner = ModelRunner(self.executor, model, self.kv, self.ledger, step_forward)
         else:
-            self.runner = SpecRunner(self.executor, model, self.kv, self.ledger, drafter, step_forward)
+            mtp_steps = mtp_steps_for(self.executor, model, drafter.mtp, self.kv)
+            self.runner = SpecRunner(self.executor, model, self.kv, self.ledger, drafter, step_forward, mtp_steps)
         self._requests: dict[str, OutputStream] = {}
         self._pending: list[RequestOutput] = []  # outputs of requests ended between steps (abort)
         self._ids = itertools.count()
@@ -255,6 +257,11 @@ def make_drafter(
 def step_forward_for(executor: Executor, model: PreparedModel, kv: KVCache) -> Callable[[StepBatch], ForwardOutput] | None:
     """Decode steps replay CUDA graphs on the GPU; the numpy executor runs the plain forward."""
     return GraphedForward(executor, model, kv) if isinstance(executor, CudaExecutor) else None
+
+
+def mtp_steps_for(executor: Executor, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> MTPSteps | None:
+    """MTP catch-up and drafting replay CUDA graphs on the GPU; the numpy executor runs them op by op."""
+    return GraphedMTPSteps(executor, model, mtp, kv) if isinstance(executor, CudaExecutor) else None
 
 
 def kv_spec(weights: ModelWeights, config: EngineConfig, device: Device | None) -> KVSpec:

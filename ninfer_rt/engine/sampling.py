@@ -67,6 +67,13 @@ def final_logits(
     return penalised if params.greedy else restrict_support(penalised, params)
 
 
+def argmax_decides(params: SamplingParams) -> bool:
+    """Whether the token is the argmax of the raw logits: greedy with no penalties and no logprobs (which
+    describe the whole distribution). Such a request needs only the executor's argmax on the host."""
+    penalised = params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
+    return params.greedy and not params.logprobs and not penalised
+
+
 def sample(
     logits: np.ndarray,
     params: SamplingParams,

@@ -9,7 +9,8 @@ positions N..N+k-1 (drafted at the end of its previous step):
 
 1. Verify: one main forward over [x[N-1], d1..dk] at positions N-1..N+k-1 (1 + k rows, logits for all of
    them; on the CUDA executor a graph replay keyed by the step shape, so batch size and verify width pick
-   the graph). spec_verify accepts a leading run of a drafts and emits them plus the correction or bonus
+   the graph). Only the argmax ids reach the host for requests they decide (sampling.argmax_decides);
+   full logits only for those that sample, penalise or report logprobs. spec_verify accepts a leading run of a drafts and emits them plus the correction or bonus
    token b: the sequence now has N' = N + a + 1 tokens and K/V for positions 0..N'-2.
 2. Catch-up: one MTP forward over the same rows (same positions, slots and block tables; fixed shape, so it
    never depends on a), with the tokens shifted by one: row i gets x[N+i], which is d(i+1) for i < a and b
@@ -17,6 +18,8 @@ positions N..N+k-1 (drafted at the end of its previous step):
    h; rows past a are rejected and write entries past the accepted length.
 3. Draft: row a's MTP logits give d'1 (for position N'); then the one MTP layer is reused k - 1 more times,
    one row per request at positions N'-1, N', ..., fed the previous MTP output as its hidden input.
+   Catch-up and drafts are model/mtp.py MTPSteps: CUDA graphs per step shape on the CUDA executor
+   (exec/cuda_mtp.py), op by op elsewhere.
 
 A prefill chunk is the same with no drafts: the catch-up runs over all of its rows (the token after its
 last row is the sampled one, or the next prompt token for a chunk that samples nothing), so the MTP K/V
@@ -45,14 +48,14 @@ import numpy as np
 from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.request import Request
 from ninfer_rt.engine.runner import ModelRunner, SampledTokens, SeqRows, StepForward, step_batch
-from ninfer_rt.engine.sampling import Sample, described, final_logits, softmax
+from ninfer_rt.engine.sampling import Sample, argmax_decides, described, final_logits, softmax
 from ninfer_rt.engine.scheduler import ScheduledChunk
 from ninfer_rt.engine.spec_verify import Verdict, verify_greedy, verify_sampled
 from ninfer_rt.engine.spec_vocab import DraftVocab
 from ninfer_rt.exec.base import Executor, StepBatch, Tensor
 from ninfer_rt.kv.cache import KVCache
 from ninfer_rt.model.layers import PreparedModel
-from ninfer_rt.model.mtp import PreparedMTP, mtp_forward
+from ninfer_rt.model.mtp import EagerMTPSteps, MTPSteps, PreparedMTP
 from ninfer_rt.model.weights import ModelWeights
 
 
@@ -72,13 +75,28 @@ class Draft:
 
 
 @dataclass(frozen=True)
+class HostRows:
+    """A step's logit rows on the host: argmax ids if some request is decided by them, full logits only if
+    some request needs them (4 bytes a row instead of the vocabulary's 600 kB for Qwen3)."""
+
+    ids: np.ndarray | None  # int32 [rows]
+    logits: np.ndarray | None  # [rows, vocab]
+
+    def rows(self, start: int, stop: int) -> HostRows:
+        return HostRows(
+            None if self.ids is None else self.ids[start:stop],
+            None if self.logits is None else self.logits[start:stop],
+        )
+
+
+@dataclass(frozen=True)
 class Verified:
     """One sampling request's share of a step after verification."""
 
     request: Request
     drafted: int
     verdict: Verdict
-    finals: list[np.ndarray]  # the target's final logits per verify row (logprobs of the emitted tokens)
+    finals: list[np.ndarray] | None  # the target's final logits per verify row; None where argmax ids decided
 
     @property
     def num_tokens(self) -> int:
@@ -87,6 +105,8 @@ class Verified:
 
     def samples(self) -> list[Sample]:
         params = self.request.params
+        if self.finals is None:
+            return [Sample(token, None) for token in self.verdict.tokens]
         return [described(final, token, params) for final, token in zip(self.finals, self.verdict.tokens)]
 
 
@@ -111,11 +131,15 @@ class DraftHead:
         return full
 
     def observe(self, tokens: Sequence[int]) -> None:
+        # In place: the tensor's buffer is never freed, and graphs captured over it must stay valid.
         if self.vocab is not None and self.vocab.observe(tokens):
-            self.tensor = self._prepare()
+            self.executor.rewrite_weight(self.tensor, [self._rows()])
 
     def _prepare(self) -> Tensor:
-        return self.executor.prepare_weight("mtp.lm_head_draft", [np.asarray(self.weights.lm_head)[self.vocab.ids]])
+        return self.executor.prepare_weight("mtp.lm_head_draft", [self._rows()])
+
+    def _rows(self) -> np.ndarray:
+        return np.asarray(self.weights.lm_head)[self.vocab.ids]
 
 
 @dataclass(frozen=True)
@@ -127,7 +151,8 @@ class Drafter:
 
 class SpecRunner(ModelRunner):
     """ModelRunner's drop-in for `--spec mtp`: `run` returns the accepted drafts plus one token per request.
-    Its step forward is the verify forward (on the CUDA executor, graphs keyed by batch x verify width)."""
+    Its step forward is the verify forward (on the CUDA executor, graphs keyed by batch x verify width);
+    `mtp_steps` runs catch-up and drafting (default: op by op)."""
 
     def __init__(
         self,
@@ -137,9 +162,11 @@ class SpecRunner(ModelRunner):
         ledger: KVLedger,
         drafter: Drafter,
         step_forward: StepForward | None = None,
+        mtp_steps: MTPSteps | None = None,
     ) -> None:
         super().__init__(executor, model, kv, ledger, step_forward)
         self.mtp = drafter.mtp
+        self.mtp_steps = mtp_steps or EagerMTPSteps(executor, model, drafter.mtp, kv)
         self.head = drafter.head
         self.draft_tokens = drafter.draft_tokens
         self.drafts: dict[str, Draft] = {}  # made at the end of a request's step, verified in its next one
@@ -148,13 +175,12 @@ class SpecRunner(ModelRunner):
         parts, drafts = zip(*(self._rows(chunk) for chunk in chunks))
         batch = step_batch(parts)
         out = self.forward(batch)
-        logits = self.executor.to_host(out.logits)
+        sampling = [(chunk.request, part, draft) for chunk, part, draft in zip(chunks, parts, drafts) if chunk.samples]
+        host = self._fetch(out.logits, None, [argmax_decides(request.params) for request, _, _ in sampling])
         verified, row = [], 0
-        for chunk, part, draft in zip(chunks, parts, drafts):
-            if chunk.samples:
-                rows = logits[row : row + len(part.logit_offsets)]
-                verified.append(self._verify(chunk.request, draft, rows))
-                row += len(part.logit_offsets)
+        for request, part, draft in sampling:
+            verified.append(self._verify(request, draft, host.rows(row, row + len(part.logit_offsets))))
+            row += len(part.logit_offsets)
         self.head.observe([token for v in verified for token in v.verdict.tokens])
         self.drafts = self._draft(chunks, parts, batch, out.hidden, verified)
         return [SampledTokens(v.request, v.samples(), v.drafted) for v in verified]
@@ -174,12 +200,23 @@ class SpecRunner(ModelRunner):
         offsets = list(range(size - 1, size + len(draft.tokens)))
         return SeqRows(seq, start, tokens + draft.tokens, offsets, request.request_id), draft
 
-    def _verify(self, request: Request, draft: Draft, rows: np.ndarray) -> Verified:
+    def _fetch(self, logits: Tensor, ids: Tensor | None, by_argmax: Sequence[bool]) -> HostRows:
+        """`by_argmax[i]`: whether request i's rows are decided by their argmax ids (computed here when
+        `ids` is None). One host sync per kind of data that some request needs."""
+        host_ids = None
+        if any(by_argmax):
+            host_ids = self.executor.to_host(self.executor.argmax(logits) if ids is None else ids)[:, 0]
+        host_logits = None if all(by_argmax) else self.executor.to_host(logits)
+        return HostRows(host_ids, host_logits)
+
+    def _verify(self, request: Request, draft: Draft, rows: HostRows) -> Verified:
         params = request.params
+        if argmax_decides(params):
+            return Verified(request, len(draft.tokens), verify_greedy(draft.tokens, rows.ids.tolist()), None)
         # Row i's target is conditioned on the drafts before it (penalties see them as output).
         finals = [
             final_logits(row, params, request.prompt_vocab, request.output_ids + draft.tokens[:i])
-            for i, row in enumerate(rows)
+            for i, row in enumerate(rows.logits)
         ]
         if params.greedy:
             verdict = verify_greedy(draft.tokens, [int(np.argmax(final)) for final in finals])
@@ -210,12 +247,12 @@ class SpecRunner(ModelRunner):
                 np.int32,
             ),
         )
-        out = mtp_forward(self.executor, self.model, self.mtp, catch_up, hidden, self.kv, self.head.tensor)
+        out = self.mtp_steps.catch_up(catch_up, hidden, self.head.tensor)
         if not verified:
             return {}
-        state = self.executor.select_rows(out.hidden)  # now: the next publish replaces the logit rows
         drafts = {v.request.request_id: Draft() for v in verified}
-        self._pick(verified, self.executor.to_host(out.logits), drafts)
+        greedy = [v.request.params.greedy for v in verified]  # drafts take no penalties: the argmax decides
+        self._pick(verified, self._fetch(out.logits, out.ids, greedy), drafts)
         # Draft j (0-based) is written at position N' - 2 + j: it must stay inside the request's pages.
         steps = min([self.draft_tokens, *(self._room(v.request) - v.num_tokens + 2 for v in verified)])
         for j in range(1, steps):
@@ -223,20 +260,19 @@ class SpecRunner(ModelRunner):
                 SeqRows(self.ledger.sequence(v.request), v.num_tokens - 2 + j, drafts[v.request.request_id].tokens[-1:], [0], v.request.request_id)
                 for v in verified
             ]
-            out = mtp_forward(self.executor, self.model, self.mtp, step_batch(rows), state, self.kv, self.head.tensor)
-            state = out.hidden
-            self._pick(verified, self.executor.to_host(out.logits), drafts)
+            out = self.mtp_steps.draft(step_batch(rows), self.head.tensor)
+            self._pick(verified, self._fetch(out.logits, out.ids, greedy), drafts)
         return drafts
 
-    def _pick(self, verified: list[Verified], logits: np.ndarray, drafts: dict[str, Draft]) -> None:
+    def _pick(self, verified: list[Verified], host: HostRows, drafts: dict[str, Draft]) -> None:
         """One more draft per request: the argmax for greedy requests, else a draw from q (kept for
         verification). q takes the request's temperature and top-k/p but no penalties: any q is exact."""
-        for v, row in zip(verified, logits):
+        for i, v in enumerate(verified):
             params, draft = v.request.params, drafts[v.request.request_id]
             if params.greedy:
-                draft.tokens.append(self.head.token(int(np.argmax(row))))
+                draft.tokens.append(self.head.token(int(host.ids[i])))
                 continue
-            q = softmax(final_logits(row, params))
+            q = softmax(final_logits(host.logits[i], params))
             draft.tokens.append(self.head.token(int(v.request.generator.choice(q.shape[0], p=q))))
             draft.probs.append(self.head.expand(q))
 

@@ -95,6 +95,10 @@ class Executor(Protocol):
         """Convert/upload a weight once: the parts' rows stacked in order (a fused qkv or gate_up matrix,
         or a single matrix/vector). Parts are the checkpoint's arrays, [out, in] for linear weights."""
 
+    def rewrite_weight(self, weight: Tensor, parts: Sequence[np.ndarray]) -> None:
+        """Replace a prepared dense weight's values in place (same shape), in the compute stream's order:
+        graphs captured over it stay valid and nothing is allocated (the draft head's vocabulary refresh)."""
+
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> Tensor:
         """NeoX RoPE with these inverse frequencies (pair i rotates dims i and i+D/2); cos/sin are scaled by
         `attention_scaling` (YaRN's mscale) as transformers does."""
@@ -128,6 +132,10 @@ class Executor(Protocol):
     def logits(self, hidden: Tensor, lm_head: Tensor) -> Tensor:
         """select_rows(hidden) @ lm_head.T: [N, vocab]."""
 
+    def argmax(self, logits: Tensor) -> Tensor:
+        """The greedy token of each logits row (lowest index among ties): int32 [rows, 1], so a greedy
+        step brings 4 bytes per row to the host instead of the whole vocabulary."""
+
     def to_host(self, x: Tensor) -> np.ndarray:
         """Wait for the compute stream and return `x` as a host numpy array (float32, or the reference
-        executor's float64)."""
+        executor's float64; int32 for argmax ids)."""

@@ -165,6 +165,14 @@ class CudaExecutor:
         self.upload(tensor.buffer, array, label=f"upload {name}")
         return tensor
 
+    def rewrite_weight(self, weight: DeviceTensor, parts: Sequence[np.ndarray]) -> None:
+        """New values into the weight's own buffer: a fresh buffer would leak the old one (buffers are freed
+        explicitly) and strand the graphs captured over its address."""
+        array = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0).astype(BF16)
+        if array.shape != (weight.rows, weight.cols) or weight.dtype != "bf16":
+            raise ValueError(f"rewrite_weight: {array.shape} values for a {weight.dtype} weight of {(weight.rows, weight.cols)}")
+        self.upload(weight.buffer, array, label=f"rewrite {weight.buffer.name}")
+
     def _prepare_quantized(self, name: str, weight: QuantizedWeight) -> QuantizedDeviceWeight:
         rows, cols = weight.shape
         tensor = QuantizedDeviceWeight(

@@ -158,7 +158,13 @@ class NumpyExecutor:
     def prepare_weight(self, name: str, parts: Sequence[Linear]) -> np.ndarray:
         # Quantized weights are dequantized exactly here: the reference computes with the weights the
         # kernels dequantize in registers.
-        return np.concatenate([dense(part, self.dtype) for part in parts], axis=0)
+        return self._stacked(parts)
+
+    def rewrite_weight(self, weight: np.ndarray, parts: Sequence[Linear]) -> None:
+        values = self._stacked(parts)
+        if values.shape != weight.shape:
+            raise ValueError(f"rewrite_weight: {values.shape} values for a weight of shape {weight.shape}")
+        weight[...] = values
 
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> RopeTable:
         return RopeTable(np.asarray(inv_freq, dtype=np.float64), float(attention_scaling))
@@ -221,11 +227,19 @@ class NumpyExecutor:
         picked = self.select_rows(hidden)
         return self._op("logits", lambda: picked @ lm_head.T)
 
+    def argmax(self, logits: np.ndarray) -> np.ndarray:
+        return self._op("argmax", lambda: np.argmax(logits, axis=1).astype(np.int32)[:, None])
+
     def to_host(self, x: np.ndarray) -> np.ndarray:
         self.compute.synchronize()
+        if np.issubdtype(x.dtype, np.integer):
+            return np.array(x)
         return np.array(x, dtype=np.result_type(self.dtype, np.float32))
 
     # -- internals ---------------------------------------------------------------------------------------
+
+    def _stacked(self, parts: Sequence[Linear]) -> np.ndarray:
+        return np.concatenate([dense(part, self.dtype) for part in parts], axis=0)
 
     def _op(
         self, label: str, fn: Callable[[], T], reads: tuple[Resource, ...] = (), writes: tuple[Resource, ...] = ()

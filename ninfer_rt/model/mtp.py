@@ -5,11 +5,16 @@ that follows it: z = fc(cat(norm_embedding(embed(x[p+1])), norm_hidden(h[p]))) -
 vLLM's qwen3_next_mtp.py concatenates -- then one decoder layer with its own paged KV (KVCache layer
 index num_hidden_layers, written at position p's slot), the MTP final norm and the shared lm_head.
 An MTP step's StepBatch is therefore the main step's with token_ids shifted by one.
+
+Drafting chains MTP steps: the catch-up over a verify step's rows, then single-row draft steps, each fed
+the hidden state the previous one left (`MTPSteps`). `EagerMTPSteps` runs them op by op on any executor;
+the CUDA executor replays them from graphs (exec/cuda_mtp.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from ninfer_rt.exec.base import Executor, StepBatch, Tensor
 from ninfer_rt.kv.cache import KVCache
@@ -61,3 +66,50 @@ def mtp_forward(
     x, residual = decoder_layer(executor, mtp.layer, eps, z, None, kv, mtp.kv_layer)
     out, _ = executor.rmsnorm(x, mtp.norm, eps, residual)
     return ForwardOutput(hidden=out, logits=executor.logits(out, model.lm_head if lm_head is None else lm_head))
+
+
+@dataclass(frozen=True)
+class MTPOutput:
+    """One MTP step's logits rows and their argmax ids (Executor.argmax); ids is None without logit rows."""
+
+    logits: Tensor
+    ids: Tensor | None
+
+
+class MTPSteps(Protocol):
+    """The MTP forwards of one speculative step. The hidden state handed from step to step (the catch-up's
+    logit rows, then each draft step's output) stays inside: callers pass only the verify forward's."""
+
+    def catch_up(self, batch: StepBatch, hidden: Tensor, lm_head: Tensor) -> MTPOutput:
+        """The MTP over a verify (or prefill) step's rows, `hidden` being that step's main-model output."""
+
+    def draft(self, batch: StepBatch, lm_head: Tensor) -> MTPOutput:
+        """One row per request, fed the previous step's hidden state at its logit rows."""
+
+
+class EagerMTPSteps:
+    """MTPSteps as plain op sequences: the numpy executor's, and the CUDA reference graphs must equal."""
+
+    def __init__(self, executor: Executor, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> None:
+        self.executor = executor
+        self.model = model
+        self.mtp = mtp
+        self.kv = kv
+        self._state: Tensor | None = None
+
+    def catch_up(self, batch: StepBatch, hidden: Tensor, lm_head: Tensor) -> MTPOutput:
+        out = mtp_forward(self.executor, self.model, self.mtp, batch, hidden, self.kv, lm_head)
+        # Selected now: the next step's publish replaces the logit rows.
+        self._state = self.executor.select_rows(out.hidden) if len(batch.logit_rows) else None
+        return scored(self.executor, out.logits, batch)
+
+    def draft(self, batch: StepBatch, lm_head: Tensor) -> MTPOutput:
+        if self._state is None:
+            raise RuntimeError("draft steps follow a catch-up with logit rows")
+        out = mtp_forward(self.executor, self.model, self.mtp, batch, self._state, self.kv, lm_head)
+        self._state = out.hidden
+        return scored(self.executor, out.logits, batch)
+
+
+def scored(executor: Executor, logits: Tensor, batch: StepBatch) -> MTPOutput:
+    return MTPOutput(logits, executor.argmax(logits) if len(batch.logit_rows) else None)

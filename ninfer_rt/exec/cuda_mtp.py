@@ -1,0 +1,121 @@
+"""The MTP steps of speculative decoding (model/mtp.py MTPSteps) replayed from CUDA graphs.
+
+Like GraphedForward for the verify forward: decode-width steps (<= 8 rows) replay a graph per key, wider
+ones (the catch-up of a prefill chunk) run eagerly; replays are bit-identical to eager runs. A key is the
+step shape, the phase and the lm_head scored (the full one or `--lm-head-draft`'s rows, whose buffer is
+rewritten in place on a vocabulary refresh, so its address never changes).
+
+A graph reads and writes only fixed addresses, so the hidden state handed between steps lives in two
+buffers of this class: `hidden_in` receives the verify forward's hidden rows (one device copy before the
+catch-up replay: the verify graph's output address depends on its own shape), and `state` the rows the
+next draft step reads, written by the last op of every catch-up and draft graph. The argmax of the
+logits is captured too, so a greedy draft costs one replay and a 4-byte read per row.
+
+Capture follows GraphedForward: inputs are published outside the graph, and an eager run first loads the
+kernels and fills the activation pool. That eager run does not write `state` (the draft step it warms up
+reads it), and writes the same K/V the replay that follows rewrites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from ninfer_rt.cuda.graphs import Graph, capture
+from ninfer_rt.cuda.linear_ops import GEMV_MAX_ROWS
+from ninfer_rt.cuda.memory import DeviceBuffer
+from ninfer_rt.exec.base import StepBatch
+from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, StepShape, step_shape
+from ninfer_rt.kv.cache import KVCache
+from ninfer_rt.model.layers import PreparedModel
+from ninfer_rt.model.mtp import MTPOutput, PreparedMTP, mtp_forward, scored
+
+Phase = Literal["catch-up", "draft"]
+
+
+@dataclass(frozen=True)
+class MTPGraphKey:
+    shape: StepShape
+    phase: Phase  # a catch-up reads `hidden_in` and keeps its logit rows; a draft step reads `state`
+    lm_head: str  # the scored head's buffer name: "w.lm_head" ("w.embed" if tied) or "w.mtp.lm_head_draft"
+
+
+class GraphedMTPSteps:
+    def __init__(self, executor: CudaExecutor, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> None:
+        self.executor = executor
+        self.model = model
+        self.mtp = mtp
+        self.kv = kv
+        self.graphs: dict[MTPGraphKey, Graph] = {}
+        hidden = model.config.hidden_size
+        self.hidden_in = DeviceBuffer(executor.streams, GEMV_MAX_ROWS * hidden * 2, "mtp.hidden_in")
+        self.state = DeviceBuffer(executor.streams, executor.max_seqs * hidden * 2, "mtp.state")  # a row per request
+        self._state_rows = 0
+
+    def catch_up(self, batch: StepBatch, hidden: DeviceTensor, lm_head: DeviceTensor) -> MTPOutput:
+        if _wide(batch):
+            return self._eager(batch, hidden, lm_head, "catch-up")
+        self.executor.compute.copy(self.hidden_in, hidden.buffer, hidden.nbytes, label="mtp: verify hidden rows")
+        source = DeviceTensor(self.hidden_in, hidden.rows, hidden.cols)
+        return self._replay(MTPGraphKey(step_shape(batch), "catch-up", lm_head.buffer.name), batch, source, lm_head)
+
+    def draft(self, batch: StepBatch, lm_head: DeviceTensor) -> MTPOutput:
+        if not self._state_rows:
+            raise RuntimeError("draft steps follow a catch-up with logit rows")
+        source = DeviceTensor(self.state, self._state_rows, self.model.config.hidden_size)
+        if _wide(batch):
+            return self._eager(batch, source, lm_head, "draft")
+        return self._replay(MTPGraphKey(step_shape(batch), "draft", lm_head.buffer.name), batch, source, lm_head)
+
+    def destroy(self) -> None:
+        for graph in self.graphs.values():
+            graph.destroy()
+        self.graphs.clear()
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _eager(self, batch: StepBatch, hidden: DeviceTensor, lm_head: DeviceTensor, phase: Phase) -> MTPOutput:
+        out, carried = self._forward(batch, hidden, lm_head, phase)
+        self._carry(carried)
+        self._state_rows = len(batch.logit_rows)
+        return out
+
+    def _replay(self, key: MTPGraphKey, batch: StepBatch, hidden: DeviceTensor, lm_head: DeviceTensor) -> MTPOutput:
+        with self.executor.prepublished(batch, self.kv):  # outside the graph, on the stream it replays on
+            graph = self.graphs.get(key)
+            if graph is None:
+                graph = self.graphs[key] = self._capture(lambda: self._forward(batch, hidden, lm_head, key.phase))
+            self.executor.begin_step(batch, self.kv)  # host bookkeeping only
+        pages_read, pages_written = self.executor.step_pages
+        out = graph.replay(pages_read, pages_written, lane=tuple(batch.lanes) or None)
+        self._state_rows = len(batch.logit_rows)
+        return out
+
+    def _capture(self, forward: Callable[[], tuple[MTPOutput, DeviceTensor | None]]) -> Graph:
+        forward()  # eager: kernels loaded, pool filled; its outputs are dropped before capturing
+
+        def enqueue() -> MTPOutput:
+            out, carried = forward()
+            self._carry(carried)
+            return out
+
+        return capture(self.executor.compute, enqueue)
+
+    def _forward(
+        self, batch: StepBatch, hidden: DeviceTensor, lm_head: DeviceTensor, phase: Phase
+    ) -> tuple[MTPOutput, DeviceTensor | None]:
+        """The step's scored logits, and the rows the next draft step reads (None without logit rows)."""
+        out = mtp_forward(self.executor, self.model, self.mtp, batch, hidden, self.kv, lm_head)
+        if not len(batch.logit_rows):
+            return scored(self.executor, out.logits, batch), None
+        carried = self.executor.select_rows(out.hidden) if phase == "catch-up" else out.hidden
+        return scored(self.executor, out.logits, batch), carried
+
+    def _carry(self, rows: DeviceTensor | None) -> None:
+        if rows is not None:
+            self.executor.compute.copy(self.state, rows.buffer, rows.nbytes, label="mtp: carry hidden rows")
+
+
+def _wide(batch: StepBatch) -> bool:
+    return batch.num_tokens > GEMV_MAX_ROWS
