@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -146,10 +147,11 @@ def make_kv(streams: StreamSet, cfg: ModelConfig, context: int, dtype: str, exec
 
 
 def run_info(device: Device) -> dict[str, object]:
+    """Date, GPU and commit (NINFER_BENCH_COMMIT names it where the tree is an export without .git)."""
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+        commit = os.environ.get("NINFER_BENCH_COMMIT", "unknown")
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpu": device.name, "commit": commit}
 
 
