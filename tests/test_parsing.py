@@ -8,6 +8,7 @@ import pytest
 
 from ninfer_rt.serve.parsing import (
     OutputParser,
+    forced_call_prefill,
     message_fields,
     ParsedDelta,
     parse_complete,
@@ -208,3 +209,9 @@ def test_generation_prompt_states() -> None:
     assert not prompt_opens_reasoning("<|im_start|>assistant\n")
     assert prompt_closes_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not prompt_closes_reasoning("<|im_start|>assistant\n<think>\n")
+
+
+def test_a_forced_call_prefill_closes_an_opened_think_block_empty_and_names_a_known_function() -> None:
+    # "<think>\n" + this renders "<think>\n\n</think>\n\n", the template's own empty think block
+    assert forced_call_prefill("<|im_start|>assistant\n<think>\n", "f") == '\n</think>\n\n<tool_call>\n{"name": "f", "arguments":'
+    assert forced_call_prefill("<|im_start|>assistant\n", None) == "<tool_call>"

@@ -65,7 +65,7 @@ BAD_REQUESTS = {
         with_(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]),
         '"object"',
     ),
-    "forced tool choice": (with_(tool_choice="required"), "tool_choice"),
+    "forced tool choice without tools": (with_(tool_choice="required"), "tool_choice"),
     "too many top_logprobs": (with_(logprobs=True, top_logprobs=50), "top_logprobs"),
 }
 
@@ -93,6 +93,31 @@ def test_an_unknown_model_is_a_404_naming_the_served_one(server: Server) -> None
 def test_completions_validate_too(server: Server) -> None:
     assert_error(server.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}), 400, "max_tokens")
     assert_error(server.post("/v1/completions", {"model": MODEL, "prompt": ""}), 400, "prompt")
+
+
+BAD_PROMPTS = {
+    "empty text": "",
+    "empty token list in a batch": [[1, 2], []],
+    "token id past the vocabulary": [1, 10**6],
+    "negative token id": [[-1]],
+    "one prompt of a batch too long": ["hi", "word " * (2 * MAX_CONTEXT)],
+}
+
+
+@pytest.mark.parametrize("prompt", BAD_PROMPTS.values(), ids=BAD_PROMPTS.keys())
+def test_a_bad_prompt_is_a_400_that_names_the_prompt_before_anything_runs(server: Server, prompt: Any) -> None:
+    # validated once, at the edge: the error names the field, and nothing was queued for the engine
+    response = server.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True})
+    assert_error(response, 400, "prompt")
+    assert response.json()["error"]["param"] == "prompt"
+    assert server.state.in_flight == 0 and server.pages_in_use() == 0
+
+
+def test_more_prompts_than_the_server_can_ever_hold_is_a_400_not_a_429(tiny_qwen3: Path) -> None:
+    with running_server(tiny_qwen3, max_concurrency=1, max_queue=1) as small:
+        response = small.post("/v1/completions", {"model": MODEL, "prompt": ["a", "b", "c"], "max_tokens": 1})
+        assert_error(response, 400, "at most 2 prompts")
+        assert small.post("/v1/completions", {"model": MODEL, "prompt": ["a", "b"], "max_tokens": 1}).status_code == 200
 
 
 def test_a_wrong_or_missing_api_key_is_a_401(tiny_qwen3: Path) -> None:

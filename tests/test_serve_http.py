@@ -132,6 +132,40 @@ def test_text_completion_plain_and_streamed(server: Server) -> None:
     assert "".join(chunk.choices[0].text for chunk in streamed) == whole.choices[0].text
 
 
+def test_a_batch_of_prompts_gets_one_choice_each_with_summed_usage(server: Server, tokenizer: Tokenizer) -> None:
+    client = server.client()
+    kwargs: dict[str, Any] = {"max_tokens": 4, "temperature": 0.0, "extra_body": {"ignore_eos": True}}
+    prompts = ["def fibonacci(n):", "import os", "class Stack:"]
+    singles = [client.completions.create(model=MODEL, prompt=p, **kwargs) for p in prompts]
+    for batch in (prompts, [tokenizer.encode(p) for p in prompts]):  # texts, or token ids
+        response = client.completions.create(model=MODEL, prompt=batch, **kwargs)
+        assert [c.index for c in response.choices] == [0, 1, 2]
+        assert [c.text for c in response.choices] == [s.choices[0].text for s in singles]
+        assert response.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
+        assert response.usage.completion_tokens == 3 * 4
+
+
+def test_a_streamed_batch_interleaves_its_choices_by_index(server: Server) -> None:
+    client = server.client()
+    kwargs: dict[str, Any] = {"max_tokens": 6, "temperature": 0.0, "extra_body": {"ignore_eos": True}}
+    prompts = ["def fibonacci(n):", "import os"]
+    whole = client.completions.create(model=MODEL, prompt=prompts, **kwargs)
+    chunks = list(client.completions.create(model=MODEL, prompt=prompts, stream=True,
+                                            stream_options={"include_usage": True}, **kwargs))
+    texts = ["", ""]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == [c.text for c in whole.choices]
+    indices = [c.choices[0].index for c in chunks if c.choices]
+    assert indices != sorted(indices)  # both prompts ran at once (two lanes), not one after the other
+    assert chunks[-1].usage.completion_tokens == 12
+    deadline = time.monotonic() + 1.0  # the slots are released just after [DONE] is sent
+    while server.state.in_flight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.state.in_flight == 0
+
+
 def test_a_tool_call_round_trip_is_accepted(server: Server) -> None:
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": "Open main.py"},
@@ -147,6 +181,25 @@ def test_a_tool_call_round_trip_is_accepted(server: Server) -> None:
     response = chat(server, messages, tools=TOOLS, max_tokens=4)
     assert response.choices[0].message.role == "assistant"
     assert response.usage.prompt_tokens > 0
+
+
+def test_a_named_tool_choice_makes_even_a_babbling_model_call_that_function(server: Server) -> None:
+    # The tiny model never writes a call by itself; the prefilled opening makes its reply one, streamed or not.
+    messages: list[dict[str, Any]] = [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": "Open a.py"}]
+    kwargs: dict[str, Any] = {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "read_file"}},
+                              "max_tokens": 8, "temperature": 0.0}
+    whole = chat(server, messages, **kwargs)
+    [call] = whole.choices[0].message.tool_calls
+    assert call.function.name == "read_file"
+    chunks = list(chat(server, messages, stream=True, **kwargs))
+    pieces = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert pieces[0].function.name == "read_file"
+    assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
+    # sent back, the forced turn renders as the model saw and wrote it: the next turn hits the cache
+    turn = {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}
+    reply = {"role": "tool", "tool_call_id": call.id, "content": "print(1)"}
+    second = chat(server, [*messages, turn, reply], tools=TOOLS, max_tokens=2)
+    assert second.usage.prompt_tokens_details.cached_tokens >= 0.9 * whole.usage.prompt_tokens
 
 
 def test_reasoning_content_is_a_string_not_null_when_thinking_is_disabled(server: Server) -> None:

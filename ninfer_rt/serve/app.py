@@ -5,6 +5,18 @@ response shapes. Generation goes through a `GenerationBackend` (the engine loop 
 backend is built in the background at start-up so /health can say "loading" (503) instead of the port
 staying closed; a backend failure marks the server unhealthy, fails the requests it had, and asks the
 process to exit so a supervisor restarts it.
+
+Validation happens once, here: a request that parses (protocol.py) is turned into `Generation`s whose
+prompts and parameters fit the model (vocabulary, context), so every refusal is a 400 before anything is
+queued or a stream has started. `/v1/completions` takes a batch of prompts (texts or token-id lists): one
+choice each, run concurrently, streamed interleaved by `index`, usage summed.
+
+tool_choice: "none" hides the tools; "auto" lets the model decide; "required" and a named function force a
+call without constrained decoding, by prefilling the assistant turn (parsing.forced_call_prefill). What
+that guarantees: a named function (or "required" with a single tool) always comes back as a call of that
+function, whose arguments are the model's text (not checked against the schema); "required" with several
+tools starts the reply inside a call, and the model chooses the function; if it then writes a body that
+is not a call, that comes back as content.
 """
 
 from __future__ import annotations
@@ -14,7 +26,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +43,7 @@ from ninfer_rt.kv.pages import PoolStats
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.serve.chat import ChatTemplate, ChatTemplateError
 from ninfer_rt.serve.metrics import ServerMetrics
-from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, message_fields
+from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, forced_call_prefill, message_fields
 from ninfer_rt.serve.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -46,16 +58,23 @@ RETRY_AFTER_S = 1
 SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
+@dataclass(frozen=True)
+class Generation:
+    """One prompt and its sampling parameters, validated once, at the edge, against what the backend
+    announces (vocabulary, context limit): the backend runs it as it is."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
 class GenerationBackend(Protocol):
     """What the app needs from the engine side."""
 
     tokenizer: Tokenizer
     context_limit: int  # prompt + output tokens one request may hold
+    vocab_size: int  # prompt token ids must be in [0, vocab_size)
 
-    def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raises ValueError for a request that could never run."""
-
-    def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+    def generate(self, generation: Generation, request_id: str) -> AsyncIterator[RequestOutput]:
         """The request's outputs; closing the iterator early aborts the request and frees its pages."""
 
     def kv_stats(self) -> PoolStats: ...
@@ -177,7 +196,7 @@ def _install_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics, co
         chat = _is_chat_body(raw)
         body = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
         backend = _serving(body.model, state, config)
-        ids = _render_chat(body, state, config).ids if chat else _completion_prompt_ids(body, backend)
+        ids = _render_chat(body, state, config).ids if chat else _single_prompt(body, backend.tokenizer)
         return JSONResponse({"count": len(ids), "max_model_len": backend.context_limit, "tokens": ids})
 
     @app.get("/v1/models")
@@ -222,38 +241,39 @@ def _ready(state: ServerState) -> GenerationBackend:
     return state.backend
 
 
-# -- jobs: one request's prompt, parameters and response shape --------------------------------------------
+# -- jobs: one request's prompts, parameters and response shape -------------------------------------------
 
 
 @dataclass
 class _Job:
-    """What both endpoints share: the tokenized prompt, sampling, and how to turn outputs into JSON."""
+    """What both endpoints share: the validated generations (one per choice), and how to turn their outputs
+    into JSON."""
 
     request_id: str
     model: str
-    prompt_ids: list[int]
-    params: SamplingParams
+    generations: list[Generation]
     stream: bool
     include_usage: bool
-    tokenizer: Tokenizer | None = None
+    tokenizer: Tokenizer
     created: int = field(default_factory=lambda: int(time.time()))
 
     endpoint = ""
     object_name = ""
     id_prefix = ""
+    prompt_param = ""  # the request field an invalid prompt is reported under
 
     @classmethod
     def _fields(
-        cls, body: ChatCompletionRequest | CompletionRequest, backend: GenerationBackend, prompt_ids: list[int],
+        cls, body: ChatCompletionRequest | CompletionRequest, backend: GenerationBackend, prompts: list[list[int]],
         config: ServeConfig, logprobs: bool, top_logprobs: int,
     ) -> dict[str, Any]:
-        """The fields both endpoints fill the same way from the request and its tokenized prompt."""
-        params = _sampling_params(body, body.requested_max_tokens, prompt_ids, backend, config)
+        """The fields both endpoints fill the same way from the request and its tokenized prompts."""
         return {
             "request_id": f"{cls.id_prefix}-{uuid.uuid4().hex}",
             "model": body.model,
-            "prompt_ids": prompt_ids,
-            "params": _with_logprobs(params, logprobs, top_logprobs),
+            "generations": [
+                _generation(body, ids, backend, config, logprobs, top_logprobs, cls.prompt_param) for ids in prompts
+            ],
             "stream": body.stream,
             "include_usage": bool(body.stream_options and body.stream_options.include_usage),
             "tokenizer": backend.tokenizer,
@@ -274,30 +294,34 @@ class _Job:
             body["usage"] = usage
         return body
 
-    def delta(self, output: RequestOutput) -> dict[str, Any] | None:
+    def delta(self, index: int, output: RequestOutput) -> dict[str, Any] | None:
+        """Choice `index`'s streamed chunk for `output`, or None when it adds nothing yet."""
         raise NotImplementedError
 
-    def final(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+    def final(self, index: int, outputs: list[RequestOutput]) -> dict[str, Any]:
+        """Choice `index` of the non-streamed response, from all its outputs."""
         raise NotImplementedError
 
 
 @dataclass
 class _ChatJob(_Job):
-    parser: OutputParser = field(default_factory=OutputParser)
+    parser: OutputParser = field(default_factory=OutputParser)  # one: a chat request has one choice (n=1)
     sent_role: bool = False
 
     endpoint = "/v1/chat/completions"
     object_name = "chat.completion"
     id_prefix = "chatcmpl"
+    prompt_param = "messages"
 
     @classmethod
     def build(cls, body: ChatCompletionRequest, state: ServerState, config: ServeConfig) -> _ChatJob:
         backend = _serving(body.model, state, config)
         prompt = _render_chat(body, state, config)
-        fields = cls._fields(body, backend, prompt.ids, config, body.logprobs, body.top_logprobs or 0)
-        return cls(parser=OutputParser.for_prompt(prompt.generation_prompt, body.parses_tool_calls), **fields)
+        fields = cls._fields(body, backend, [prompt.ids], config, body.logprobs, body.top_logprobs or 0)
+        parser = OutputParser.for_prompt(prompt.generation_prompt, body.parses_tool_calls, prompt.prefill)
+        return cls(parser=parser, **fields)
 
-    def delta(self, output: RequestOutput) -> dict[str, Any] | None:
+    def delta(self, index: int, output: RequestOutput) -> dict[str, Any] | None:
         parsed = self.parser.feed(output.text)
         if output.finished:
             parsed.extend(self.parser.finish())
@@ -314,17 +338,16 @@ class _ChatJob(_Job):
         logprobs = self._logprobs(output.logprobs)
         if not message and logprobs is None and not output.finished:
             return None
-        choice = {"index": 0, "delta": message, "logprobs": logprobs, "finish_reason": self._finish_reason(output)}
-        return choice
+        return {"index": index, "delta": message, "logprobs": logprobs, "finish_reason": self._finish_reason(output)}
 
-    def final(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+    def final(self, index: int, outputs: list[RequestOutput]) -> dict[str, Any]:
         parsed = ParsedDelta()
         for output in outputs:
             parsed.extend(self.parser.feed(output.text))
         parsed.extend(self.parser.finish())
         message = {"role": "assistant", **message_fields(parsed, self.parser.has_reasoning)}
         logprobs = self._logprobs([lp for output in outputs for lp in output.logprobs])
-        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": self._finish_reason(outputs[-1])}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": self._finish_reason(outputs[-1])}
 
     def _finish_reason(self, output: RequestOutput) -> str | None:
         if output.finish_reason is None:
@@ -334,9 +357,8 @@ class _ChatJob(_Job):
         return output.finish_reason.value
 
     def _logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any] | None:
-        if not self.params.logprobs or not entries:
+        if not self.generations[0].params.logprobs or not entries:
             return None
-        assert self.tokenizer is not None
         return {"content": [_chat_logprob(self.tokenizer, entry) for entry in entries]}
 
 
@@ -347,31 +369,31 @@ class _CompletionJob(_Job):
     endpoint = "/v1/completions"
     object_name = "text_completion"
     id_prefix = "cmpl"
+    prompt_param = "prompt"
 
     @classmethod
     def build(cls, body: CompletionRequest, state: ServerState, config: ServeConfig) -> _CompletionJob:
         backend = _serving(body.model, state, config)
-        prompt_ids = _completion_prompt_ids(body, backend)
-        fields = cls._fields(body, backend, prompt_ids, config, body.logprobs is not None, body.logprobs or 0)
+        prompts = [_prompt_ids(prompt, backend.tokenizer) for prompt in body.prompts]
+        fields = cls._fields(body, backend, prompts, config, body.logprobs is not None, body.logprobs or 0)
         return cls(num_logprobs=body.logprobs, **fields)
 
-    def delta(self, output: RequestOutput) -> dict[str, Any] | None:
+    def delta(self, index: int, output: RequestOutput) -> dict[str, Any] | None:
         if not output.text and not output.finished:
             return None
-        return self._choice(output.text, output.logprobs, output)
+        return self._choice(index, output.text, output.logprobs, output)
 
-    def final(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+    def final(self, index: int, outputs: list[RequestOutput]) -> dict[str, Any]:
         text = "".join(output.text for output in outputs)
-        return self._choice(text, [lp for output in outputs for lp in output.logprobs], outputs[-1])
+        return self._choice(index, text, [lp for output in outputs for lp in output.logprobs], outputs[-1])
 
-    def _choice(self, text: str, logprobs: list[TokenLogprobs], last: RequestOutput) -> dict[str, Any]:
+    def _choice(self, index: int, text: str, logprobs: list[TokenLogprobs], last: RequestOutput) -> dict[str, Any]:
         finish = last.finish_reason.value if last.finish_reason is not None else None
-        return {"index": 0, "text": text, "logprobs": self._logprobs(logprobs), "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": self._logprobs(logprobs), "finish_reason": finish}
 
     def _logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any] | None:
         if self.num_logprobs is None:
             return None
-        assert self.tokenizer is not None
         tokens = [self.tokenizer.decode([e.token_id]) for e in entries]
         return {
             "tokens": tokens,
@@ -393,6 +415,7 @@ def _is_chat_body(raw: bytes) -> bool:
 class _ChatPrompt:
     ids: list[int]
     generation_prompt: str
+    prefill: str  # what the server appended after the generation prompt (a forced tool call's opening)
 
 
 def _render_chat(body: ChatCompletionRequest, state: ServerState, config: ServeConfig) -> _ChatPrompt:
@@ -406,7 +429,8 @@ def _render_chat(body: ChatCompletionRequest, state: ServerState, config: ServeC
         prompt = state.template.render([m.for_template() for m in body.messages], tools=tools, **kwargs)
     except ChatTemplateError as exc:
         raise bad_request(str(exc), param="messages") from None
-    return _ChatPrompt(backend.tokenizer.encode(prompt.text), prompt.generation_prompt)
+    prefill = forced_call_prefill(prompt.generation_prompt, body.forced_function) if body.forces_tool_call else ""
+    return _ChatPrompt(backend.tokenizer.encode(prompt.text + prefill), prompt.generation_prompt, prefill)
 
 
 def _serving(model: str, state: ServerState, config: ServeConfig) -> GenerationBackend:
@@ -420,28 +444,29 @@ def _serving(model: str, state: ServerState, config: ServeConfig) -> GenerationB
     return backend
 
 
-def _completion_prompt_ids(body: CompletionRequest, backend: GenerationBackend) -> list[int]:
-    prompt = body.prompt
-    if isinstance(prompt, str):
-        return backend.tokenizer.encode(prompt)
-    if prompt and isinstance(prompt[0], str):
-        return backend.tokenizer.encode(str(prompt[0]))
-    return [int(t) for t in prompt]
+def _prompt_ids(prompt: str | list[int], tokenizer: Tokenizer) -> list[int]:
+    return tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
 
 
-def _sampling_params(
+def _single_prompt(body: CompletionRequest, tokenizer: Tokenizer) -> list[int]:
+    if len(body.prompts) != 1:
+        raise bad_request("/tokenize takes one prompt", param="prompt")
+    return _prompt_ids(body.prompts[0], tokenizer)
+
+
+def _generation(
     body: ChatCompletionRequest | CompletionRequest,
-    max_tokens: int | None,
     prompt_ids: list[int],
     backend: GenerationBackend,
     config: ServeConfig,
-) -> SamplingParams:
+    logprobs: bool,
+    top_logprobs: int,
+    prompt_param: str,
+) -> Generation:
+    """The one validation of a prompt and its parameters: everything the engine would refuse is a 400 here."""
+    _check_prompt(prompt_ids, backend, prompt_param)
     limit = backend.context_limit
-    if len(prompt_ids) >= limit:
-        raise bad_request(
-            f"this model's maximum context length is {limit} tokens, but the prompt has {len(prompt_ids)} tokens",
-            param="messages", code="context_length_exceeded",
-        )
+    max_tokens = body.requested_max_tokens
     if max_tokens is None:  # as vLLM does: whatever room the context leaves
         max_tokens = limit - len(prompt_ids)
     elif len(prompt_ids) + max_tokens > limit:
@@ -461,20 +486,25 @@ def _sampling_params(
             ignore_eos=body.ignore_eos,
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
         )
-        backend.validate(prompt_ids, params)
     except ValueError as exc:
         raise bad_request(str(exc)) from None
-    return params
+    return Generation(prompt_ids, params)
 
 
-def _with_logprobs(params: SamplingParams, logprobs: bool, top: int) -> SamplingParams:
-    if not logprobs and not top:
-        return params
-    try:
-        return SamplingParams(**{**params.__dict__, "logprobs": logprobs, "top_logprobs": top})
-    except ValueError as exc:
-        raise bad_request(str(exc), param="top_logprobs") from None
+def _check_prompt(prompt_ids: list[int], backend: GenerationBackend, param: str) -> None:
+    if not prompt_ids:
+        raise bad_request("the prompt must contain at least one token", param=param)
+    if any(not 0 <= t < backend.vocab_size for t in prompt_ids):
+        raise bad_request(f"prompt token ids must be in [0, {backend.vocab_size})", param=param)
+    if len(prompt_ids) >= backend.context_limit:  # no room left for even one generated token
+        raise bad_request(
+            f"this model's maximum context length is {backend.context_limit} tokens, but the prompt has "
+            f"{len(prompt_ids)} tokens",
+            param=param, code="context_length_exceeded",
+        )
 
 
 def _chat_logprob(tokenizer: Tokenizer, entry: TokenLogprobs) -> dict[str, Any]:
@@ -485,12 +515,15 @@ def _chat_logprob(tokenizer: Tokenizer, entry: TokenLogprobs) -> dict[str, Any]:
     return {**one(entry.token_id, entry.logprob), "top_logprobs": [one(t, lp) for t, lp in entry.top]}
 
 
-def _usage(stats: RequestStats) -> dict[str, Any]:
+def _usage(stats: list[RequestStats]) -> dict[str, Any]:
+    """Usage of a whole response: the sum over its choices."""
+    prompt = sum(s.prompt_tokens for s in stats)
+    completion = sum(s.completion_tokens for s in stats)
     return {
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.completion_tokens,
-        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in stats)},
     }
 
 
@@ -500,39 +533,52 @@ def _usage(stats: RequestStats) -> dict[str, Any]:
 async def _serve(
     request: Request, state: ServerState, metrics: ServerMetrics, config: ServeConfig, job: _Job
 ) -> Response:
-    capacity = config.max_concurrency + config.max_queue
-    if state.in_flight >= capacity:
-        raise APIError(
-            429, f"the server is at capacity ({capacity} requests in flight); retry shortly",
-            type="rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
     backend = _ready(state)
-    state.in_flight += 1
-    outputs = _Outputs(state, metrics, backend.generate(job.prompt_ids, job.params, job.request_id))
+    _take_slots(state, config, len(job.generations))
+    outputs = _Merged([
+        _Outputs(state, metrics, backend.generate(generation, job.request_id)) for generation in job.generations
+    ])
     if job.stream:
-        # The background task releases the slot even when the client leaves before the body starts
+        # The background task releases the slots even when the client leaves before the body starts
         # (then `_sse` never runs, so its `finally` cannot); aclose is idempotent.
         return StreamingResponse(
             _sse(job, outputs, metrics), media_type="text/event-stream", background=BackgroundTask(outputs.aclose)
         )
+    collected: list[list[RequestOutput]] = [[] for _ in job.generations]
     try:
-        collected = [output async for output in outputs]
+        async for index, output in outputs:
+            collected[index].append(output)
     finally:
         await outputs.aclose()
     metrics.request_done(job.endpoint, 200)
-    usage = _usage(collected[-1].stats) if collected[-1].stats else None
-    return JSONResponse(job.envelope([job.final(collected)], usage, chunk=False))
+    stats = [choice[-1].stats for choice in collected]
+    usage = _usage(stats) if all(stats) else None  # type: ignore[arg-type]
+    return JSONResponse(job.envelope([job.final(i, choice) for i, choice in enumerate(collected)], usage, chunk=False))
+
+
+def _take_slots(state: ServerState, config: ServeConfig, wanted: int) -> None:
+    """Checks that `wanted` more requests fit in flight (each prompt of a batch is one); _Outputs takes them."""
+    capacity = config.max_concurrency + config.max_queue
+    if wanted > capacity:  # retrying would never help: a 400, not a 429
+        raise bad_request(f"at most {capacity} prompts fit in one request on this server", param="prompt")
+    if state.in_flight + wanted > capacity:
+        raise APIError(
+            429, f"the server is at capacity ({capacity} requests in flight); retry shortly",
+            type="rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
 
 
 class _Outputs:
-    """A request's outputs; records latencies, turns a backend failure into a fatal server state, and
-    releases the in-flight slot exactly once however the consumer stops (done, error, client gone)."""
+    """A request's outputs; records latencies, turns a backend failure into a fatal server state, and holds
+    an in-flight slot from construction until it is released, exactly once however the consumer stops
+    (done, error, client gone)."""
 
     def __init__(self, state: ServerState, metrics: ServerMetrics, source: AsyncIterator[RequestOutput]) -> None:
         self._state = state
         self._metrics = metrics
         self._source = source
         self._closed = False
+        state.in_flight += 1
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._iterate()
@@ -566,22 +612,65 @@ class _Outputs:
         await self._source.aclose()  # type: ignore[attr-defined]
 
 
-async def _sse(job: _Job, outputs: _Outputs, metrics: ServerMetrics) -> AsyncIterator[str]:
+class _Merged:
+    """The outputs of a response's choices as one stream of (choice index, output), in the order the
+    engine produces them (a batch of prompts runs concurrently, so its streamed choices interleave)."""
+
+    def __init__(self, choices: list[_Outputs]) -> None:
+        self._choices = choices
+
+    def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        iterators = [aiter(choice) for choice in self._choices]
+        waiting = {asyncio.create_task(_next(it)): index for index, it in enumerate(iterators)}
+        try:
+            while waiting:
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(done, key=waiting.__getitem__):  # same-moment outputs in choice order
+                    index = waiting.pop(task)
+                    output = task.result()
+                    if output is None:
+                        continue
+                    yield index, output
+                    waiting[asyncio.create_task(_next(iterators[index]))] = index
+        finally:
+            # a failed choice or a consumer that stopped: the other choices' pending reads are cancelled,
+            # which ends (and aborts) their requests before aclose releases them
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        for choice in self._choices:
+            await choice.aclose()
+
+
+async def _next(outputs: AsyncIterator[RequestOutput]) -> RequestOutput | None:
+    """The next output, or None at the end (a task cannot finish with StopAsyncIteration cleanly)."""
+    try:
+        return await anext(outputs)
+    except StopAsyncIteration:
+        return None
+
+
+async def _sse(job: _Job, outputs: _Merged, metrics: ServerMetrics) -> AsyncIterator[str]:
     status = 200
     try:
-        stats: RequestStats | None = None
-        async for output in outputs:
-            choice = job.delta(output)
+        stats: list[RequestStats | None] = [None] * len(job.generations)
+        async for index, output in outputs:
+            choice = job.delta(index, output)
             if choice is not None:
                 yield _event(job.envelope([choice], None, chunk=True))
-            stats = output.stats or stats
-        if job.include_usage and stats is not None:
-            yield _event(job.envelope([], _usage(stats), chunk=True))
+            stats[index] = output.stats or stats[index]
+        if job.include_usage and all(stats):
+            yield _event(job.envelope([], _usage(stats), chunk=True))  # type: ignore[arg-type]
         yield "data: [DONE]\n\n"
     except APIError as exc:
         status = exc.status
         yield _event(exc.body())
-    except asyncio.CancelledError:  # the client went away: closing the outputs aborts the request
+    except asyncio.CancelledError:  # the client went away: closing the outputs aborts the requests
         status = 499
         raise
     finally:
@@ -591,4 +680,3 @@ async def _sse(job: _Job, outputs: _Outputs, metrics: ServerMetrics) -> AsyncIte
 
 def _event(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-

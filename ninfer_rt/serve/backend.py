@@ -9,18 +9,17 @@ treatment: the crash context is dumped to a file that the 500 names.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.loop import EngineLoop
 from ninfer_rt.engine.output import RequestOutput
-from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.kv.pages import PoolStats
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.ordering import OrderingViolation
-from ninfer_rt.serve.app import BackendFailed
+from ninfer_rt.serve.app import BackendFailed, Generation
 
 
 class EngineBackend:
@@ -28,14 +27,12 @@ class EngineBackend:
         self._loop = loop
         self.tokenizer: Tokenizer = loop.engine.tokenizer
         self.context_limit: int = loop.engine.kv_manager.context_limit
+        self.vocab_size: int = loop.engine.runner.model.config.vocab_size
         self._violation_dump: Path | None = None
 
     @classmethod
     def start(cls, build_engine: Callable[[], Engine]) -> EngineBackend:
         return cls(EngineLoop(build_engine()).start())
-
-    def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        self._loop.engine.validate(prompt_ids, params)
 
     def kv_stats(self) -> PoolStats:
         return self._loop.engine.kv_stats()
@@ -44,12 +41,11 @@ class EngineBackend:
         error = self._loop.error
         return self._loop.engine.streams.crash.snapshot(None if error is None else repr(error))
 
-    async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
-        # request_id names the HTTP response; the loop keeps its own ids for the engine
+    async def generate(self, generation: Generation, request_id: str) -> AsyncIterator[RequestOutput]:
+        # request_id names the HTTP response; the loop keeps its own ids for the engine. The app validated
+        # the generation; the loop's and the engine's own checks stay as the engine's guard for other callers.
         try:
-            async for output in self._loop.stream(prompt_ids, params):
+            async for output in self._loop.stream(generation.prompt_ids, generation.params):
                 yield output
         except ValueError:
             raise

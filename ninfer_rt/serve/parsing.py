@@ -120,6 +120,18 @@ def prompt_closes_reasoning(generation_prompt: str) -> bool:
     return generation_prompt.rfind(THINK_CLOSE) > generation_prompt.rfind(THINK_OPEN)
 
 
+def forced_call_prefill(generation_prompt: str, function: str | None) -> str:
+    """What the server appends to the prompt so that the reply is a tool call (tool_choice "required" or a
+    named function), for a model without constrained decoding: a think block the prompt opened is closed
+    empty (as the template renders a turn without reasoning), then the call is opened; for a known function
+    its opening is written up to the arguments, exactly as the template writes it back, so the name is
+    certain and the model only writes the arguments. Without a known function the model writes the body and
+    may still write one that is not a call; it then comes back as content."""
+    close_thinking = "\n" + THINK_CLOSE + "\n\n" if prompt_opens_reasoning(generation_prompt) else ""
+    opening = "" if function is None else '\n{"name": "' + function + '", "arguments":'
+    return close_thinking + TOOL_OPEN + opening
+
+
 class OutputParser:
     """Feed text deltas with `feed`, then `finish`; each returns what became final in that call."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 MAX_TOKENS_CEILING = 2**31 - 1  # anything above is nonsense whatever the context; keeps ints machine-sized
 MAX_TOP_LOGPROBS = 20
@@ -123,9 +123,13 @@ class Tool(_Strict):
     function: FunctionDef
 
 
+class ToolChoiceFunction(_Strict):
+    name: str
+
+
 class NamedToolChoice(_Strict):
     type: Literal["function"]
-    function: dict[str, str]
+    function: ToolChoiceFunction
 
 
 class StreamOptions(_Strict):
@@ -172,12 +176,29 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
-    @model_validator(mode="after")
-    def _supported_tool_choice(self) -> ChatCompletionRequest:
-        # Forcing a call needs constrained decoding, which this server does not do; saying so beats ignoring it.
-        if self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice):
-            raise ValueError('tool_choice must be "auto" or "none"; forcing a tool call is not supported')
-        return self
+    @field_validator("tool_choice")
+    @classmethod
+    def _possible_tool_choice(cls, choice: Any, info: ValidationInfo) -> Any:
+        # tools is declared first, so it is validated (or already failed) by now
+        names = {tool.function.name for tool in info.data.get("tools") or ()}
+        if _forces_a_call(choice) and not names:
+            raise ValueError("tool_choice forces a tool call, but the request has no tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names the function {choice.function.name!r}, which is not among the tools")
+        return choice
+
+    @property
+    def forces_tool_call(self) -> bool:
+        return _forces_a_call(self.tool_choice)
+
+    @property
+    def forced_function(self) -> str | None:
+        """The function the reply must call: the named one, or for "required" the only tool there is."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        if self.tool_choice == "required" and self.tools and len(self.tools) == 1:
+            return self.tools[0].function.name
+        return None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -188,20 +209,30 @@ class ChatCompletionRequest(_SamplingFields):
         return bool(self.tools) and self.tool_choice != "none"
 
 
+def _forces_a_call(choice: Any) -> bool:
+    return choice == "required" or isinstance(choice, NamedToolChoice)
+
+
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[int] | list[str] = Field(min_length=1)
+    # one prompt (text or token ids) or a batch of them, one choice each
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(min_length=1)
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_CEILING)] | None = 16  # OpenAI's default here
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: bool = False
     suffix: str | None = None
 
     @model_validator(mode="after")
-    def _single_prompt(self) -> CompletionRequest:
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) != 1:
-            raise ValueError("only one prompt per request is supported")
+    def _supported(self) -> CompletionRequest:
         if self.echo or self.suffix is not None:
             raise ValueError("echo and suffix are not supported")
         return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts, each a text or a list of token ids."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]  # type: ignore[list-item]
+        return list(self.prompt)  # type: ignore[arg-type]
 
     @property
     def requested_max_tokens(self) -> int | None:
