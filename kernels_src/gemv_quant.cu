@@ -1,109 +1,194 @@
-// Decode GEMV over groupwise-quantized weights (int4 / int8, symmetric, bf16 scales), and the dequantize
-// kernel of the prefill path (bf16 tile for cuBLASLt).
+// Decode GEMV over groupwise-quantized weights (int4 / int8, symmetric, bf16 scales) on the tensor cores,
+// and the dequantize kernel of the prefill path (bf16 [N_w, K] for cuBLASLt).
 //
-// Weight layout (ninfer_rt/model/quant.py writes it; `ninfer-rt quantize` stores it):
-//   qweight uint8 [N_w, K * BITS / 8] row-major ([out, in]); codes are offset binary, u = q + 2^(BITS-1).
-//     int4: byte j of a row holds input 2j in its low nibble and input 2j+1 in its high nibble, so the
-//           little-endian 32-bit word i holds inputs 8i..8i+7, input 8i+p at bits 4p..4p+3.
-//     int8: byte k holds input k.
-//   scales bf16 [N_w, K / G] row-major: w[n, k] = q[n, k] * scales[n, k / G].
-// A 16-byte chunk of a row is 32 int4 / 16 int8 values. G is a power of two and a whole number of chunks;
-// the kernels take group_shift = log2(G / values per chunk). K % G == 0, pointers 16-byte aligned (checked
-// on the host). x is bf16 [B, K]; y is [B, N] (bf16, or f32 for logits).
-//
-// Math: per chunk, part = sum_k q_k * x_k (f32, q exact), then acc += scale * part; f32 throughout, each
-// output rounded once on store. Dequantization uses no int->float conversions: OR-ing a code into the
-// mantissa of 2^23 is the float 2^23 + code * 2^(4p) (p = nibble position), and one FMA by 2^-4p minus
-// (2^(23-4p) + 8) yields q exactly. Per int4 value: one LOP3 + one FFMA; per int8 value: one PRMT + one
-// FADD. That keeps batch-1 decode memory bound rather than ALU bound (int4 moves 4x the values per byte).
-//
-// One kernel per bits x row bucket B in {1, 2, 4, 8}: gemv_int<BITS>_b<B>, for rows <= B. The epilogue is a
-// kernel argument (uniform, applied once per output after the K loop), which keeps the family at 8 GEMV
-// instantiations (NVRTC time) at no cost in the hot loop. Epilogues, as gemv.cu's:
+// Math: y[b, n] = sum_k x[b, k] * q[n, k] * scale[n, k / G] for batch rows b < rows <= 8. Codes are
+// dequantized to bf16 exactly (|q| <= 128 needs at most 8 significant bits) and multiplied by x on the
+// tensor cores (mma.sync m16n8k16 bf16, f32 accumulate: products exact, sums f32); each 32-input run lies in
+// one group, so a segment of runs sharing a scale is summed first and then added times its scale in f32.
+// Each output is rounded once on store. Epilogues (a uniform kernel argument), as gemv.cu's:
 //   kStore (0):     y = x @ W^T, bf16                                 (N_w = N)
 //   kResidual (1):  y = bf16(x @ W^T) + residual, bf16                (N_w = N; y may alias residual)
 //   kSwiglu (2):    y[b, i] = silu(bf16(g)) * bf16(u), g/u = rows i and N+i of the fused gate_up matrix
-//                   (N_w = 2N): bit-identical to kStore followed by activation.cu's silu_mul_bf16
+//                   (N_w = 2N, N % 8 == 0): bit-identical to kStore followed by activation.cu's silu_mul_bf16
 //   kStoreF32 (3):  y = x @ W^T, f32 (a quantized lm_head's logits)   (N_w = N)
-// Launch: block 128 = 4 warps, grid ceil(groups / 4), no shared memory. A warp owns 4 weight rows (plain:
-// outputs 4g..4g+3; SwiGLU: gate rows 2g, 2g+1 and up rows N+2g, N+2g+1 -> outputs 2g, 2g+1) and walks K
-// in 16-byte chunks, lane-interleaved (each warp load is 512 contiguous bytes of a row), kUnroll (2; 1 at B = 8) chunks
-// of each row in flight per lane. Four rows per warp amortise unpacking x (bf16 -> f32) over more weights.
+// x is bf16 [rows, K]; y is [rows, N]; residual bf16 [rows, N]. Pointers 16-byte aligned (host-checked).
 //
-// dequantize_int<BITS>_bf16: W[N_w, K] bf16 = q * scale (rounded to bf16 once), one thread per chunk,
-// grid-stride; launch any grid of 256-thread blocks.
+// Device weight layout ("octets"; ninfer_rt/model/quant.py device_layout() writes it from the checkpoint's
+// row-major codes at load time). Codes are offset binary, u = q + 2^(BITS-1). Rows come in octets of 8
+// (row 8o + g, g = 0..7; the last octets are padded with q = 0 / scale 0 rows to an even count). A row's K
+// inputs are cut into columns of KC inputs (int4: KC = 128, int8: KC = 64; K % KC == 0), and a column into
+// runs of 8 inputs: run j of lane t covers inputs c*KC + 32j + 8t + i, i = 0..7 (j < R runs per lane:
+// int4 R = 4, int8 R = 2). One 16-byte chunk holds one lane's runs of one row:
+//   qweight: chunk (o, c, lane = 4g + t) at byte ((o * C + c) * 32 + lane) * 16, C = K / KC columns, so the
+//            32 lanes of a warp read 512 contiguous bytes = one column of one octet.
+//   int4: word j of the chunk is run j, value i in nibble i/2 + 4 * (i%2) (i0 n0, i1 n4, i2 n1, i3 n5, ...):
+//         (word >> 4s) & 0x000F000F is then the pair (i_2s, i_2s+1) in the two halves, which OR 0x4300 makes
+//         the bf16 128 + u, and one bf16x2 FMA (- 136) makes q: per 2 values one LOP3, one FMA, <= 1 shift.
+//   int8: words 2j, 2j+1 are run j, bytes (i0, i2, i1, i3), (i4, i6, i5, i7): the halves of a word (and of
+//         the word >> 8) hold (i0, i1) and (i2, i3). bf16 holds 128 consecutive integers per binade, so
+//         u = 128h + l becomes (0x4300 | l) + (0xC380 ^ (h << 7)) = (128 + l) - (256 - 128h) = q: per 2
+//         values two LOP3 and one FMA.
+//   scales: bf16 [octets, K / G, 8]: the 8 rows of an octet side by side for each group.
+// A run's 4 bf16 pairs (i0 i1)(i2 i3)(i4 i5)(i6 i7) are the A fragments of two m16n8k16 mmas (rows g and
+// g+8 come from the two octets of a tile, k slots 2t, 2t+1, 2t+8, 2t+9 are the run's inputs in order), and
+// the lane's 16-byte load of x[b = g, run] is, unchanged, their B fragments: no shuffles, no conversions of x.
+// G >= 32 (a power of two); K % G == 0.
+//
+// Launch: one block of 256 threads (8 warps) per tile of 16 weight rows, grid = tiles:
+//   plain epilogues: tile m = octets 2m, 2m+1 (rows 16m..16m+15), tiles = ceil(N / 16)
+//   kSwiglu:         tile m = octets m and N/8 + m (gate rows 8m.., up rows N+8m..), tiles = N / 8
+// Warp w takes the columns w, w+8, w+16, ...: kColumns (4) columns at a time, i.e. 8 16-byte loads per lane
+// issued before any math (K = 4096 int4 is one such batch per warp). The first batch and its scales are
+// loaded before grid_dependency_wait (weights are immutable; with programmatic dependent launch they overlap
+// the previous kernel's tail); x, residual and y are touched only after it. Lane (g, t) reads x row
+// min(g, rows-1): rows >= `rows` of the mma are never stored. The 8 warps' accumulators (16 rows x 8 batch
+// rows) are summed in shared memory in a fixed order; 128 threads apply the epilogue and store.
+// Kernels: gemv_int<BITS>_b<B> (B in 1, 2, 4, 8: rows <= B) for G >= KC, where a whole column shares one
+// scale; gemv_int4_g32, gemv_int4_g64, gemv_int8_g32 (rows <= 8) for smaller groups (scale per segment).
+//
+// dequantize_int<BITS>_bf16: W[N_w, K] bf16 = q * scale, rounded to bf16 once (one bf16x2 FMA), one thread
+// per 16-byte chunk (padded rows skipped), grid-stride; launch any grid of 256-thread blocks.
 #include "gemv_common.cuh"
 
-constexpr int kRowsPerWarp = 4;
 constexpr int kStoreF32 = 3;  // beyond gemv_common.cuh's Epilogue: gemv.cu picks f32 output by type instead
-constexpr int kWarpsPerBlock = 4;
-constexpr unsigned int kMagicBits = 0x4B000000u;  // the float 2^23: its mantissa LSB is worth 1
-constexpr float kMagic = 8388608.0f;
+constexpr int kWarps = 8;     // per block, splitting K of one tile
+constexpr int kColumns = 4;   // columns in flight per warp: 2 * kColumns 16-byte loads per lane
+constexpr unsigned int kBf16One2 = 0x3F803F80u;    // bf16x2 (1, 1)
+constexpr unsigned int kBf16Magic2 = 0x43004300u;  // bf16x2 (128, 128): mantissa LSB worth 1
+constexpr unsigned int kInt4Bias2 = 0xC308C308u;   // bf16x2 (-136, -136) = -(128 + 8)
+constexpr unsigned int kNegZero2 = 0x80008000u;    // bf16x2 (-0, -0): x + -0 == x for every x
 
-// 8-value slices of x (one 16-byte bf16 load) per 16-byte weight chunk.
 template <int BITS>
-constexpr int kSlices = BITS == 4 ? 4 : 2;
+constexpr int kRuns = BITS == 4 ? 4 : 2;  // 8-input runs per 16-byte chunk
+template <int BITS>
+constexpr int kColumnK = 32 * kRuns<BITS>;  // inputs per column: 4 lanes x 8 x kRuns
 
-// Codes of one int4 word (inputs 8i..8i+7) -> q, exactly.
-__forceinline__ void dequant_int4(const unsigned int word, float (&q)[8]) {
-    const unsigned int high = word >> 16;
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-        const float down = 1.0f / float(1 << (4 * p));
-        const float bias = -(kMagic * down + 8.0f);
-        q[p] = fmaf(__uint_as_float((word & (0xFu << (4 * p))) | kMagicBits), down, bias);
-        q[4 + p] = fmaf(__uint_as_float((high & (0xFu << (4 * p))) | kMagicBits), down, bias);
-    }
+__forceinline__ unsigned int bf16x2_fma(unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 }
 
-// Codes of one int8 word (4 inputs) -> q[at..at+3], exactly. PRMT builds the bytes {code, 0, 0, 0x4B}.
-__forceinline__ void dequant_int8(const unsigned int word, float (&q)[8], const int at) {
+// An int4 run (one word) -> the bf16x2 q pairs (i0 i1)(i2 i3)(i4 i5)(i6 i7), exactly.
+__forceinline__ void dequant_run(const unsigned int word, unsigned int (&p)[4]) {
 #pragma unroll
-    for (int p = 0; p < 4; ++p) q[at + p] = __uint_as_float(__byte_perm(word, kMagicBits, 0x7440 + p)) - (kMagic + 128.0f);
+    for (int s = 0; s < 4; ++s) p[s] = bf16x2_fma(((word >> (4 * s)) & 0x000F000Fu) | kBf16Magic2, kBf16One2, kInt4Bias2);
 }
 
-// q of the 8 inputs of slice s of a chunk.
+// Two int8 codes (bits 0..7 and 16..23 of v) -> their bf16x2 q pair, exactly.
+__forceinline__ unsigned int dequant_int8_pair(const unsigned int v) {
+    return bf16x2_fma((v & 0x007F007Fu) | kBf16Magic2, kBf16One2, (v & 0x00800080u) ^ 0xC380C380u);
+}
+
+// An int8 run (two words) -> the bf16x2 q pairs (i0 i1)(i2 i3)(i4 i5)(i6 i7), exactly.
+__forceinline__ void dequant_run(const unsigned int w0, const unsigned int w1, unsigned int (&p)[4]) {
+    p[0] = dequant_int8_pair(w0);
+    p[1] = dequant_int8_pair(w0 >> 8);
+    p[2] = dequant_int8_pair(w1);
+    p[3] = dequant_int8_pair(w1 >> 8);
+}
+
+// Run j of a chunk -> its 4 bf16x2 q pairs.
 template <int BITS>
-__forceinline__ void dequant_slice(const uint4 chunk, const int s, float (&q)[8]) {
+__forceinline__ void dequant_chunk_run(const uint4 chunk, const int j, unsigned int (&p)[4]) {
     const unsigned int words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
     if (BITS == 4) {
-        dequant_int4(words[s], q);
+        dequant_run(words[j], p);
     } else {
-        dequant_int8(words[2 * s], q, 0);
-        dequant_int8(words[2 * s + 1], q, 4);
+        dequant_run(words[2 * j], words[2 * j + 1], p);
     }
 }
 
-// acc[j][b] += scale[j] * sum over the chunk's inputs of q[j] * x[b]. Rows b >= `rows` of a bucket re-read
-// row rows-1 (an L1 hit) and are never stored.
-template <int BITS, int B>
-__forceinline__ void accumulate_chunk(float (&acc)[kRowsPerWarp][B], const uint4 (&w)[kRowsPerWarp],
-                                      const float (&scale)[kRowsPerWarp], const uint4* x, int rows, int x_stride,
-                                      int chunk) {
-    float part[kRowsPerWarp][B];
+// d += A (16 x 16, rows g / g+8 from a / b) * B (16 x 8, x): m16n8k16, bf16 in, f32 accumulate.
+__forceinline__ void mma_run(float (&d)[4], const unsigned int (&a)[4], const unsigned int (&b)[4], const uint4 x) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(b[0]), "r"(a[1]), "r"(b[1]), "r"(x.x), "r"(x.y));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[2]), "r"(b[2]), "r"(a[3]), "r"(b[3]), "r"(x.z), "r"(x.w));
+}
+
+// load_streaming, but volatile: ptxas keeps the issue order, so a batch's loads all leave before its math.
+__forceinline__ uint4 load_weights(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__forceinline__ float bf16_bits_to_float(const unsigned short bits) {
+    return __uint_as_float((unsigned int)bits << 16);
+}
+
+// What one warp streams: its tile's two octets (a: mma rows 0..7, b: rows 8..15) and their scales.
+struct TileRows {
+    const uint4* wa;            // chunk (octet a, column 0, this lane)
+    const uint4* wb;
+    const unsigned short* sa;   // scale (octet a, group 0, row g)
+    const unsigned short* sb;
+};
+
+// kColumns columns' chunks and the scales of their SEGS segments, loaded together.
+template <int SEGS>
+struct Batch {
+    uint4 a[kColumns], b[kColumns];
+    unsigned short sa[kColumns][SEGS], sb[kColumns][SEGS];
+};
+
+// Loads columns c, c + kWarps, ... (those < columns) of the tile into `batch`. Immutable data only.
+template <int BITS, int SEGS>
+__forceinline__ void load_batch(Batch<SEGS>& batch, const TileRows& tile, const int c, const int columns,
+                                const int group_log2) {
 #pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j)
-#pragma unroll
-        for (int b = 0; b < B; ++b) part[j][b] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kSlices<BITS>; ++s) {
-        float q[kRowsPerWarp][8];
-#pragma unroll
-        for (int j = 0; j < kRowsPerWarp; ++j) dequant_slice<BITS>(w[j], s, q[j]);
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-            float xf[8];
-            unpack8(__ldg(x + (long long)min(b, rows - 1) * x_stride + chunk * kSlices<BITS> + s), xf);
-#pragma unroll
-            for (int j = 0; j < kRowsPerWarp; ++j)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) part[j][b] = fmaf(q[j][i], xf[i], part[j][b]);
+    for (int u = 0; u < kColumns; ++u) {
+        const int column = c + kWarps * u;
+        if (column < columns) {
+            batch.a[u] = load_weights(tile.wa + column * 32);
+            batch.b[u] = load_weights(tile.wb + column * 32);
         }
     }
 #pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j)
+    for (int u = 0; u < kColumns; ++u) {
+        const int column = c + kWarps * u;
+        if (column < columns) {
 #pragma unroll
-        for (int b = 0; b < B; ++b) acc[j][b] = fmaf(scale[j], part[j][b], acc[j][b]);
+            for (int s = 0; s < SEGS; ++s) {
+                const int group = (column * kColumnK<BITS> + s * (kColumnK<BITS> / SEGS)) >> group_log2;
+                batch.sa[u][s] = __ldg(tile.sa + group * 8);
+                batch.sb[u][s] = __ldg(tile.sb + group * 8);
+            }
+        }
+    }
+}
+
+// acc += the column's contribution: SEGS segments of kRuns / SEGS runs, each summed by the tensor cores and
+// then added times its scale.
+template <int BITS, int SEGS>
+__forceinline__ void accumulate_column(float (&acc)[4], const Batch<SEGS>& batch, const int u, const uint4* x_lane,
+                                       const int column) {
+    constexpr int kRunsPerSegment = kRuns<BITS> / SEGS;
+#pragma unroll
+    for (int s = 0; s < SEGS; ++s) {
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < kRunsPerSegment; ++r) {
+            const int j = s * kRunsPerSegment + r;
+            const uint4 xv = __ldg(x_lane + column * (kColumnK<BITS> / 8) + 4 * j);
+            unsigned int pa[4], pb[4];
+            dequant_chunk_run<BITS>(batch.a[u], j, pa);
+            dequant_chunk_run<BITS>(batch.b[u], j, pb);
+            mma_run(part, pa, pb, xv);
+        }
+        const float scale_a = bf16_bits_to_float(batch.sa[u][s]), scale_b = bf16_bits_to_float(batch.sb[u][s]);
+        acc[0] = fmaf(scale_a, part[0], acc[0]);
+        acc[1] = fmaf(scale_a, part[1], acc[1]);
+        acc[2] = fmaf(scale_b, part[2], acc[2]);
+        acc[3] = fmaf(scale_b, part[3], acc[3]);
+    }
 }
 
 __forceinline__ void store_output(void* y, const bf16* residual, long long i, float v, int epilogue) {
@@ -115,122 +200,118 @@ __forceinline__ void store_output(void* y, const bf16* residual, long long i, fl
     store(static_cast<bf16*>(y), i, v);
 }
 
-template <int BITS, int B>
+// SEGS: scale segments per column (1 when G >= KC; KC / G for smaller groups).
+template <int BITS, int B, int SEGS>
 __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qweight, const bf16* scales,
-                                const bf16* residual, int rows, int n, int k, int group_shift, int epilogue) {
-    // Two chunks of each row in flight per lane; one at B = 8, whose accumulators need the registers.
-    constexpr int kUnroll = B <= 4 ? 2 : 1;
+                                const bf16* residual, int rows, int n, int k, int group_log2, int epilogue) {
+    __shared__ float partial[kWarps][4][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
     const bool swiglu = epilogue == kSwiglu;
-    const int outputs = swiglu ? kRowsPerWarp / 2 : kRowsPerWarp;  // per warp
-    const int lane = threadIdx.x & 31;
-    const long long group = (long long)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
-    const long long w_rows = swiglu ? 2ll * n : n;
-    if (group >= (n + outputs - 1) / outputs) return;
-    const int kc = k / (128 / BITS);  // 16-byte chunks per row
-    const int scales_per_row = kc >> group_shift;
+    const long long tile = blockIdx.x;
+    const long long octet_a = swiglu ? tile : 2 * tile;
+    const long long octet_b = swiglu ? (n >> 3) + tile : 2 * tile + 1;
+    const int columns = k / kColumnK<BITS>;
+    const int groups = k >> group_log2;
+    const TileRows rows_of_tile = {
+        reinterpret_cast<const uint4*>(qweight) + octet_a * columns * 32 + lane,
+        reinterpret_cast<const uint4*>(qweight) + octet_b * columns * 32 + lane,
+        reinterpret_cast<const unsigned short*>(scales) + octet_a * groups * 8 + g,
+        reinterpret_cast<const unsigned short*>(scales) + octet_b * groups * 8 + g,
+    };
 
-    long long w_index[kRowsPerWarp];
-    const uint4* w_row[kRowsPerWarp];
-    const bf16* s_row[kRowsPerWarp];
+    Batch<SEGS> batch;
+    load_batch<BITS, SEGS>(batch, rows_of_tile, warp, columns, group_log2);
+    enter_dependent_kernel();  // x, residual and y only from here on
+
+    // Lane (g, t) supplies batch row g's inputs of its runs; rows past `rows` repeat row rows-1.
+    const int x_row = B == 1 ? 0 : min(g, rows - 1);
+    const uint4* x_lane = reinterpret_cast<const uint4*>(x) + (long long)x_row * (k >> 3) + t;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c = warp; c < columns; c += kWarps * kColumns) {
 #pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) {
-        w_index[j] = group * outputs + j % outputs + (j / outputs) * (long long)n;  // j / outputs is 0 unless SwiGLU
-        // Rows past the end (N not a multiple of the warp's outputs) load row N_w-1 again and are never
-        // stored: no branch in the hot loop.
-        const long long row = min(w_index[j], w_rows - 1);
-        w_row[j] = reinterpret_cast<const uint4*>(qweight) + row * kc;
-        s_row[j] = scales + row * scales_per_row;
+        for (int u = 0; u < kColumns; ++u)
+            if (c + kWarps * u < columns) accumulate_column<BITS, SEGS>(acc, batch, u, x_lane, c + kWarps * u);
+        if (c + kWarps * kColumns < columns) load_batch<BITS, SEGS>(batch, rows_of_tile, c + kWarps * kColumns, columns, group_log2);
     }
-    const uint4* x4 = reinterpret_cast<const uint4*>(x);
-    const int x_stride = k >> 3;
 
-    float acc[kRowsPerWarp][B];
+    // acc: (row g, batch 2t), (row g, batch 2t+1), (row g+8, batch 2t), (row g+8, batch 2t+1) of the tile.
 #pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j)
+    for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
+    __syncthreads();
+    // The sum over warps of tile row r (0..15), batch row b.
+    auto total = [&](int r, int b) {
+        float v = 0.0f;
 #pragma unroll
-        for (int b = 0; b < B; ++b) acc[j][b] = 0.0f;
-
-    int c = lane;
-    for (; c + 32 * (kUnroll - 1) < kc; c += 32 * kUnroll) {
-        uint4 wv[kUnroll][kRowsPerWarp];  // all loads issued before any math: kUnroll * 4 in flight
-        float sv[kUnroll][kRowsPerWarp];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-            for (int j = 0; j < kRowsPerWarp; ++j) {
-                wv[u][j] = load_streaming(w_row[j] + c + 32 * u);
-                sv[u][j] = __bfloat162float(__ldg(s_row[j] + ((c + 32 * u) >> group_shift)));
-            }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) accumulate_chunk<BITS, B>(acc, wv[u], sv[u], x4, rows, x_stride, c + 32 * u);
-    }
-    for (; c < kc; c += 32) {
-        uint4 wv[kRowsPerWarp];
-        float sv[kRowsPerWarp];
-#pragma unroll
-        for (int j = 0; j < kRowsPerWarp; ++j) {
-            wv[j] = load_streaming(w_row[j] + c);
-            sv[j] = __bfloat162float(__ldg(s_row[j] + (c >> group_shift)));
+        for (int w = 0; w < kWarps; ++w) v += partial[w][(r >> 3) * 2 + (b & 1)][4 * (r & 7) + (b >> 1)];
+        return v;
+    };
+    if (swiglu) {
+        const int r = threadIdx.x & 7, b = threadIdx.x >> 3;
+        if (b < B && b < rows) {
+            const float gate = total(r, b), up = total(r + 8, b);
+            store(static_cast<bf16*>(y), (long long)b * n + 8 * tile + r, silu(round_bf16(gate)) * round_bf16(up));
         }
-        accumulate_chunk<BITS, B>(acc, wv, sv, x4, rows, x_stride, c);
+        return;
     }
-
-    warp_sum(acc);
-    if (lane != 0) return;
-
-#pragma unroll
-    for (int b = 0; b < B; ++b) {
-        if (b >= rows) break;
-        const long long out_row = (long long)b * n;
-        if (swiglu) {
-#pragma unroll
-            for (int t = 0; t < kRowsPerWarp / 2; ++t)
-                if (w_index[t] < n)
-                    store(static_cast<bf16*>(y), out_row + w_index[t],
-                          silu(round_bf16(acc[t][b])) * round_bf16(acc[kRowsPerWarp / 2 + t][b]));
-            continue;
-        }
-#pragma unroll
-        for (int j = 0; j < kRowsPerWarp; ++j)
-            if (w_index[j] < n) store_output(y, residual, out_row + w_index[j], acc[j][b], epilogue);
-    }
+    const int r = threadIdx.x & 15, b = threadIdx.x >> 4;
+    const long long row = 16 * tile + r;
+    if (b < B && b < rows && row < n) store_output(y, residual, (long long)b * n + row, total(r, b), epilogue);
 }
 
 template <int BITS>
-__forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf16* scales, long long chunks, int kc,
-                                int group_shift) {
+__forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf16* scales, long long chunks, int n_w,
+                                int k, int group_log2) {
+    enter_dependent_kernel();  // w is the scratch matrix an earlier GEMM may still be reading
     const uint4* q4 = reinterpret_cast<const uint4*>(qweight);
-    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += (long long)gridDim.x * blockDim.x) {
-        const long long row = c / kc;
-        const int col = (int)(c - row * kc);
-        const float scale = __bfloat162float(scales[row * (kc >> group_shift) + (col >> group_shift)]);
-        const uint4 v = load_streaming(q4 + c);
+    const unsigned short* s16 = reinterpret_cast<const unsigned short*>(scales);
+    const int columns = k / kColumnK<BITS>;
+    const int groups = k >> group_log2;
+    for (long long chunk = (long long)blockIdx.x * blockDim.x + threadIdx.x; chunk < chunks;
+         chunk += (long long)gridDim.x * blockDim.x) {
+        const int lane = (int)(chunk & 31), g = lane >> 2, t = lane & 3;
+        const long long octet_column = chunk >> 5;
+        const long long octet = octet_column / columns;
+        const int column = (int)(octet_column - octet * columns);
+        const long long row = 8 * octet + g;
+        if (row >= n_w) continue;  // a padding row
+        const uint4 v = load_streaming(q4 + chunk);
 #pragma unroll
-        for (int s = 0; s < kSlices<BITS>; ++s) {
-            float q[8];
-            dequant_slice<BITS>(v, s, q);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) q[i] *= scale;
-            store_bf16x8(w + c * (128 / BITS) + 8 * s, q);
+        for (int j = 0; j < kRuns<BITS>; ++j) {
+            const int k0 = column * kColumnK<BITS> + 32 * j + 8 * t;
+            const unsigned int s = s16[(octet * groups + (k0 >> group_log2)) * 8 + g];
+            unsigned int p[4];
+            dequant_chunk_run<BITS>(v, j, p);
+            uint4 out;
+            out.x = bf16x2_fma(p[0], s | (s << 16), kNegZero2);
+            out.y = bf16x2_fma(p[1], s | (s << 16), kNegZero2);
+            out.z = bf16x2_fma(p[2], s | (s << 16), kNegZero2);
+            out.w = bf16x2_fma(p[3], s | (s << 16), kNegZero2);
+            *reinterpret_cast<uint4*>(w + row * k + k0) = out;
         }
     }
 }
 
-#define GEMV_QUANT_KERNEL(BITS, B)                                                                           \
-    extern "C" __global__ void gemv_int##BITS##_b##B(void* y, const bf16* x, const unsigned char* qweight,       \
-                                                     const bf16* scales, const bf16* residual, int rows, int n,  \
-                                                     int k, int group_shift, int epilogue) {                     \
-        gemv_quant<BITS, B>(y, x, qweight, scales, residual, rows, n, k, group_shift, epilogue);                 \
+#define GEMV_QUANT_ARGS                                                                                       \
+    void *y, const bf16 *x, const unsigned char *qweight, const bf16 *scales, const bf16 *residual, int rows, \
+        int n, int k, int group_log2, int epilogue
+#define GEMV_QUANT_KERNEL(NAME, BITS, B, SEGS)                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * kWarps) NAME(GEMV_QUANT_ARGS) {           \
+        gemv_quant<BITS, B, SEGS>(y, x, qweight, scales, residual, rows, n, k, group_log2, epilogue); \
     }
-#define GEMV_QUANT_FAMILY(BITS)                                                                                  \
-    GEMV_QUANT_KERNEL(BITS, 1)                                                                                   \
-    GEMV_QUANT_KERNEL(BITS, 2)                                                                                   \
-    GEMV_QUANT_KERNEL(BITS, 4)                                                                                   \
-    GEMV_QUANT_KERNEL(BITS, 8)                                                                                   \
+#define GEMV_QUANT_FAMILY(BITS)                                                                                   \
+    GEMV_QUANT_KERNEL(gemv_int##BITS##_b1, BITS, 1, 1)                                                            \
+    GEMV_QUANT_KERNEL(gemv_int##BITS##_b2, BITS, 2, 1)                                                            \
+    GEMV_QUANT_KERNEL(gemv_int##BITS##_b4, BITS, 4, 1)                                                            \
+    GEMV_QUANT_KERNEL(gemv_int##BITS##_b8, BITS, 8, 1)                                                            \
     extern "C" __global__ void dequantize_int##BITS##_bf16(bf16* w, const unsigned char* qweight, const bf16* scales, \
-                                                           long long chunks, int kc, int group_shift) {           \
-        dequantize<BITS>(w, qweight, scales, chunks, kc, group_shift);                                            \
+                                                           long long chunks, int n_w, int k, int group_log2) {    \
+        dequantize<BITS>(w, qweight, scales, chunks, n_w, k, group_log2);                                         \
     }
 
 GEMV_QUANT_FAMILY(4)
 GEMV_QUANT_FAMILY(8)
+// Groups smaller than a column: a scale per segment of runs (G / 32 runs).
+GEMV_QUANT_KERNEL(gemv_int4_g32, 4, 8, 4)
+GEMV_QUANT_KERNEL(gemv_int4_g64, 4, 8, 2)
+GEMV_QUANT_KERNEL(gemv_int8_g32, 8, 8, 2)

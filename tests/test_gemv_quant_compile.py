@@ -1,5 +1,6 @@
 """gemv_quant.cu on the CPU: NVRTC compiles it for every target arch with every kernel quant_ops launches,
-and quant_ops refuses malformed weights before anything reaches a stream."""
+the weight loads leave before the wait for the previous kernel, and quant_ops refuses malformed weights
+before anything reaches a stream."""
 
 from __future__ import annotations
 
@@ -8,18 +9,27 @@ from pathlib import Path
 import pytest
 
 from ninfer_rt.cuda import quant_ops
-from ninfer_rt.cuda.compiler import compile_family
-from ninfer_rt.cuda.linear_ops import GEMV_BUCKETS
+from ninfer_rt.cuda.compiler import compile_family, family_ptx
+from ninfer_rt.cuda.linear_ops import GEMV_BUCKETS, Epilogue
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
+from test_pdl_contract import entry_bodies
 
 TARGET_ARCHS = ("sm_80", "sm_90a", "sm_120a")
 
 
 def kernel_names() -> set[str]:
-    gemvs = {quant_ops.gemv_spec(bits, rows).name for bits in (4, 8) for rows in GEMV_BUCKETS}
+    gemvs = {
+        quant_ops.gemv_spec(bits, rows, group).name for bits in (4, 8) for rows in GEMV_BUCKETS for group in (32, 64, 128, 256)
+    }
     return gemvs | {quant_ops.dequantize_spec(bits).name for bits in (4, 8)}
+
+
+def test_small_groups_have_their_own_kernels() -> None:
+    assert {quant_ops.gemv_spec(bits, 3, group).name for bits in (4, 8) for group in (32, 64)} == {
+        "gemv_int4_g32", "gemv_int4_g64", "gemv_int8_g32", "gemv_int8_b4"
+    }
 
 
 @pytest.mark.parametrize("arch", TARGET_ARCHS)
@@ -29,10 +39,11 @@ def test_every_launched_kernel_compiles_for_each_target(arch: str, tmp_path: Pat
         assert name.encode() in compiled.cubin, f"{name} missing from the {arch} cubin"
 
 
-def weight(rows: int = 8, cols: int = 256, bits: int = 4, group_size: int = 128) -> QuantizedDeviceWeight:
+def weight(rows: int = 16, cols: int = 256, bits: int = 4, group_size: int = 128, padded_rows: int | None = None) -> QuantizedDeviceWeight:
     streams = StreamSet()  # logical buffers: the checks run before any launch
-    qweight = DeviceBuffer(streams, rows * cols * bits // 8, "w.q")
-    scales = DeviceBuffer(streams, rows * cols // group_size * 2, "w.q.scales")
+    stored = padded_rows or rows
+    qweight = DeviceBuffer(streams, stored * cols * bits // 8, "w.q")
+    scales = DeviceBuffer(streams, max(stored * cols // max(group_size, 1) * 2, 16), "w.q.scales")
     return QuantizedDeviceWeight(qweight, scales, rows, cols, bits, group_size)
 
 
@@ -40,9 +51,12 @@ def weight(rows: int = 8, cols: int = 256, bits: int = 4, group_size: int = 128)
     ("w", "message"),
     [
         (weight(group_size=96), "group size 96"),
-        (weight(bits=8, group_size=16, cols=256), None),  # valid for int8 (one 16-value chunk per group)
-        (weight(bits=4, group_size=16), "group size 16"),  # half an int4 chunk
+        (weight(bits=8, group_size=32, cols=64), None),  # one int8 column, two groups
+        (weight(bits=8, group_size=16), "group size 16"),  # a run of 32 inputs shares one scale
+        (weight(bits=4, group_size=64, cols=192), "cols % 128"),  # not a whole int4 column
         (weight(bits=3), "3-bit"),
+        (weight(rows=20, padded_rows=32), None),  # 3 octets, padded to 4
+        (weight(rows=20, padded_rows=24), "qweight"),  # the padding octet is missing
     ],
 )
 def test_weights_the_kernels_cannot_read_are_refused(w: QuantizedDeviceWeight, message: str | None) -> None:
@@ -53,12 +67,29 @@ def test_weights_the_kernels_cannot_read_are_refused(w: QuantizedDeviceWeight, m
         w.check("gemv_quant")
 
 
-def test_group_shift_is_log2_of_chunks_per_group() -> None:
-    assert weight(bits=4, group_size=128).group_shift == 2  # 32 int4 values per chunk
-    assert weight(bits=8, group_size=128).group_shift == 3  # 16 int8 values per chunk
-    assert weight(bits=4, group_size=32).group_shift == 0
+def test_octets_pad_to_whole_tiles() -> None:
+    assert weight(rows=16).octets == 2 and weight(rows=17).octets == 4 and weight(rows=8).octets == 2
+    assert weight(rows=16, bits=8).code_bytes == 16 * 256
+    assert weight(group_size=128).group_log2 == 7 and weight(group_size=32).group_log2 == 5
 
 
 def test_more_than_8_rows_points_to_the_dequantize_path() -> None:
     with pytest.raises(ValueError, match="dequantize"):
         quant_ops.gemv_spec(4, 9)
+
+
+def test_swiglu_needs_whole_octets_of_outputs() -> None:
+    streams = StreamSet()
+    stream, buf = streams.create("compute"), DeviceBuffer(streams, 1 << 16, "b")
+    w = weight(rows=2 * 12, padded_rows=32)  # N = 12: up rows would start mid-octet
+    with pytest.raises(ValueError, match="N % 8 == 0"):
+        quant_ops.gemv(None, stream, buf, w, buf, 1, Epilogue.SWIGLU)  # type: ignore[arg-type]
+    assert stream.ring.seq == 0
+
+
+def test_gemv_issues_weight_loads_before_waiting_for_the_previous_kernel() -> None:
+    bodies = entry_bodies(family_ptx("gemv_quant", "sm_90a"))
+    for name in ("gemv_int4_b1", "gemv_int8_b8", "gemv_int4_g32"):
+        body = bodies[name]
+        assert body.index("ld.global.nc.L1::no_allocate") < body.index("griddepcontrol.wait"), name
+        assert body.index("griddepcontrol.wait") < body.index("mma.sync"), name

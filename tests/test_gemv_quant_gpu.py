@@ -14,7 +14,7 @@ from ninfer_rt.cli import main
 from ninfer_rt.cuda import ops, quant_ops
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
-from ninfer_rt.model.quant import QuantizedWeight, dequantize, quantize
+from ninfer_rt.model.quant import QuantizedWeight, concat_rows, dequantize, quantize
 from ninfer_rt.model.tiny import make_tiny_model
 from test_cuda_exec_gpu import GPU_TINY, PROMPT, STEPS, TOLERANCE, runtime, sequence
 from gpu_session import OneStream
@@ -22,8 +22,14 @@ from test_gemv_gpu import BF16, bf16_random, gpu, relative_l2  # noqa: F401 - gp
 
 pytestmark = pytest.mark.gpu
 
-# (n, k, group): odd n leaves some of a warp's four rows unused; k spans 1..4 chunks per lane and the unroll tail.
-SHAPES = [(64, 128, 128), (131, 256, 64), (1000, 4096, 128), (4096, 4096, 128), (515, 1024, 32)]
+# (n, k, group): odd n leaves rows of the last 16-row tile unused (and, 131 / 515 / 77, a padding octet);
+# k from one int4 column (128) to 96 (int8: 192) columns, i.e. several batches per warp (12288), and column
+# counts that leave some of the 8 warps idle (640: 5 int4 / 10 int8 columns); groups below a column (32,
+# 64: a scale per segment), equal to it, and spanning columns (256).
+SHAPES = [
+    (64, 128, 128), (131, 256, 64), (1000, 4096, 128), (4096, 4096, 128), (515, 1024, 32), (77, 640, 128),
+    (100, 12288, 128), (40, 2048, 256),
+]
 
 
 def quantized(rng: np.random.Generator, n: int, k: int, bits: int, group: int) -> QuantizedWeight:
@@ -32,8 +38,10 @@ def quantized(rng: np.random.Generator, n: int, k: int, bits: int, group: int) -
 
 
 def upload(gpu: OneStream, w: QuantizedWeight) -> QuantizedDeviceWeight:
-    n, k = w.shape
-    return QuantizedDeviceWeight(gpu.upload(w.qweight), gpu.upload(w.scales), n, k, w.bits, w.group_size)
+    """As the CUDA executor does: the weight in the GPU layout (concat_rows of one part)."""
+    d = concat_rows([w])
+    n, k = d.shape
+    return QuantizedDeviceWeight(gpu.upload(d.qweight), gpu.upload(d.scales), n, k, d.bits, d.group_size)
 
 
 def reference(x: np.ndarray, w: QuantizedWeight) -> np.ndarray:
@@ -75,11 +83,14 @@ def test_residual_epilogue_adds_in_place(gpu: OneStream, bits: int, rows: int) -
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize(("rows", "inter"), [(1, 384), (2, 385), (5, 130), (8, 384)])
-def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(gpu: OneStream, bits: int, rows: int, inter: int) -> None:
+@pytest.mark.parametrize(("rows", "inter", "group"), [(1, 384, 128), (2, 392, 128), (5, 136, 32), (8, 384, 64), (3, 24, 128)])
+def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(
+    gpu: OneStream, bits: int, rows: int, inter: int, group: int
+) -> None:
+    """inter % 16 == 8 (392, 136, 24): the up rows start mid-way through a 16-row tile of the plain product."""
     rng = np.random.default_rng(rows + bits)
     k = 256
-    x, w = gpu.upload(bf16_random(rng, rows, k)), upload(gpu, quantized(rng, 2 * inter, k, bits, 128))
+    x, w = gpu.upload(bf16_random(rng, rows, k)), upload(gpu, quantized(rng, 2 * inter, k, bits, group))
     gate_up, unfused, fused = gpu.poisoned(rows * 2 * inter * 2), gpu.poisoned(rows * inter * 2), gpu.poisoned(rows * inter * 2)
     quant_ops.gemv(gpu.lib, gpu.stream, x, w, gate_up, rows)
     ops.silu_mul(gpu.lib, gpu.stream, gate_up, unfused, rows, inter)
@@ -89,7 +100,7 @@ def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(gpu: OneStream, 
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize(("n", "k", "group"), [(131, 256, 64), (1000, 4096, 128), (7, 32 * 8, 32)])
+@pytest.mark.parametrize(("n", "k", "group"), [(131, 256, 64), (1000, 4096, 128), (7, 32 * 8, 32), (24, 640, 128)])
 def test_dequantize_is_the_reference_rounded_to_bf16(gpu: OneStream, bits: int, n: int, k: int, group: int) -> None:
     rng = np.random.default_rng(n + bits)
     w = quantized(rng, n, k, bits, group)

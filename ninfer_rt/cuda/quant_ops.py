@@ -1,8 +1,9 @@
 """Launch wrappers for groupwise-quantized weights (kernels_src/gemv_quant.cu): the decode GEMV with
-in-register dequantization, and dequantization to bf16 for the prefill GEMM (cuBLASLt).
+in-register dequantization on the tensor cores, and dequantization to bf16 for the prefill GEMM (cuBLASLt).
 
-The weight layout is quant.py's (documented at the top of gemv_quant.cu). Each wrapper checks shapes,
-group size and alignment before anything is enqueued and declares what the kernel reads and writes.
+The weights are in the GPU layout (quant.device_layout, LAYOUT_OCTETS: documented at the top of
+gemv_quant.cu). Each wrapper checks shapes, group size and alignment before anything is enqueued and
+declares what the kernel reads and writes.
 """
 
 from __future__ import annotations
@@ -15,23 +16,25 @@ from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.ops import _require_positive
 from ninfer_rt.cuda.streams import require_stream
 
-_ROWS_PER_WARP = 4  # kRowsPerWarp in gemv_quant.cu
-_WARPS_PER_BLOCK = 4  # kWarpsPerBlock in gemv_quant.cu
+_TILE_ROWS = 16  # weight rows per block (two octets: the rows of an m16n8k16 mma)
+_OCTET_ROWS = 8
+_BLOCK_THREADS = 256  # kWarps = 8 in gemv_quant.cu
 _DEQUANT_THREADS = 256
 _MAX_DEQUANT_BLOCKS = 4096  # grid-stride: enough blocks to fill any current GPU
 CHUNK_BYTES = 16  # one vector load of weights
+MIN_GROUP_SIZE = 32  # a run of 32 inputs (8 per lane of an mma's 4) shares one scale
 # The kernel's epilogue argument (gemv_common.cuh's Epilogue, plus kStoreF32 = 3 in gemv_quant.cu).
 _EPILOGUE_CODE = {Epilogue.STORE: 0, Epilogue.RESIDUAL: 1, Epilogue.SWIGLU: 2, Epilogue.STORE_F32: 3}
 _GEMV_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.I32, Arg.I32)
-_DEQUANT_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.I64, Arg.I32, Arg.I32)
+_DEQUANT_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.I64, Arg.I32, Arg.I32, Arg.I32)
 
 
 @dataclass(eq=False)
 class QuantizedDeviceWeight:
-    """A quantized weight [rows, cols] on the device: codes and scales in quant.py's layout."""
+    """A quantized weight [rows, cols] on the device: codes and scales in the GPU layout (LAYOUT_OCTETS)."""
 
-    qweight: DeviceBuffer  # uint8 [rows, cols * bits / 8]
-    scales: DeviceBuffer  # bf16 [rows, cols / group_size]
+    qweight: DeviceBuffer  # uint8 [octets, cols / column_inputs, 32, 16]
+    scales: DeviceBuffer  # bf16 [octets, cols / group_size, 8]
     rows: int
     cols: int
     bits: int
@@ -43,35 +46,52 @@ class QuantizedDeviceWeight:
         return self.qweight
 
     @property
-    def values_per_chunk(self) -> int:
-        return CHUNK_BYTES * 8 // self.bits
+    def column_inputs(self) -> int:
+        """Inputs per column of the layout: 4 lanes x one 16-byte chunk (int4: 128, int8: 64)."""
+        return 4 * CHUNK_BYTES * 8 // self.bits
 
     @property
-    def group_shift(self) -> int:
-        """log2(chunks per group), the kernels' scale index shift."""
-        return (self.group_size // self.values_per_chunk).bit_length() - 1
+    def octets(self) -> int:
+        """Octets of 8 rows the layout holds: the rows padded to an even number of octets."""
+        octets = -(-self.rows // _OCTET_ROWS)
+        return octets + octets % 2
+
+    @property
+    def group_log2(self) -> int:
+        """log2(group_size), the kernels' group argument."""
+        return self.group_size.bit_length() - 1
 
     @property
     def nbytes(self) -> int:
-        return self.rows * self.cols * self.bits // 8 + self.rows * (self.cols // self.group_size) * 2
+        return self.code_bytes + self.scale_bytes
+
+    @property
+    def code_bytes(self) -> int:
+        return self.octets * _OCTET_ROWS * self.cols * self.bits // 8
+
+    @property
+    def scale_bytes(self) -> int:
+        return self.octets * _OCTET_ROWS * (self.cols // self.group_size) * 2
 
     def check(self, op: str) -> None:
         _require_positive(op, rows=self.rows, cols=self.cols)
         if self.bits not in (4, 8):
             raise ValueError(f"{op}: {self.bits}-bit weights are not supported (4 or 8)")
-        chunk = self.values_per_chunk
-        if self.group_size < chunk or self.group_size & (self.group_size - 1) or self.cols % self.group_size:
+        if self.group_size < MIN_GROUP_SIZE or self.group_size & (self.group_size - 1) or self.cols % self.group_size:
             raise ValueError(
-                f"{op}: group size {self.group_size} must be a power of two >= {chunk} dividing cols={self.cols}"
+                f"{op}: group size {self.group_size} must be a power of two >= {MIN_GROUP_SIZE} dividing cols={self.cols}"
             )
-        _require_device_bytes(
-            op, qweight=(self.qweight, self.rows * self.cols * self.bits // 8),
-            scales=(self.scales, self.rows * (self.cols // self.group_size) * 2),
-        )
+        if self.cols % self.column_inputs:
+            raise ValueError(f"{op}: int{self.bits} weights need cols % {self.column_inputs} == 0, got cols={self.cols}")
+        _require_device_bytes(op, qweight=(self.qweight, self.code_bytes), scales=(self.scales, self.scale_bytes))
 
 
-def gemv_spec(bits: int, rows: int) -> KernelSpec:
+def gemv_spec(bits: int, rows: int, group_size: int = 128) -> KernelSpec:
+    """gemv_int<bits>_b<bucket> for groups of at least a column; gemv_int<bits>_g<group> (rows <= 8) for
+    smaller groups, which need a scale per segment of a column."""
     bucket = gemv_bucket("gemv_quant", rows, "dequantize + cuBLASLt above")
+    if group_size < 4 * CHUNK_BYTES * 8 // bits:
+        return KernelSpec("gemv_quant", f"gemv_int{bits}_g{group_size}", _GEMV_SIGNATURE)
     return KernelSpec("gemv_quant", f"gemv_int{bits}_b{bucket}", _GEMV_SIGNATURE)
 
 
@@ -93,23 +113,24 @@ def gemv(
     lane: object = None,
 ) -> None:
     """y[rows, n] = epilogue(x[rows, K] @ W^T) with W dequantized in registers; n = w.rows, or w.rows / 2
-    for SWIGLU (W = [gate; up])."""
+    for SWIGLU (W = [gate; up], n % 8 == 0)."""
     stream = require_stream(stream)
     w.check("gemv_quant")
     _require_positive("gemv_quant", rows=rows)
     n = w.rows // 2 if epilogue is Epilogue.SWIGLU else w.rows
-    if epilogue is Epilogue.SWIGLU and w.rows % 2:
-        raise ValueError(f"gemv_quant: a SwiGLU weight has an even number of rows (gate, then up), got {w.rows}")
+    if epilogue is Epilogue.SWIGLU and (w.rows % 2 or n % _OCTET_ROWS):
+        raise ValueError(
+            f"gemv_quant: a SwiGLU weight has 2N rows (gate, then up) with N % {_OCTET_ROWS} == 0, got {w.rows}"
+        )
     _require_device_bytes(
         "gemv_quant", x=(x, rows * w.cols * 2), y=(y, rows * n * epilogue.out_bytes),
         **residual_entry("gemv_quant", epilogue, residual, rows * n * 2),
     )
-    outputs_per_warp = _ROWS_PER_WARP // 2 if epilogue is Epilogue.SWIGLU else _ROWS_PER_WARP
-    warps = -(-n // outputs_per_warp)
+    tiles = n // _OCTET_ROWS if epilogue is Epilogue.SWIGLU else -(-n // _TILE_ROWS)
     reads = (x.resource, w.qweight.resource, w.scales.resource) + ((residual.resource,) if residual is not None else ())
-    lib.kernel(gemv_spec(w.bits, rows)).launch(
-        stream, -(-warps // _WARPS_PER_BLOCK), 32 * _WARPS_PER_BLOCK,
-        y, x, w.qweight, w.scales, residual.ptr if residual is not None else 0, rows, n, w.cols, w.group_shift,
+    lib.kernel(gemv_spec(w.bits, rows, w.group_size)).launch(
+        stream, tiles, _BLOCK_THREADS,
+        y, x, w.qweight, w.scales, residual.ptr if residual is not None else 0, rows, n, w.cols, w.group_log2,
         _EPILOGUE_CODE[epilogue],
         label=label, reads=reads, writes=(y.resource,), lane=lane,
     )
@@ -124,10 +145,9 @@ def dequantize(
     stream = require_stream(stream)
     w.check("dequantize")
     _require_device_bytes("dequantize", out=(out, w.rows * w.cols * 2))
-    chunks_per_row = w.cols // w.values_per_chunk
-    chunks = w.rows * chunks_per_row
+    chunks = w.code_bytes // CHUNK_BYTES  # padding rows included; the kernel skips them
     blocks = min(_MAX_DEQUANT_BLOCKS, -(-chunks // _DEQUANT_THREADS))
     lib.kernel(dequantize_spec(w.bits)).launch(
-        stream, blocks, _DEQUANT_THREADS, out, w.qweight, w.scales, chunks, chunks_per_row, w.group_shift,
+        stream, blocks, _DEQUANT_THREADS, out, w.qweight, w.scales, chunks, w.rows, w.cols, w.group_log2,
         label=label, reads=(w.qweight.resource, w.scales.resource), writes=(out.resource,), lane=lane,
     )

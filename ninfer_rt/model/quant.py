@@ -14,6 +14,12 @@ quantize() searches each group's scale (clipping, grid orientation, least-square
 absmax; given calibration statistics (`ninfer-rt quantize --calibration-text`) it weights that search by
 the inputs' mean square and picks the codes by GPTQ.
 
+On the GPU the codes and scales are rearranged once, at load time (device_layout(), LAYOUT_OCTETS): rows in
+octets of 8, each row's inputs in 16-byte chunks of 8-input runs ordered so that the decode GEMV's
+tensor-core fragments come straight out of a load (kernels_src/gemv_quant.cu documents it). concat_rows(),
+which the CUDA executor calls on every quantized weight it uploads, returns that layout; dequantize()
+reads either.
+
 Imported checkpoints are converted when loaded: GPTQ (4-bit, sym, no act-order) into int4 as is; AWQ GEMM
 4-bit into int4 when every zero point is 8, otherwise exactly into int8 (q - zero lies in [-15, 15], which
 int4 symmetric cannot hold; int8 keeps the weights bit-exact at twice the bytes). Scales become bf16.
@@ -49,26 +55,62 @@ LAYOUT_DOC = (
 
 Shape = tuple[int, ...]
 
+# Layouts of QuantizedWeight.qweight / .scales (module docstring): the checkpoint's, and the GPU GEMV's.
+LAYOUT_ROWS = "rows"  # qweight uint8 [out, in * bits / 8], scales bf16 [out, in / group_size]
+LAYOUT_OCTETS = "octets"  # qweight uint8 [octets, in / column_inputs, 32, 16], scales bf16 [octets, in / group_size, 8]
+OCTET_ROWS = 8  # rows per octet; a GEMV tile is two octets (the 16 rows of an m16n8k16 mma)
+RUN_INPUTS = 8  # inputs per run: one 16-byte load of bf16 x, one lane's share of two mmas
+LANES = 32
+# int4 run i (0..7) -> nibble of its word: (word >> 4s) & 0x000F000F is then the pair (i_2s, i_2s+1).
+INT4_RUN_NIBBLE = np.array([0, 4, 1, 5, 2, 6, 3, 7])
+_NIBBLE_INPUT = np.argsort(INT4_RUN_NIBBLE)  # nibble n of a run's word holds input _NIBBLE_INPUT[n]
+_INT4_LOW_NIBBLES, _INT4_HIGH_NIBBLES = _NIBBLE_INPUT[0::2], _NIBBLE_INPUT[1::2]
+# int8 run: byte b of the run's 8 bytes holds input INT8_RUN_ORDER[b]; a word's halves are then (i0, i1).
+INT8_RUN_ORDER = np.array([0, 2, 1, 3, 4, 6, 5, 7])
+
 
 class QuantFormatError(ValueError):
     """A quantized checkpoint (or quantization request) ninfer-rt cannot represent; one-line message."""
 
 
+def column_inputs(bits: int) -> int:
+    """Inputs per column of the octet layout: 4 lanes x one 16-byte chunk (int4: 128, int8: 64)."""
+    return 4 * (128 // bits)
+
+
 @dataclass(frozen=True)
 class QuantizedWeight:
-    """A linear weight [out, in] in the project's groupwise layout (module docstring)."""
+    """A linear weight [out, in] in the project's groupwise layout (module docstring): LAYOUT_ROWS as
+    checkpoints store it, or LAYOUT_OCTETS as the GPU reads it (``out_features`` then gives the rows the
+    padded octets hold)."""
 
     bits: int
     group_size: int
-    qweight: np.ndarray  # uint8 [out, in * bits / 8]
-    scales: np.ndarray  # bf16 [out, in / group_size]
+    qweight: np.ndarray  # LAYOUT_ROWS: uint8 [out, in * bits / 8]
+    scales: np.ndarray  # LAYOUT_ROWS: bf16 [out, in / group_size]
+    layout: str = LAYOUT_ROWS
+    out_features: int = 0  # LAYOUT_OCTETS only
 
     def __post_init__(self) -> None:
         if self.bits not in SUPPORTED_BITS:
             raise QuantFormatError(f"{self.bits}-bit weights are not supported (only {SUPPORTED_BITS})")
-        out, in_features = self.shape
         if self.qweight.dtype != np.uint8 or self.scales.dtype != BF16:
             raise QuantFormatError(f"qweight must be uint8 and scales bf16, got {self.qweight.dtype}, {self.scales.dtype}")
+        out, in_features = self.shape
+        if self.layout == LAYOUT_OCTETS:
+            octets = self.qweight.shape[0]
+            if (
+                self.qweight.ndim != 4 or self.qweight.shape[2:] != (LANES, 16) or octets % 2
+                or not 0 < out <= octets * OCTET_ROWS
+                or self.scales.shape != (octets, in_features // self.group_size, OCTET_ROWS) or in_features % self.group_size
+            ):
+                raise QuantFormatError(
+                    f"octet-layout arrays {list(self.qweight.shape)} / {list(self.scales.shape)} do not fit a "
+                    f"[{out}, {in_features}] weight in groups of {self.group_size}"
+                )
+            return
+        if self.layout != LAYOUT_ROWS:
+            raise QuantFormatError(f"unknown layout {self.layout!r}")
         if self.scales.shape != (out, in_features // self.group_size) or in_features % self.group_size:
             raise QuantFormatError(
                 f"scales {list(self.scales.shape)} do not fit a [{out}, {in_features}] weight in groups of {self.group_size}"
@@ -76,6 +118,8 @@ class QuantizedWeight:
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.layout == LAYOUT_OCTETS:
+            return self.out_features, self.qweight.shape[1] * column_inputs(self.bits)
         return self.qweight.shape[0], self.qweight.shape[1] * 8 // self.bits
 
     @property
@@ -243,6 +287,7 @@ def _bf16_round_up(values: np.ndarray) -> np.ndarray:
 
 def dequantize(weight: QuantizedWeight, dtype: type = np.float32) -> np.ndarray:
     """W [out, in] in ``dtype`` (exact for float32 and wider: q and bf16 scales multiply exactly)."""
+    weight = rows_layout(weight)
     out, in_features = weight.shape
     q = signed(unpack(weight.qweight, weight.bits), weight.bits).astype(dtype)
     scales = np.repeat(weight.scales.astype(dtype), weight.group_size, axis=1)
@@ -255,8 +300,15 @@ def dense(part: Linear, dtype: type) -> np.ndarray:
 
 
 def concat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
-    """Stack quantized weights along the output dimension (fused qkv / gate_up). Parts of different widths
-    are widened to the widest exactly (an int4 code re-centred as int8)."""
+    """Stack quantized weights along the output dimension (fused qkv / gate_up) into one weight in the GPU
+    layout (device_layout: what the CUDA executor uploads). Parts of different widths are widened to the
+    widest exactly (an int4 code re-centred as int8)."""
+    return device_layout(stack_rows(parts))
+
+
+def stack_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
+    """concat_rows in the checkpoint layout (LAYOUT_ROWS)."""
+    parts = [rows_layout(p) for p in parts]
     group_sizes = {p.group_size for p in parts}
     if len(group_sizes) != 1:
         raise QuantFormatError(f"cannot fuse weights with different group sizes {sorted(group_sizes)}")
@@ -265,6 +317,59 @@ def concat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
     return QuantizedWeight(
         bits, parts[0].group_size, np.concatenate(qweights, axis=0), np.concatenate([p.scales for p in parts], axis=0)
     )
+
+
+# -- the GPU layout ---------------------------------------------------------------------------------------
+
+
+def device_layout(weight: QuantizedWeight) -> QuantizedWeight:
+    """The weight in LAYOUT_OCTETS (kernels_src/gemv_quant.cu): rows padded with q = 0, scale 0 rows to an
+    even number of octets; chunk (o, c, lane 4g + t) holds row 8o + g's runs j of inputs
+    c * column_inputs + 32j + 8t + i, int4 nibbles in INT4_RUN_NIBBLE order, int8 bytes in INT8_RUN_ORDER.
+    Needs in_features % column_inputs(bits) == 0 (the GPU GEMV's column)."""
+    if weight.layout == LAYOUT_OCTETS:
+        return weight
+    bits, (out, in_features) = weight.bits, weight.shape
+    column = column_inputs(bits)
+    if in_features % column:
+        raise QuantFormatError(f"the GPU layout needs in_features % {column} == 0 for int{bits}, got {in_features}")
+    octets = -(-out // OCTET_ROWS)
+    octets += octets % 2
+    half = 1 << (bits - 1)
+    codes = np.full((octets * OCTET_ROWS, in_features), half, np.uint8)
+    codes[:out] = unpack(weight.qweight, bits)
+    runs = 128 // bits // RUN_INPUTS
+    # [octet, g, column, run j, t, i] -> [octet, column, g, t, j, i]: a chunk is (g, t)'s runs, in order.
+    runs_of = codes.reshape(octets, OCTET_ROWS, in_features // column, runs, 4, RUN_INPUTS).transpose(0, 2, 1, 4, 3, 5)
+    if bits == 4:  # byte b of a run's word: nibbles 2b (low) and 2b + 1 (high)
+        chunks = runs_of[..., _INT4_LOW_NIBBLES] | (runs_of[..., _INT4_HIGH_NIBBLES] << 4)
+    else:
+        chunks = np.ascontiguousarray(runs_of[..., INT8_RUN_ORDER])
+    qweight = chunks.reshape(octets, in_features // column, LANES, 16)
+    scales = np.zeros((octets * OCTET_ROWS, weight.scales.shape[1]), BF16)
+    scales[:out] = weight.scales
+    scales = np.ascontiguousarray(scales.reshape(octets, OCTET_ROWS, -1).transpose(0, 2, 1))
+    return QuantizedWeight(bits, weight.group_size, qweight, scales, LAYOUT_OCTETS, out)
+
+
+def rows_layout(weight: QuantizedWeight) -> QuantizedWeight:
+    """The weight in LAYOUT_ROWS (the checkpoint's): device_layout's inverse."""
+    if weight.layout == LAYOUT_ROWS:
+        return weight
+    bits, (out, in_features) = weight.bits, weight.shape
+    octets, columns = weight.qweight.shape[:2]
+    runs = 128 // bits // RUN_INPUTS
+    if bits == 4:
+        chunks = weight.qweight.reshape(octets, columns, OCTET_ROWS, 4, runs, 4)
+        runs_of = np.empty((octets, columns, OCTET_ROWS, 4, runs, RUN_INPUTS), np.uint8)
+        runs_of[..., _INT4_LOW_NIBBLES] = chunks & 0xF
+        runs_of[..., _INT4_HIGH_NIBBLES] = chunks >> 4
+    else:
+        runs_of = np.empty((octets, columns, OCTET_ROWS, 4, runs, RUN_INPUTS), np.uint8)
+        runs_of[..., INT8_RUN_ORDER] = weight.qweight.reshape(octets, columns, OCTET_ROWS, 4, runs, RUN_INPUTS)
+    codes = runs_of.transpose(0, 2, 1, 4, 3, 5).reshape(octets * OCTET_ROWS, in_features)[:out]
+    scales = weight.scales.transpose(0, 2, 1).reshape(octets * OCTET_ROWS, -1)[:out]
+    return QuantizedWeight(bits, weight.group_size, pack(codes, bits), np.ascontiguousarray(scales))
 
 
 def _widen(qweight: np.ndarray, bits: int, to_bits: int) -> np.ndarray:
