@@ -12,11 +12,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops
+from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops, sampling_ops
 from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
 from ninfer_rt.cuda.benchmark import BenchSession, Measurement, cold_copies
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
+from ninfer_rt.engine.request import SamplingParams
+from ninfer_rt.engine.sampling import pack_device_params
 from ninfer_rt.exec.base import AttentionShape
 from ninfer_rt.kv.cache import KVLayer
 
@@ -107,14 +109,39 @@ def bench_embedding(s: BenchSession, shape: Shape) -> list[Measurement]:
     return results
 
 
+# (label, SamplingParams fields) of the sampling cases: the passes each makes are in sampling_ops.sample_launches
+SAMPLING_CASES = (
+    ("greedy", dict(temperature=0.0)),
+    ("T=1", dict(temperature=1.0)),
+    ("top_p=0.95", dict(temperature=0.7, top_p=0.95)),
+    ("top_k=20 top_p=0.95", dict(temperature=0.6, top_k=20, top_p=0.95)),  # Qwen3's recommended thinking setting
+)
+
+
 def bench_sampling(s: BenchSession, shape: Shape) -> list[Measurement]:
     vocab = shape["vocab_size"]
+    rng = np.random.default_rng(0)
     results = []
     for rows in DECODE_ROWS:
-        # The logits were just written by the lm_head GEMV: hot in L2 in the model's step too.
-        logits, out = s.filled(rows * vocab * F32, "logits"), s.filled(rows * I32, "out")
-        seconds = s.time(lambda _: linear_ops.argmax(s.lib, s.stream, logits, out, rows, vocab))
-        results.append(Measurement("argmax_f32", f"rows={rows} vocab={vocab}", seconds, rows * vocab * F32 + rows * I32))
+        # The logits were just written by the lm_head GEMV: hot in L2 in the model's step too. Model-like
+        # values (N(0, 3)), not the random bf16 bits of `filled`, whose near-flat softmax is no real row.
+        logits = s.upload((3 * rng.standard_normal((rows, vocab))).astype(np.float32), "logits")
+        out = s.filled(rows * I32, "out")
+        moved = rows * vocab * F32 + rows * I32
+        scratch = s.filled(sampling_ops.argmax_scratch_bytes(rows), "argmax.scratch")
+        s.stream.memset(scratch, 0)
+        seconds = s.time(lambda _: sampling_ops.argmax(s.lib, s.stream, logits, out, rows, vocab, scratch))
+        results.append(Measurement("argmax_f32", f"rows={rows} vocab={vocab}", seconds, moved))
+        scratch = s.filled(sampling_ops.sample_scratch_bytes(rows), "sample.scratch")
+        s.stream.memset(scratch, 0)
+        for label, fields in SAMPLING_CASES:
+            packed = pack_device_params([(SamplingParams(**fields), 0.5)] * rows, vocab)
+            params = s.upload(packed, "params")
+            flags = packed[:, sampling_ops.FLAGS_WORD]
+            passes = len(sampling_ops.sample_launches(flags))
+            seconds = s.time(lambda _: sampling_ops.sample(s.lib, s.stream, logits, out, rows, vocab, params, flags, scratch))
+            case = f"{label} rows={rows} vocab={vocab} passes={passes}"
+            results.append(Measurement("sample (all passes)", case, seconds, passes * moved, params={"passes": passes}))
         s.release()
     return results
 

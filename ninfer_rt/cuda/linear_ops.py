@@ -1,4 +1,5 @@
-"""Launch wrappers for the decode GEMV, the row gather and greedy argmax (kernels_src/{gemv,embedding,sampling}.cu).
+"""Launch wrappers for the decode GEMV and the row gather (kernels_src/{gemv,embedding}.cu); greedy argmax
+and sampling are in sampling_ops.py.
 
 Each wrapper checks shapes, alignment and buffer sizes before anything is enqueued, picks the launch shape
 and declares what the kernel reads and writes. The math is documented at the top of each .cu file.
@@ -20,7 +21,6 @@ _GEMV_ROWS_PER_WARP = 2  # kRowsPerWarp in gemv.cu
 _GEMV_WARPS_PER_BLOCK = 4  # kWarpsPerBlock in gemv.cu
 _GEMV_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32)
 GATHER_ROWS = KernelSpec("embedding", "gather_rows_bf16", (Arg.PTR, Arg.I32, Arg.PTR, Arg.I32, Arg.PTR, Arg.I32))
-ARGMAX = KernelSpec("sampling", "argmax_f32", (Arg.PTR, Arg.PTR, Arg.I32))
 
 
 class Epilogue(enum.Enum):
@@ -133,19 +133,6 @@ def gather_rows(
         stream, rows, 128 if width >= 1024 else 32,
         out.ptr + 2 * layout.column, layout.stride, src, width, ids if ids is not None else 0, width,
         label=label, reads=reads, writes=(out.resource,), lane=lane,
-    )
-
-
-def argmax(
-    lib: KernelLibrary, stream: object, logits: Buffer, out: Buffer, rows: int, vocab: int, *, label: str = "argmax",
-    lane: object = None,
-) -> None:
-    """out[r] = argmax(logits[r]) (int32; lowest index among ties) for f32 logits [rows, vocab]."""
-    stream = require_stream(stream)
-    _require_positive("argmax", rows=rows, vocab=vocab)
-    _require_device_bytes("argmax", logits=(logits, rows * vocab * 4), out=(out, rows * 4))
-    lib.kernel(ARGMAX).launch(
-        stream, rows, 1024, out, logits, vocab, label=label, reads=(logits.resource,), writes=(out.resource,), lane=lane
     )
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.request import Request
-from ninfer_rt.engine.sampling import Sample, sample
+from ninfer_rt.engine.sampling import Sample, sample_rows
 from ninfer_rt.engine.scheduler import ScheduledChunk
 from ninfer_rt.exec.base import Executor, StepBatch
 from ninfer_rt.kv.cache import KVCache
@@ -82,12 +82,10 @@ class ModelRunner:
     def run(self, chunks: Sequence[ScheduledChunk]) -> list[SampledTokens]:
         batch = self.build_batch(chunks)
         output = self.forward(batch)
-        logits = self.executor.to_host(output.logits)
         sampling = [chunk.request for chunk in chunks if chunk.samples]
-        return [
-            SampledTokens(request, [sample(row, request.params, request.generator, request.prompt_vocab, request.output_ids)])
-            for request, row in zip(sampling, logits)
-        ]
+        # on the device where the executor can (4 bytes per row back), else from host copies of the rows
+        samples = sample_rows(self.executor, output.logits, sampling)
+        return [SampledTokens(request, [s]) for request, s in zip(sampling, samples)]
 
     def build_batch(self, chunks: Sequence[ScheduledChunk]) -> StepBatch:
         return step_batch([self.chunk_rows(chunk) for chunk in chunks])

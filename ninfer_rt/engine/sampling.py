@@ -1,19 +1,41 @@
-"""Next-token sampling on the host (numpy), one logits row per request.
+"""Next-token sampling, one logits row per request: on the device where the executor can
+(`sample_rows`), else on the host (numpy) from the full logits row.
 
 Order, as in vLLM: penalties on the raw logits (repetition over prompt + output; presence and frequency
 over the output only, as OpenAI defines them), then temperature, then top-k, top-p and min-p restrict the
 support, then a draw from the request's own seeded Generator. Temperature 0 is argmax of the penalised
 logits. Logprobs describe the final distribution the token was drawn from.
+
+The support, exactly (kernels_src/sampling.cu implements the same definition; NaN logits count as -inf):
+- top-k (0 < k < vocab): the logits >= the k-th largest (every token tied with it is kept);
+- top-p (p < 1): a token is kept when the probability of the tokens strictly more likely than it, within
+  the top-k set, is < p (so tied tokens are kept or dropped together);
+- min-p (m > 0): a token is kept when its probability is >= m times the largest.
+The draw is an inverse CDF over the vocabulary in index order with one uniform u = generator.random():
+the first token whose cumulative probability exceeds u (numpy's Generator.choice(p=...) rule, so the
+draws are those choice made). A row routed to the device draws its u the same way and sends it with the
+row's parameters, so a seeded request draws the same tokens on the host and on the device; they can
+differ only where u falls within float rounding (~1e-6 relative, f32 on the device, f64 here) of a
+boundary of the CDF or a probability sits that close to a top-p / min-p threshold.
+
+Rows go to the device (`on_device`) unless they need the host: penalties (token histories) or logprobs
+(the whole distribution). Speculative verification (spec.py) samples on the host from its own rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ninfer_rt.engine.request import SamplingParams
+from ninfer_rt.engine.request import Request, SamplingParams
+
+# The device's parameter rows (ninfer_rt/cuda/sampling_ops.py, SampleParams in kernels_src/sampling.cu):
+# int32 words temperature, top_k, top_p, min_p, u (the floats as f32 bits), flags, 2 unused.
+DEVICE_PARAM_WORDS = 8
+GREEDY, TOP_K, TOP_P, MIN_P = 1, 2, 4, 8
 
 
 @dataclass(frozen=True)
@@ -45,16 +67,17 @@ def apply_penalties(
 
 
 def restrict_support(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Temperature-scaled logits with -inf outside the top-k / top-p / min-p support."""
+    """Temperature-scaled logits with -inf outside the top-k / top-p / min-p support (module docstring)."""
+    logits = np.where(np.isnan(logits), -np.inf, logits)
+    if 0 < params.top_k < logits.shape[0]:
+        # on the unscaled logits: the same order, and no ties made by rounding the division
+        kth = np.partition(logits, -params.top_k)[-params.top_k]
+        logits = np.where(logits >= kth, logits, -np.inf)
     scaled = logits / params.temperature
-    if 0 < params.top_k < scaled.shape[0]:
-        kth = np.partition(scaled, -params.top_k)[-params.top_k]
-        scaled = np.where(scaled >= kth, scaled, -np.inf)
     if params.top_p < 1.0:
         scaled = _top_p(scaled, params.top_p)
     if params.min_p > 0.0:
-        probs = softmax(scaled)
-        scaled = np.where(probs >= params.min_p * probs.max(), scaled, -np.inf)
+        scaled = np.where(_weights(scaled) >= params.min_p, scaled, -np.inf)
     return scaled
 
 
@@ -82,11 +105,19 @@ def sample(
     output_ids: Sequence[int] = (),
 ) -> Sample:
     final = final_logits(logits, params, prompt_ids, output_ids)
-    if params.greedy:
-        token = int(np.argmax(final))
-    else:
-        token = int(generator.choice(final.shape[0], p=softmax(final)))
+    token = int(np.argmax(final)) if params.greedy else inverse_cdf(final, generator.random())
     return described(final, token, params)
+
+
+def inverse_cdf(final: np.ndarray, u: float) -> int:
+    """The token a uniform `u` in [0, 1) picks from softmax(final): the first index (in index order) whose
+    cumulative probability exceeds u. A row without probability mass (all -inf) gives token 0."""
+    cdf = np.cumsum(_weights(final))
+    total = cdf[-1]
+    if not total > 0:
+        return 0
+    token = int(np.searchsorted(cdf, u * total, side="right"))
+    return min(token, int(np.flatnonzero(np.diff(cdf, prepend=0.0) > 0)[-1]))
 
 
 def described(final: np.ndarray, token: int, params: SamplingParams) -> Sample:
@@ -96,12 +127,24 @@ def described(final: np.ndarray, token: int, params: SamplingParams) -> Sample:
 
 def _top_p(scaled: np.ndarray, top_p: float) -> np.ndarray:
     order = np.argsort(-scaled, kind="stable")
-    probs = softmax(scaled)[order]
-    mass_before = np.cumsum(probs) - probs
-    # keep every token whose predecessors hold less than top_p: the smallest set reaching top_p
+    values, weights = scaled[order], _weights(scaled)[order]
+    mass_before = np.cumsum(weights) - weights
+    # the mass strictly above a token is what precedes the first token of its tie group
+    above = mass_before[np.searchsorted(-values, -values, side="left")]
+    # keep every token whose strictly more likely tokens hold less than top_p: the smallest value
+    # threshold reaching top_p
     keep = np.zeros(scaled.shape[0], dtype=bool)
-    keep[order[mass_before < top_p]] = True
+    keep[order[above < top_p * weights.sum()]] = True
     return np.where(keep, scaled, -np.inf)
+
+
+def _weights(x: np.ndarray) -> np.ndarray:
+    """exp(x - max(x)): 1 at the maximum (also an infinite one), 0 at -inf; all 0 for an all -inf row."""
+    top = np.max(x)
+    if top == -np.inf:
+        return np.zeros(x.shape, np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.where(x == top, 1.0, np.exp(x - top))
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -121,3 +164,72 @@ def _logprobs(final: np.ndarray, token: int, params: SamplingParams) -> TokenLog
         best = np.argsort(-logp, kind="stable")[: params.top_logprobs]
         top = tuple((int(t), float(logp[t])) for t in best)
     return TokenLogprobs(token, float(logp[token]), top)
+
+
+# -- sampling on the device ------------------------------------------------------------------------------
+
+
+def on_device(params: SamplingParams) -> bool:
+    """Whether a row can be sampled on the device: no penalties (they need the token history) and no
+    logprobs (they need the whole distribution on the host)."""
+    return (
+        not params.logprobs
+        and params.repetition_penalty == 1.0
+        and params.presence_penalty == 0.0
+        and params.frequency_penalty == 0.0
+    )
+
+
+def device_flags(params: SamplingParams | None, vocab: int) -> int:
+    """The kernel's SampleFlags for a row (None: a row the host samples, run as greedy and ignored)."""
+    if params is None or params.greedy:
+        return GREEDY
+    return (
+        (TOP_K if 0 < params.top_k < vocab else 0)
+        | (TOP_P if params.top_p < 1.0 else 0)
+        | (MIN_P if params.min_p > 0.0 else 0)
+    )
+
+
+def pack_device_params(rows: Sequence[tuple[SamplingParams | None, float]], vocab: int) -> np.ndarray:
+    """int32 [rows, DEVICE_PARAM_WORDS]: per row (params or None for a host row, u) as SampleParams."""
+    packed = np.zeros((len(rows), DEVICE_PARAM_WORDS), np.int32)
+    floats = packed.view(np.float32)
+    for i, (params, u) in enumerate(rows):
+        packed[i, 5] = device_flags(params, vocab)
+        if params is None or params.greedy:
+            floats[i, 0] = 0.0
+            continue
+        if not 0.0 <= u < 1.0:
+            raise ValueError(f"u must be in [0, 1), got {u}")
+        floats[i, 0] = params.temperature
+        packed[i, 1] = params.top_k if packed[i, 5] & TOP_K else 0
+        floats[i, 2] = params.top_p
+        floats[i, 3] = params.min_p
+        floats[i, 4] = u
+    return packed
+
+
+def sample_rows(executor: Any, logits: Any, requests: Sequence[Request]) -> list[Sample]:
+    """One Sample per request, request i drawing from logits row i. Rows `on_device` go through the
+    executor's `sample_tokens` (when it has one: the CUDA executor) and only their token ids come back;
+    the others are sampled here from the full rows, copied only when some row needs them."""
+    device = getattr(executor, "sample_tokens", None)
+    routed = [device is not None and on_device(r.params) for r in requests]
+    samples: list[Sample | None] = [None] * len(requests)
+    if any(routed):
+        vocab = int(logits.cols)
+        rows = [
+            (r.params if d else None, r.generator.random() if d and not r.params.greedy else 0.0)
+            for r, d in zip(requests, routed)
+        ]
+        tokens = executor.to_host(device(logits, pack_device_params(rows, vocab))).reshape(-1)
+        for i, d in enumerate(routed):
+            if d:
+                samples[i] = Sample(int(tokens[i]), None)
+    if not all(routed):
+        host = executor.to_host(logits)
+        for i, (request, d) in enumerate(zip(requests, routed)):
+            if not d:
+                samples[i] = sample(host[i], request.params, request.generator, request.prompt_vocab, request.output_ids)
+    return samples  # type: ignore[return-value]

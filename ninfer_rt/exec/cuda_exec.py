@@ -19,6 +19,7 @@ fresh publish into the same addresses.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops
+from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops, sampling_ops
 from ninfer_rt.cuda.blas import Blas, GemmShape
 from ninfer_rt.cuda.compiler import families
 from ninfer_rt.cuda.graphs import Graph, capture
@@ -334,8 +335,21 @@ class CudaExecutor:
     def argmax(self, logits: DeviceTensor) -> DeviceTensor:
         """Greedy token per logits row, int32 [rows] (sampling.cu): 4 bytes per row to the host."""
         out = self._tensor(logits.rows, 1, "i32", capacity=self.max_logit_rows)
-        linear_ops.argmax(self.library, self.compute, logits.buffer, out.buffer, logits.rows, logits.cols, lane=self._lane)
+        self.sampler.argmax(self.library, logits.buffer, out.buffer, logits.rows, logits.cols, lane=self._lane)
         return out
+
+    def sample_tokens(self, logits: DeviceTensor, params: np.ndarray) -> DeviceTensor:
+        """The token each logits row draws, int32 [rows] (sampling.cu; greedy rows take the argmax): `params`
+        is engine.sampling.pack_device_params' int32 [rows, 8], published on the compute stream. Eager, never
+        captured: which passes run depends on the rows' parameters."""
+        out = self._tensor(logits.rows, 1, "i32", capacity=self.max_logit_rows)
+        self.sampler.sample(self.library, logits.buffer, out.buffer, logits.rows, logits.cols, params, lane=self._lane)
+        return out
+
+    @functools.cached_property
+    def sampler(self) -> sampling_ops.DeviceSampler:
+        """Token selection's scratch and parameter staging on the compute stream (made at first use)."""
+        return sampling_ops.DeviceSampler(self.streams, self.compute, self.max_logit_rows)
 
     def to_host(self, x: DeviceTensor) -> np.ndarray:
         """Copy to pinned memory, wait on the compute stream's event, read (declared) on the host."""
