@@ -12,6 +12,39 @@
 // thread, so out may alias x.
 #include "common.cuh"
 
+// The decode case (hidden <= 8 * blockDim, e.g. 4096 over 512 threads): each thread owns one 16-byte
+// vector and keeps it in registers between the two passes (no second read of the row), and loads its
+// gains before waiting for the previous kernel (they are weights). A one-block kernel sits on the
+// critical path of every decode step twice per layer, so its latency is what matters. Same math and
+// summation order as the general path below: bit-identical results.
+template <bool kResidual>
+__forceinline__ void one_vector_per_thread(bf16* out_row, bf16* res_row, const bf16* x_row, const bf16* w, int hidden,
+                                           float eps) {
+    const int i = threadIdx.x * 8;
+    const bool mine = i < hidden;
+    float g[8], v[8];
+    if (mine) load_bf16x8(w + i, g);
+    enter_dependent_kernel();
+    float sum_squares = 0.0f;
+    if (mine) {
+        load_bf16x8(x_row + i, v);
+        if (kResidual) {
+            float r[8];
+            load_bf16x8(res_row + i, r);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = __bfloat162float(__float2bfloat16(v[j] + r[j]));
+            store_bf16x8(res_row + i, v);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum_squares += v[j] * v[j];
+    }
+    const float inv_rms = rsqrtf(block_sum(sum_squares) / hidden + eps);
+    if (!mine) return;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = g[j] * (v[j] * inv_rms);
+    store_bf16x8(out_row + i, v);
+}
+
 template <bool kResidual>
 __forceinline__ void rmsnorm_row(bf16* out, bf16* residual, const bf16* x, const bf16* w, int hidden, float eps) {
     const long long row_offset = (long long)blockIdx.x * hidden;
@@ -20,6 +53,11 @@ __forceinline__ void rmsnorm_row(bf16* out, bf16* residual, const bf16* x, const
     bf16* res_row = kResidual ? residual + row_offset : nullptr;
     const bool vectorised = hidden % 8 == 0 && aligned16(x_row) && aligned16(out_row) && aligned16(w) &&
                             (!kResidual || aligned16(res_row));
+    if (vectorised && hidden <= 8 * (int)blockDim.x) {
+        one_vector_per_thread<kResidual>(out_row, res_row, x_row, w, hidden, eps);
+        return;
+    }
+    enter_dependent_kernel();
 
     // Pass 1: (fused add and) sum of squares. The sum is stored as bf16 and the rounded value is what gets
     // normalised, exactly as an unfused "add, then norm" would see it.
@@ -70,12 +108,10 @@ __forceinline__ void rmsnorm_row(bf16* out, bf16* residual, const bf16* x, const
 }
 
 extern "C" __global__ void rmsnorm_bf16(bf16* out, const bf16* x, const bf16* w, int hidden, float eps) {
-    enter_dependent_kernel();
     rmsnorm_row<false>(out, nullptr, x, w, hidden, eps);
 }
 
 extern "C" __global__ void rmsnorm_residual_bf16(bf16* out, bf16* residual, const bf16* x, const bf16* w, int hidden,
                                                  float eps) {
-    enter_dependent_kernel();
     rmsnorm_row<true>(out, residual, x, w, hidden, eps);
 }
