@@ -23,7 +23,8 @@ from ninfer_rt.exec.cuda_exec import BF16, CudaExecutor, StepShape
 from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps, MTPGraphKey
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.model.layers import PreparedModel, forward, prepare_model
-from ninfer_rt.model.mtp import EagerMTPSteps, PreparedMTP, prepare_mtp
+from ninfer_rt.model.mtp import EagerMTPSteps, MTPOutput, PreparedMTP, prepare_mtp
+from ninfer_rt.model.tiny import make_tiny_model
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 from spec_models import make_agreeable_mtp_model
 
@@ -90,6 +91,12 @@ def test_cuda_sampling_with_mtp_drafts_runs_to_the_end_and_returns_every_page(ag
 PAGE_SIZE = 64  # the kernels' page size
 
 
+@pytest.fixture(scope="module")
+def random_mtp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Random weights: unlike the agreeable model's MTP, every output depends on the hidden rows handed in.
+    return make_tiny_model(tmp_path_factory.mktemp("random_mtp_gpu"), arch="qwen3", mtp=True, head_dim=64)
+
+
 @dataclass
 class MTPRuntime:
     weights: ModelWeights
@@ -123,6 +130,11 @@ def drafting_outputs(model_dir: Path, graphed: bool, widths: tuple[int, ...], re
     lm_head = rt.model.lm_head
     if reduced_head:
         lm_head = rt.executor.prepare_weight("mtp.lm_head_draft", [np.asarray(rt.weights.lm_head)[::3]])
+    results = []
+
+    def read(scored: MTPOutput) -> None:  # now: a replay's outputs live until the same graph replays again
+        results.extend(rt.executor.to_host(t) for t in (scored.logits, scored.ids))
+
     rng = np.random.default_rng(sum(widths))
     vocab = rt.weights.config.vocab_size
     pages = [[2 * i, 2 * i + 1] for i in range(len(widths))]
@@ -131,27 +143,25 @@ def drafting_outputs(model_dir: Path, graphed: bool, widths: tuple[int, ...], re
     out = forward(rt.executor, rt.model, step_batch([SeqStep(p[:-1], 0, pg) for p, pg in zip(prompts, pages)], PAGE_SIZE), rt.kv)
     prefill = step_batch([SeqStep(p[1:], 0, pg) for p, pg in zip(prompts, pages)], PAGE_SIZE)
     steps.catch_up(keeping(prefill, [n - 1 for n in cached]), out.hidden, lm_head)  # wide: eager in both
-    results = []
     for step in range(3):
         rows = [rng.integers(0, vocab, w).tolist() for w in widths]
         verify = step_batch([SeqStep(r, c, pg) for r, c, pg in zip(rows, cached, pages)], PAGE_SIZE)
         hidden = forward(rt.executor, rt.model, verify, rt.kv).hidden
         shifted = step_batch([SeqStep(rng.integers(0, vocab, w).tolist(), c, pg) for w, c, pg in zip(widths, cached, pages)], PAGE_SIZE)
         accepted = [step % w for w in widths]
-        scored = [steps.catch_up(keeping(shifted, accepted), hidden, lm_head)]
+        read(steps.catch_up(keeping(shifted, accepted), hidden, lm_head))
         for j in range(1, 3):
             drafts = [SeqStep(rng.integers(0, vocab, 1).tolist(), c + a + j, pg) for c, a, pg in zip(cached, accepted, pages)]
-            scored.append(steps.draft(step_batch(drafts, PAGE_SIZE), lm_head))
-        results += [rt.executor.to_host(t) for s in scored for t in (s.logits, s.ids)]
+            read(steps.draft(step_batch(drafts, PAGE_SIZE), lm_head))
         cached = [c + w for c, w in zip(cached, widths)]
     return results, set(getattr(steps, "graphs", {}))
 
 
 @pytest.mark.parametrize("reduced_head", [False, True], ids=["full-head", "draft-head"])
 @pytest.mark.parametrize("widths", [(4,), (4, 2), (1, 1)], ids=["verify4", "verify4+2", "batch2"])
-def test_graph_replayed_catch_up_and_drafts_equal_eager(agreeable: Path, widths: tuple[int, ...], reduced_head: bool) -> None:
-    graphed, keys = drafting_outputs(agreeable, True, widths, reduced_head)
-    eager, _ = drafting_outputs(agreeable, False, widths, reduced_head)
+def test_graph_replayed_catch_up_and_drafts_equal_eager(random_mtp: Path, widths: tuple[int, ...], reduced_head: bool) -> None:
+    graphed, keys = drafting_outputs(random_mtp, True, widths, reduced_head)
+    eager, _ = drafting_outputs(random_mtp, False, widths, reduced_head)
     for ours, reference in zip(graphed, eager, strict=True):
         np.testing.assert_array_equal(ours, reference)
     head = "w.mtp.lm_head_draft" if reduced_head else "w.lm_head"

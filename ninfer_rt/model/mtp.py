@@ -78,7 +78,8 @@ class MTPOutput:
 
 class MTPSteps(Protocol):
     """The MTP forwards of one speculative step. The hidden state handed from step to step (the catch-up's
-    logit rows, then each draft step's output) stays inside: callers pass only the verify forward's."""
+    logit rows, then each draft step's output) stays inside: callers pass only the verify forward's.
+    An output is valid until the next call (a graph replay rewrites the same buffers): read it first."""
 
     def catch_up(self, batch: StepBatch, hidden: Tensor, lm_head: Tensor) -> MTPOutput:
         """The MTP over a verify (or prefill) step's rows, `hidden` being that step's main-model output."""
