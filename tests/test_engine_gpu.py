@@ -67,3 +67,15 @@ def test_cuda_engine_prefix_hit_and_preemption_return_every_page(tiny_qwen3_d64:
     assert all(len(o) == GREEDY.max_tokens for o in outputs)
     stats = eng.kv_stats()
     assert stats.in_use == 0 and stats.free + stats.cached == stats.total
+
+
+def test_start_up_captures_the_decode_graphs_and_leaves_every_page_free(tiny_qwen3_d64: Path) -> None:
+    eng = engine(tiny_qwen3_d64, "cuda", max_concurrency=2)
+    captured = {shape.query_lens for shape in eng.runner.forward.graphs}
+    assert {(1,), (1, 1)} <= captured
+    stats = eng.kv_stats()
+    assert stats.in_use == 0 and stats.free + stats.cached == stats.total
+    assert eng.startup.graphs > 0 and "decode graphs" in eng.startup.describe()
+    before = len(eng.runner.forward.graphs)
+    greedy(eng, [prompt(30, 1), prompt(20, 2)])
+    assert len(eng.runner.forward.graphs) == before  # nothing left to capture in real requests

@@ -9,7 +9,9 @@ requests and read outputs.
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +79,24 @@ class EngineConfig:
             raise ValueError(f"lm_head_draft must be at least 1, got {self.lm_head_draft}")
 
 
+@dataclass
+class StartupTimes:
+    """Seconds spent getting ready, by phase (printed at start-up by `generate` and `serve`)."""
+
+    read_weights: float = 0.0  # safetensors -> host arrays (Engine.load)
+    upload_weights: float = 0.0  # prepare_model: host -> device, fused matrices
+    kernels: float = 0.0  # executor: NVRTC (or the cubin cache) and module loads
+    kv: float = 0.0  # KV cache allocation
+    graphs: float = 0.0  # warm-up requests capturing every decode step graph
+
+    def describe(self) -> str:
+        total = self.read_weights + self.upload_weights + self.kernels + self.kv + self.graphs
+        return (
+            f"ready in {total:.1f} s: weights {self.read_weights + self.upload_weights:.1f} s, kernels {self.kernels:.1f} s, "
+            f"KV {self.kv:.1f} s, decode graphs {self.graphs:.1f} s"
+        )
+
+
 class Engine:
     def __init__(
         self,
@@ -90,15 +110,21 @@ class Engine:
         self.config = config
         self.tokenizer = tokenizer
         self.device = resolve_device(config.device)
+        self.startup = StartupTimes()
+        clock = time.perf_counter()
         self.streams = StreamSet(open_device() if self.device == "cuda" else None, verify=config.verify_ordering)
         cfg = weights.config
         max_context = min(config.max_context, cfg.max_position_embeddings)
         self.executor = make_executor(config, self.streams, max_context)
         self.eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
+        self.startup.kernels, clock = time.perf_counter() - clock, time.perf_counter()
         model = prepare_model(self.executor, weights)
         drafter = make_drafter(self.executor, weights, model, config, token_frequencies)  # before KV sizing
+        self._sync_device()
+        self.startup.upload_weights, clock = time.perf_counter() - clock, time.perf_counter()
         # KV is sized last: `--kv-capacity auto` takes what the weights and activations left free.
         self.kv = KVCache(self.streams, kv_spec(weights, config, self.streams.device))
+        self.startup.kv = time.perf_counter() - clock
         self.kv_manager = KVManager(self.streams, self.kv, max_context, config.prefix_caching)
         self.ledger = KVLedger(
             self.kv_manager, self.executor.compute, self.streams.create("copy"), config.prefix_caching
@@ -116,12 +142,39 @@ class Engine:
         self._ids = itertools.count()
         self._owner: int | None = None
         self.streams.crash.add_section("engine", self._frontier)
+        if isinstance(self.executor, CudaExecutor):
+            clock = time.perf_counter()
+            self._capture_decode_graphs()
+            self.startup.graphs = time.perf_counter() - clock
 
     @classmethod
     def load(cls, model_dir: str | Path, config: EngineConfig = EngineConfig()) -> Engine:
+        clock = time.perf_counter()
         weights = load_model_weights(model_dir)
         frequencies = load_token_frequencies(model_dir, weights.config.vocab_size) if config.lm_head_draft else None
-        return cls(weights, Tokenizer(model_dir), config, frequencies)
+        read_weights = time.perf_counter() - clock
+        engine = cls(weights, Tokenizer(model_dir), config, frequencies)
+        engine.startup.read_weights = read_weights
+        print(f"ninfer-rt: {engine.startup.describe()}", file=sys.stderr)
+        return engine
+
+    def _sync_device(self) -> None:
+        """Wait for everything enqueued so far (start-up phases are timed to completion, not to enqueue)."""
+        if self.streams.device is not None:
+            self.executor.compute.synchronize()
+
+    def _capture_decode_graphs(self) -> None:
+        """Serve throwaway requests, alone and then side by side up to max_concurrency, so every decode step
+        shape's CUDA graph (batch size, and verify width with --spec mtp) is captured now: a capture costs an
+        eager step plus instantiation, which the first real requests would otherwise pay. Their pages go
+        back to the pool (a one-token prompt fills no page the prefix cache could keep)."""
+        steps = 2 + 2 * (self.config.draft_tokens if self.config.spec == "mtp" else 0)
+        params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
+        for lanes in range(1, self.config.max_concurrency + 1):
+            for _ in self.generate([[0]] * lanes, params):
+                pass
+        self._sync_device()
+        self._owner = None  # the serving thread (EngineLoop) takes the engine over
 
     # -- requests --------------------------------------------------------------------------------------
 
