@@ -69,9 +69,12 @@ class GraphedMTPSteps:
         return self._replay(MTPGraphKey(step_shape(batch), "draft", lm_head.buffer.name), batch, source, lm_head)
 
     def destroy(self) -> None:
+        """Graphs and buffers, once the compute stream is idle (a benchmark moving to another KV cache)."""
         for graph in self.graphs.values():
             graph.destroy()
         self.graphs.clear()
+        self.hidden_in.free()
+        self.state.free()
 
     # -- internals ---------------------------------------------------------------------------------------
 
