@@ -203,3 +203,47 @@ def test_sampled_frequencies_follow_the_target_distribution(gpu: OneStream) -> N
     chi2 = float((((counts - expected) ** 2)[kept] / expected[kept]).sum())
     dof = int(kept.sum()) - 1
     assert chi2 < dof + 5 * np.sqrt(2 * dof), f"chi2 {chi2:.1f} for {dof} degrees of freedom"
+
+
+# -- in the engine ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory):
+    from ninfer_rt.model.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_sampling"), head_dim=64)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=3, max_tokens=16, ignore_eos=True),
+        SamplingParams(temperature=1.0, min_p=0.05, seed=4, max_tokens=16, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+    ],
+    ids=["top_k_top_p", "min_p", "greedy"],
+)
+def test_engine_draws_the_same_tokens_on_the_device_as_on_the_host(tiny_model, params: SamplingParams, monkeypatch) -> None:
+    """Same GPU logits, same seeds: the device sampler and the host sampler agree token for token."""
+    from ninfer_rt.engine.engine import Engine, EngineConfig
+
+    prompts = [np.random.default_rng(s).integers(0, 500, n).tolist() for s, n in ((1, 70), (2, 9), (3, 130))]
+
+    def run(device_sampling: bool) -> list[list[int]]:
+        eng = Engine.load(tiny_model, EngineConfig(device="cuda", kv_capacity="64", token_budget=64))
+        calls = []
+        if device_sampling:
+            original = eng.runner.executor.sample_tokens
+            monkeypatch.setattr(eng.runner.executor, "sample_tokens", lambda *a: calls.append(1) or original(*a))
+        else:
+            monkeypatch.setattr(eng.runner.executor, "sample_tokens", None)
+        tokens: dict[str, list[int]] = {}
+        for out in eng.generate(prompts, params):
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
+        assert bool(calls) == device_sampling
+        return [tokens[key] for key in sorted(tokens, key=lambda k: int(k.split("-")[-1]))]
+
+    on_device, on_host = run(True), run(False)
+    assert all(len(t) == 16 for t in on_device)
+    assert on_device == on_host
