@@ -1,0 +1,71 @@
+"""MTP speculation on the shipped demo model (ninfer_rt/models/tiny-qwen3-code): greedy decode tok/s and
+acceptance length for --draft-tokens k = 1..4 (with and without --lm-head-draft) against no speculation,
+through the Engine exactly as `ninfer-rt generate` runs it. Several code prompts, 256 tokens each; the
+first request of each engine is a warm-up. Prints a table and appends JSON lines to
+bench/results/spec_demo.jsonl.
+
+    python tools/bench_spec_demo.py --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from bench_decode import append_results, print_table, run_info
+from ninfer_rt.cuda.driver import open_device
+from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.request import SamplingParams
+from ninfer_rt.models import default_model_dir
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "class Stack:\n    def __init__(self):",
+    "import os\n\ndef list_files(path):",
+    "def quicksort(items):",
+    "def parse_args():\n    parser = argparse.ArgumentParser(",
+]
+
+
+def run(device: str, draft_tokens: int, lm_head_draft: int | None, max_tokens: int) -> dict[str, object]:
+    spec = "mtp" if draft_tokens else "none"
+    engine = Engine.load(default_model_dir(), EngineConfig(
+        device=device, spec=spec, draft_tokens=max(draft_tokens, 1), lm_head_draft=lm_head_draft, max_concurrency=1))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    speeds, acceptance, tokens = [], [], []
+    for index, prompt in enumerate([PROMPTS[0], *PROMPTS]):
+        final = [out for out in engine.generate([prompt], params) if out.stats is not None][0]
+        if index == 0:
+            continue  # warm-up
+        speeds.append(final.stats.decode_tok_s)
+        tokens.append(final.stats.completion_tokens)
+        if final.stats.acceptance is not None:
+            acceptance.append(final.stats.acceptance.mean_acceptance_length)
+    return {
+        "device": device, "draft_tokens": draft_tokens, "lm_head_draft": lm_head_draft,
+        "decode_tok_s": statistics.median(speeds), "acceptance_length": statistics.mean(acceptance) if acceptance else 1.0,
+        "completion_tokens": sum(tokens),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--lm-head-draft", type=int, default=512, help="reduced draft vocabulary for the second pass")
+    args = parser.parse_args()
+
+    info = run_info(open_device(0)) if args.device == "cuda" else {"gpu": "none"}
+    rows = [info | run(args.device, 0, None, args.max_tokens)]
+    for k in range(1, 5):
+        for vocab in (None, args.lm_head_draft):
+            rows.append(info | run(args.device, k, vocab, args.max_tokens))
+    baseline = rows[0]["decode_tok_s"]
+    for row in rows:
+        row["speedup"] = row["decode_tok_s"] / baseline
+    print_table(rows, ["draft_tokens", "lm_head_draft", "decode_tok_s", "acceptance_length", "speedup"])
+    print(f"appended to {append_results('spec_demo', rows)}")
+
+
+if __name__ == "__main__":
+    main()
