@@ -26,6 +26,7 @@ import numpy as np
 from ninfer_rt.cuda.benchmark import copy_bandwidth
 from ninfer_rt.cuda.driver import Device, open_device
 from ninfer_rt.cuda.memory import DeviceBuffer
+from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, StepBatch
 from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, GraphedForward
@@ -38,6 +39,7 @@ from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 PAGE_SIZE = 64
 RANDOM_SOURCE_BYTES = 256 << 20
+QUANT_GROUP = 128
 
 
 def shape_config(name: str, layers: int | None = None) -> ModelConfig:
@@ -55,20 +57,38 @@ class RandomModel:
     weight_bytes_per_step: int  # every matrix once, plus one embedding row
 
 
-def build_random_model(executor: CudaExecutor, cfg: ModelConfig, seed: int = 0) -> RandomModel:
-    """Weights ~ N(0, 0.02) tiled from one random device buffer (DtoD copies); norm gains 1."""
+def build_random_model(executor: CudaExecutor, cfg: ModelConfig, seed: int = 0, weight_bits: int = 16) -> RandomModel:
+    """Weights ~ N(0, 0.02) tiled from one random device buffer (DtoD copies); norm gains 1. With
+    weight_bits 4 or 8 the decoder layers' projections are group-128 quantized (random codes, scale 1e-3;
+    embedding and lm_head stay bf16, as `ninfer-rt quantize` leaves them by default)."""
     rng = np.random.default_rng(seed)
     source = DeviceBuffer(executor.streams, RANDOM_SOURCE_BYTES, "random_source")
     executor.upload(source, (rng.standard_normal(RANDOM_SOURCE_BYTES // 2) * 0.02).astype(ml_dtypes.bfloat16), label="random")
     counted = [0]
 
-    def matrix(name: str, rows: int, cols: int, counts: bool = True) -> DeviceTensor:
+    def fill(buffer: DeviceBuffer, name: str) -> None:
+        for offset in range(0, buffer.nbytes, RANDOM_SOURCE_BYTES):
+            size = min(RANDOM_SOURCE_BYTES, buffer.nbytes - offset)
+            executor.compute.copy(buffer, source, size, dst_offset=offset, label=f"fill {name}")
+
+    def matrix(name: str, rows: int, cols: int, counts: bool = True) -> DeviceTensor | QuantizedDeviceWeight:
+        if weight_bits < 16 and name.startswith("layers."):
+            return quantized(name, rows, cols)
         tensor = executor.empty_weight(name, rows, cols)
-        for offset in range(0, tensor.buffer.nbytes, RANDOM_SOURCE_BYTES):
-            size = min(RANDOM_SOURCE_BYTES, tensor.buffer.nbytes - offset)
-            executor.compute.copy(tensor.buffer, source, size, dst_offset=offset, label=f"fill {name}")
+        fill(tensor.buffer, name)
         counted[0] += tensor.buffer.nbytes if counts else 0
         return tensor
+
+    def quantized(name: str, rows: int, cols: int) -> QuantizedDeviceWeight:
+        groups = rows * cols // QUANT_GROUP
+        weight = QuantizedDeviceWeight(
+            DeviceBuffer(executor.streams, rows * cols * weight_bits // 8, f"w.{name}"),
+            DeviceBuffer(executor.streams, groups * 2, f"w.{name}.scales"), rows, cols, weight_bits, QUANT_GROUP,
+        )
+        fill(weight.qweight, name)
+        executor.upload(weight.scales, np.full(groups, 1e-3, ml_dtypes.bfloat16), label=f"scales {name}")
+        counted[0] += weight.qweight.nbytes + weight.scales.nbytes
+        return weight
 
     def ones(name: str, size: int) -> DeviceTensor:
         counted[0] += 2 * size
@@ -182,6 +202,7 @@ def main() -> None:
     parser.add_argument("--contexts", default="256,114812")
     parser.add_argument("--kv", default="bf16,int8")
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--weights", default="bf16", help="comma list of bf16, int8, int4 (quantized projections)")
     args = parser.parse_args()
 
     device = open_device(0)
@@ -190,24 +211,32 @@ def main() -> None:
     contexts = [int(c) for c in args.contexts.split(",")]
     executor = CudaExecutor(streams, max_tokens=8, max_seqs=1, max_pages_per_seq=-(-max(contexts) // PAGE_SIZE),
                             max_positions=max(contexts) + 1, max_logit_rows=8)
-    random = build_random_model(executor, cfg)
     bandwidth = copy_bandwidth(streams)
     info = run_info(device)
     rows = []
-    for dtype in args.kv.split(","):
-        for context in contexts:
-            kv = make_kv(streams, cfg, context, dtype, executor)
-            seconds, graph_seconds = time_decode(random, kv, context, args.steps)
-            kv.free()
-            step_bytes = random.weight_bytes_per_step + kv_bytes_read(cfg, context, dtype)
-            rows.append(info | {
-                "shape": args.shape, "layers": cfg.num_hidden_layers, "context": context, "kv_dtype": dtype,
-                "tok_s": 1 / seconds, "ms_per_step": seconds * 1e3, "graph_ms": graph_seconds * 1e3,
-                "dependent_launch": streams.dependent_launch, "bytes_per_step": step_bytes,
-                "copy_bw_TBs": bandwidth / 1e12, "roofline_fraction": step_bytes / seconds / bandwidth,
-            })
-    print_table(rows, ["shape", "context", "kv_dtype", "tok_s", "ms_per_step", "graph_ms", "bytes_per_step", "copy_bw_TBs", "roofline_fraction"])
+    for weights in args.weights.split(","):
+        random = build_random_model(executor, cfg, weight_bits=WEIGHT_BITS[weights])
+        rows += [info | {"weights": weights} | measure(random, args, context, dtype, bandwidth)
+                 for dtype in args.kv.split(",") for context in contexts]
+    print_table(rows, ["shape", "weights", "context", "kv_dtype", "tok_s", "ms_per_step", "graph_ms", "bytes_per_step", "copy_bw_TBs", "roofline_fraction"])
     print(f"appended to {append_results('decode', rows)}")
+
+
+WEIGHT_BITS = {"bf16": 16, "int8": 8, "int4": 4}
+
+
+def measure(random: RandomModel, args: argparse.Namespace, context: int, dtype: str, bandwidth: float) -> dict[str, object]:
+    executor, cfg = random.executor, random.model.config
+    kv = make_kv(executor.streams, cfg, context, dtype, executor)
+    seconds, graph_seconds = time_decode(random, kv, context, args.steps)
+    kv.free()
+    step_bytes = random.weight_bytes_per_step + kv_bytes_read(cfg, context, dtype)
+    return {
+        "shape": args.shape, "layers": cfg.num_hidden_layers, "context": context, "kv_dtype": dtype,
+        "tok_s": 1 / seconds, "ms_per_step": seconds * 1e3, "graph_ms": graph_seconds * 1e3,
+        "dependent_launch": executor.streams.dependent_launch, "bytes_per_step": step_bytes,
+        "copy_bw_TBs": bandwidth / 1e12, "roofline_fraction": step_bytes / seconds / bandwidth,
+    }
 
 
 if __name__ == "__main__":
