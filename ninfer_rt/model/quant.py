@@ -28,7 +28,9 @@ int4 symmetric cannot hold; int8 keeps the weights bit-exact at twice the bytes)
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,9 @@ AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 # 1 - 2^(bits-1)); 0.6 is past every optimum measured on the tiny model's int4 weights.
 CLIP_RATIOS = np.linspace(0.6, 1.0, 11)
 LEAST_SQUARES_REFITS = 2
+SEARCH_BLOCK_VALUES = 1 << 18  # weights per block of the scale search (1 MiB of float32: stays in cache)
+# More threads stop paying off (H200 host, 16 cores, 4096x12288: 1.3 s at 4, 1.2 s at 8, 1.7 s at 16).
+MAX_SEARCH_THREADS = 8
 LAYOUT_DOC = (
     "<name>.qweight uint8 [out, in*bits/8], row-major along in; codes u = q + 2^(bits-1); int4: byte j holds "
     "in-index 2j (low nibble) and 2j+1 (high nibble). <name>.scales bf16 [out, in/group_size]. "
@@ -172,12 +177,18 @@ def quantize(
     grouped = _grouped(weight, group_size)
     importance = None if hessian is None else np.diag(hessian).reshape(1, grouped.shape[1], group_size)
     scales = search_scales(grouped, bits, importance)
-    if hessian is None:
-        codes = _round_codes(grouped, scales.astype(np.float32), bits).reshape(weight.shape)
-    else:
-        codes = gptq_codes(np.asarray(weight, np.float64), scales, hessian, bits)
     half = 1 << (bits - 1)
-    return QuantizedWeight(bits, group_size, pack((codes + half).astype(np.uint8), bits), scales)
+    if hessian is None:
+        codes = np.empty(grouped.shape, np.uint8)
+
+        def round_block(rows: slice) -> None:
+            codes[rows] = _round_codes(grouped[rows], scales[rows].astype(np.float32), bits) + half
+
+        _for_row_blocks(grouped, round_block)
+        codes = codes.reshape(weight.shape)
+    else:
+        codes = (gptq_codes(np.asarray(weight, np.float64), scales, hessian, bits) + half).astype(np.uint8)
+    return QuantizedWeight(bits, group_size, pack(codes, bits), scales)
 
 
 def absmax_scales(grouped: np.ndarray, bits: int) -> np.ndarray:
@@ -194,17 +205,57 @@ def search_scales(grouped: np.ndarray, bits: int, importance: np.ndarray | None 
     few largest weights buys a finer step for all the others; a negative scale flips the grid so the group's
     extreme may land on the code -2^(bits-1), which has no positive twin); then least-squares refits of the
     best scale for its codes. The absmax candidate is kept unless another is strictly better, so no group's
-    error exceeds plain absmax's. ``importance`` [1, groups, group_size] weights each input (mean x^2)."""
-    weights = np.ones((1, 1, 1), np.float32) if importance is None else np.asarray(importance, np.float32)
+    error exceeds plain absmax's. ``importance`` [1, groups, group_size] weights each input (mean x^2).
+
+    Groups are independent: blocks of rows (SEARCH_BLOCK_VALUES, cache-sized) are searched on
+    search_threads() threads (numpy's loops release the GIL), each with the same float32 operations in the
+    same order as a whole-matrix search, so the result does not depend on the blocking or thread count."""
+    weights = None if importance is None else np.asarray(importance, np.float32)
+    out = np.empty(grouped.shape[:2], BF16)
+
+    def search(rows: slice) -> None:
+        out[rows] = _search_block(grouped[rows], bits, weights)
+
+    _for_row_blocks(grouped, search)
+    return out
+
+
+def search_threads() -> int:
+    """Threads for the scale search: the CPUs this process may run on, at most MAX_SEARCH_THREADS
+    (NINFER_QUANT_THREADS overrides)."""
+    configured = os.environ.get("NINFER_QUANT_THREADS")
+    if configured:
+        return max(1, int(configured))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cpus, MAX_SEARCH_THREADS)
+
+
+def _for_row_blocks(grouped: np.ndarray, work: Callable[[slice], None]) -> None:
+    """work(rows) over blocks of about SEARCH_BLOCK_VALUES weights of grouped [out, groups, group_size], on
+    search_threads() threads."""
+    rows_per_block = max(1, SEARCH_BLOCK_VALUES // max(1, grouped.shape[1] * grouped.shape[2]))
+    blocks = [slice(start, start + rows_per_block) for start in range(0, grouped.shape[0], rows_per_block)]
+    threads = min(search_threads(), len(blocks))
+    if threads <= 1:
+        for rows in blocks:
+            work(rows)
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(work, blocks))
+
+
+def _search_block(grouped: np.ndarray, bits: int, weights: np.ndarray | None) -> np.ndarray:
+    """search_scales on a block of rows; weights None means every input weighs 1."""
+    scratch = [np.empty(grouped.shape, np.float32) for _ in range(3)]
     best = absmax_scales(grouped, bits).astype(np.float32)
-    best_error = _group_error(grouped, best, bits, weights)
+    best_error = _group_error(grouped, best, bits, weights, scratch)
     top = np.abs(grouped).max(axis=-1) / ((1 << (bits - 1)) - 1)
     candidates = (sign * clip * top for clip in CLIP_RATIOS for sign in (1.0, -1.0))
     for candidate in (*candidates, *(None,) * LEAST_SQUARES_REFITS):
         if candidate is None:  # refit: the scale that best reproduces the group with the current codes
             candidate = _least_squares_scale(grouped, best, bits, weights)
         candidate = candidate.astype(BF16).astype(np.float32)
-        error = _group_error(grouped, candidate, bits, weights)
+        error = _group_error(grouped, candidate, bits, weights, scratch)
         better = error < best_error
         best = np.where(better, candidate, best)
         best_error = np.where(better, error, best_error)
@@ -228,14 +279,40 @@ def _round_codes(grouped: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarr
     return np.clip(np.rint(grouped / safe), -half, half - 1)
 
 
-def _group_error(grouped: np.ndarray, scales: np.ndarray, bits: int, weights: np.ndarray) -> np.ndarray:
-    residual = grouped - _round_codes(grouped, scales, bits) * scales[..., None]
-    return (weights * residual * residual).sum(axis=-1)
+def _group_error(
+    grouped: np.ndarray, scales: np.ndarray, bits: int, weights: np.ndarray | None,
+    scratch: list[np.ndarray] | None = None,
+) -> np.ndarray:
+    """Each group's sum of weights * (grouped - q * scale)^2, q = _round_codes: the values of the plain
+    expression (weights * residual * residual).sum(-1), computed in place in ``scratch`` (three float32
+    arrays of grouped's shape) with every scale spread over its group first (numpy's broadcast loops over
+    128-value rows are several times slower than flat ones)."""
+    residual, spread, safe = scratch if scratch is not None else [np.empty(grouped.shape, np.float32) for _ in range(3)]
+    half = np.float32(1 << (bits - 1))
+    np.copyto(spread, scales[..., None])
+    if (scales == 0).any():
+        np.copyto(safe, np.where(scales != 0, scales, 1.0)[..., None])
+    else:
+        safe = spread
+    np.divide(grouped, safe, out=residual)
+    np.rint(residual, out=residual)
+    np.clip(residual, -half, half - 1, out=residual)
+    np.multiply(residual, spread, out=residual)
+    np.subtract(grouped, residual, out=residual)
+    if weights is not None:
+        np.multiply(weights, residual, out=spread)
+        np.multiply(spread, residual, out=residual)
+        return residual.sum(axis=-1)
+    np.multiply(residual, residual, out=residual)  # 1 * r * r == r * r exactly
+    return residual.sum(axis=-1)
 
 
-def _least_squares_scale(grouped: np.ndarray, scales: np.ndarray, bits: int, weights: np.ndarray) -> np.ndarray:
+def _least_squares_scale(grouped: np.ndarray, scales: np.ndarray, bits: int, weights: np.ndarray | None) -> np.ndarray:
     q = _round_codes(grouped, scales, bits)
-    num, den = (weights * grouped * q).sum(axis=-1), (weights * q * q).sum(axis=-1)
+    if weights is None:
+        num, den = (grouped * q).sum(axis=-1), (q * q).sum(axis=-1)
+    else:
+        num, den = (weights * grouped * q).sum(axis=-1), (weights * q * q).sum(axis=-1)
     return np.where(den > 0, num / np.where(den > 0, den, 1.0), scales)
 
 
