@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from ninfer_rt.model import quant
 from ninfer_rt.model.quant import (
     AWQ_ORDER,
+    CLIP_RATIOS,
     QuantFormatError,
     QuantizedWeight,
     absmax_scales,
@@ -93,6 +95,51 @@ def test_int4_scale_search_cuts_the_squared_error_of_gaussian_weights_by_a_fifth
     grouped = w.reshape(256, 4, 128)
     plain = group_errors(w, absmax_scales(grouped, 4), 4).sum()
     assert group_errors(w, search_scales(grouped, 4), 4).sum() < 0.8 * plain
+
+
+def whole_matrix_search(grouped: np.ndarray, bits: int, importance: np.ndarray | None) -> np.ndarray:
+    """search_scales as first written: every candidate over the whole matrix at once, plain expressions."""
+    half = 1 << (bits - 1)
+    weights = np.ones((1, 1, 1), np.float32) if importance is None else importance
+
+    def codes(scales: np.ndarray) -> np.ndarray:
+        return np.clip(np.rint(grouped / np.where(scales != 0, scales, 1.0)[..., None]), -half, half - 1)
+
+    def error(scales: np.ndarray) -> np.ndarray:
+        residual = grouped - codes(scales) * scales[..., None]
+        return (weights * residual * residual).sum(axis=-1)
+
+    best = absmax_scales(grouped, bits).astype(np.float32)
+    best_error = error(best)
+    top = np.abs(grouped).max(axis=-1) / (half - 1)
+    for candidate in (*(sign * clip * top for clip in CLIP_RATIOS for sign in (1.0, -1.0)), None, None):
+        if candidate is None:
+            q = codes(best)
+            num, den = (weights * grouped * q).sum(axis=-1), (weights * q * q).sum(axis=-1)
+            candidate = np.where(den > 0, num / np.where(den > 0, den, 1.0), best)
+        candidate = candidate.astype(BF16).astype(np.float32)
+        e = error(candidate)
+        best, best_error = np.where(e < best_error, candidate, best), np.where(e < best_error, e, best_error)
+    return best.astype(BF16)
+
+
+@pytest.mark.parametrize(("bits", "group", "weighted"), [(4, 128, False), (4, 32, True), (8, 64, False), (8, 256, True)])
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_blocked_threaded_search_is_bit_identical_to_the_whole_matrix_search(
+    bits: int, group: int, weighted: bool, threads: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """search_scales works on cache-sized row blocks on several threads with in-place operations: the same
+    float32 values, so `ninfer-rt quantize` writes the same checkpoint whatever the machine."""
+    rng = np.random.default_rng(bits + group)
+    w = weights_with_outliers(group, out=700, in_features=512)
+    w[5, :group] = 0.0  # an all-zero group: scale 0
+    grouped = w.reshape(700, -1, group)
+    importance = rng.uniform(0.0, 3.0, (1, 512 // group, group)).astype(np.float32) if weighted else None
+    monkeypatch.setenv("NINFER_QUANT_THREADS", threads)
+    monkeypatch.setattr(quant, "SEARCH_BLOCK_VALUES", 1 << 14)  # many blocks, a short last one
+    np.testing.assert_array_equal(
+        search_scales(grouped, bits, importance).view(np.uint16), whole_matrix_search(grouped, bits, importance).view(np.uint16)
+    )
 
 
 def test_a_positive_extreme_may_flip_the_grid_to_reach_code_minus_8() -> None:
