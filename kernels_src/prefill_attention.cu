@@ -1,9 +1,10 @@
-// Causal flash attention for prefill chunks, reading K/V from pages; GQA; bf16 tensor cores (mma.sync).
+// Causal flash attention for prefill chunks, reading K/V from pages; GQA; bf16 tensor cores (mma.sync);
+// the key range optionally split across blocks (flash-decoding for prefill) and merged by a combine kernel.
 //
 // Sequence b owns query rows query_start[b] .. query_start[b+1] (C rows: this step's chunk) and has
 // L = context_lens[b] keys (the cached prefix plus this chunk, already written by rope_kv). Chunk row i sits
 // at position L - C + i and attends to keys [0, L - C + i]:
-//   out[row, h] = sum_k softmax_k(scale * q[row, h] . K[k, h / (Hq/Hkv)]) V[k, h / (Hq/Hkv)]
+//   out[row, h] = sum_k softmax_k(scale * q[row, h] . K[k, h / G]) V[k, h / G],  G = Hq / Hkv
 // S = Q K^T and O += P V run on mma.sync.m16n8k16 bf16 -> f32 (sm_80 .. sm_120a, no wgmma); online softmax
 // in f32 (log2 domain); P is rounded to bf16 for the P.V product, the row sums stay f32.
 //
@@ -11,15 +12,30 @@
 // dequantized to bf16 while a tile is staged into shared memory); block_tables int32 [B, max_pages];
 // context_lens int32 [B]; query_start int32 [B+1]; out bf16 [T, Hq, D]. Sequences with C <= decode_max_queries
 // are skipped (decode_attention's in a mixed step).
-// Launch: prefill_attention_d{64,128}_{bf16,int8}: grid (ceil(max_b C_b / 64), Hq, B), block 128
-// (4 warps x 16 query rows = a 64-row query tile); blocks past their sequence's chunk exit at once.
+//
+// Tiles (GQA sharing): a block owns one kv head and a tile of 64 M rows = Qt = 64 / G chunk rows x the G q
+// heads of that kv head (row r: chunk row q_begin + r / G, q head kv_head * G + r % G; when G does not
+// divide 64 the last 64 - Qt * G rows are padding). Each K/V page is staged (and int8-dequantized) once
+// for all G heads. G <= 64.
+// Splits: the sequence's ceil(L / 64) pages are cut into num_splits ranges of pps = ceil(pages / num_splits)
+// pages; split s covers pages [s * pps, (s + 1) * pps) clipped to the pages its tile sees (empty splits exit
+// at once). num_splits == 1: the block normalizes and writes out. num_splits > 1: it writes its unnormalized
+// f32 partials to the workspace, and prefill_attention_combine_d{64,128} merges the non-empty splits:
+//   partial_acc f32 [num_splits, B, tiles, Hkv, 64, D], partial_ml f32 [num_splits, B, tiles, Hkv, 64, 2]
+//   (m = running max of scale * log2(e) * s, -inf if the row saw no key in the split; l = sum of
+//   exp2(s - m)); out = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s, M = max_s m_s.
+// Launch: prefill_attention_d{64,128}_{bf16,int8}: grid (tiles * num_splits, Hkv, B) with tiles =
+// ceil(max_b C_b / Qt), blockIdx.x = split * tiles + tile; block 128 (4 warps x 16 M rows); blocks past
+// their sequence's chunk exit at once. prefill_attention_combine_d{64,128} (only when num_splits > 1):
+// grid (tiles, Hkv, B), block 128 (warp w merges M rows w, w + 4, ...; each lane D / 32 dims).
 // Key tiles are pages (64 keys); K of the next page loads (cp.async) during softmax and P.V, V of the next
-// page during the next S. Static shared memory: K and V tiles, rows padded by 16 bytes so fragment loads
-// and ldmatrix are conflict-free (34 KiB at D = 128). D = 256 is not instantiated (needs > 48 KiB).
+// page during the next S. The causal mask is evaluated only on pages that reach past the tile's first
+// position. Static shared memory: K and V tiles, rows padded by 16 bytes so fragment loads and ldmatrix
+// are conflict-free (34 KiB at D = 128). D = 256 is not instantiated (needs > 48 KiB).
 #include "attention_common.cuh"
 
 constexpr int kPrefillThreads = 128;
-constexpr int kQueryTile = 64;  // 4 warps x 16 rows
+constexpr int kTileRows = 64;  // 4 warps x 16 M rows of (chunk row, q head)
 constexpr int kKeyTile = kPageSize;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -87,26 +103,75 @@ __forceinline__ void load_kv_tile(unsigned short* tile, const void* cache, const
     }
 }
 
+// Which rows and pages a block (or a combine block) works on; false when the block has nothing to do.
+struct PrefillTile {
+    int row0;             // the sequence's first row in q / out
+    int chunk;            // C
+    int ctx;              // L
+    int first_pos;        // L - C: position of chunk row 0
+    int group;            // G
+    int tile_queries;     // Qt = 64 / G chunk rows per tile
+    int q_begin;          // first chunk row of the tile
+    int num_key_tiles;    // pages the tile sees: its last row's keys
+    int pages_per_split;  // pps
+};
+
+__forceinline__ bool prefill_tile(PrefillTile& t, int tile, int seq, const int* context_lens, const int* query_start,
+                                  int decode_max_queries, int num_q_heads, int num_kv_heads, int num_splits) {
+    t.row0 = query_start[seq];
+    t.chunk = query_start[seq + 1] - t.row0;
+    t.group = num_q_heads / num_kv_heads;
+    t.tile_queries = kTileRows / t.group;
+    t.q_begin = tile * t.tile_queries;
+    if (t.chunk <= decode_max_queries || t.q_begin >= t.chunk) return false;
+    t.ctx = context_lens[seq];
+    t.first_pos = t.ctx - t.chunk;
+    const int key_end = t.first_pos + min(t.q_begin + t.tile_queries, t.chunk);  // one past the tile's last key
+    t.num_key_tiles = (key_end + kKeyTile - 1) / kKeyTile;
+    const int pages = (t.ctx + kKeyTile - 1) / kKeyTile;
+    t.pages_per_split = (pages + num_splits - 1) / num_splits;
+    return true;
+}
+
+// Chunk row (relative to q_begin) of M row r, or -1 for padding rows and rows past the chunk.
+__forceinline__ int tile_query(const PrefillTile& t, int r) {
+    const int qi = r / t.group;
+    return qi < t.tile_queries && t.q_begin + qi < t.chunk ? qi : -1;
+}
+
+// Element offset of M row r's (row, q head) in q / out, for a valid row qi = tile_query(t, r).
+__forceinline__ long long tile_row_offset(const PrefillTile& t, int r, int qi, int kv_head, int num_q_heads, int head_dim) {
+    const int head = kv_head * t.group + (r - qi * t.group);
+    return ((long long)(t.row0 + t.q_begin + qi) * num_q_heads + head) * head_dim;
+}
+
+// Row index of M row r of (split, seq, tile, kv_head) in the partial workspace.
+__forceinline__ long long partial_row(int split, int seq, int num_seqs, int tile, int num_tiles, int kv_head,
+                                      int num_kv_heads, int r) {
+    return ((((long long)split * num_seqs + seq) * num_tiles + tile) * num_kv_heads + kv_head) * kTileRows + r;
+}
+
 template <int D, bool kInt8>
-__forceinline__ void prefill_attention(bf16* out, const bf16* q, const void* k_cache, const void* v_cache,
-                                       const float* k_scale, const float* v_scale, const int* block_tables,
-                                       int max_pages, const int* context_lens, const int* query_start,
-                                       int decode_max_queries, int num_q_heads, int num_kv_heads, float scale) {
+__forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* partial_ml, const bf16* q,
+                                       const void* k_cache, const void* v_cache, const float* k_scale,
+                                       const float* v_scale, const int* block_tables, int max_pages,
+                                       const int* context_lens, const int* query_start, int decode_max_queries,
+                                       int num_q_heads, int num_kv_heads, float scale, int num_splits) {
     using P = PrefillShape<D>;
     __shared__ alignas(16) unsigned short k_tile[kKeyTile * P::kStride];
     __shared__ alignas(16) unsigned short v_tile[kKeyTile * P::kStride];
 
+    const int num_tiles = gridDim.x / num_splits;
+    const int tile = blockIdx.x % num_tiles;
+    const int split = blockIdx.x / num_tiles;
+    const int kv_head = blockIdx.y;
     const int seq = blockIdx.z;
-    const int head = blockIdx.y;
-    const int row0 = query_start[seq];
-    const int chunk = query_start[seq + 1] - row0;
-    const int q_begin = blockIdx.x * kQueryTile;
-    if (q_begin >= chunk || chunk <= decode_max_queries) return;
-    const int ctx = context_lens[seq];
-    const int first_pos = ctx - chunk;
-    const int kv_head = head / (num_q_heads / num_kv_heads);
-    const int key_end = first_pos + min(q_begin + kQueryTile, chunk);  // one past the last key the tile sees
-    const int num_key_tiles = (key_end + kKeyTile - 1) / kKeyTile;
+    PrefillTile t;
+    if (!prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits)) return;
+    const int kt_begin = split * t.pages_per_split;
+    const int kt_end = min(kt_begin + t.pages_per_split, t.num_key_tiles);
+    if (kt_begin >= kt_end) return;  // an empty split: the combine never reads it
+    const int ctx = t.ctx;
     const int* pages = block_tables + (long long)seq * max_pages;
 
     const int warp = threadIdx.x >> 5;
@@ -115,13 +180,13 @@ __forceinline__ void prefill_attention(bf16* out, const bf16* q, const void* k_c
     const int c = lane & 3;   // mma threadID_in_group
     const int warp_row = warp * 16;
 
-    // Q tile (rows past the chunk zero-filled) staged through k_tile into A fragments held for the block.
-    for (int i = threadIdx.x; i < kQueryTile * (D / 8); i += kPrefillThreads) {
+    // Q tile (padding rows and rows past the chunk zero-filled) staged through k_tile into A fragments.
+    for (int i = threadIdx.x; i < kTileRows * (D / 8); i += kPrefillThreads) {
         const int r = i / (D / 8);
         const int part = i % (D / 8);
-        const bool valid = q_begin + r < chunk;
-        const long long offset = valid ? ((long long)(row0 + q_begin + r) * num_q_heads + head) * D + part * 8 : 0;
-        cp_async16(k_tile + r * P::kStride + part * 8, q + offset, valid);
+        const int qi = tile_query(t, r);
+        const long long offset = qi >= 0 ? tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + part * 8 : 0;
+        cp_async16(k_tile + r * P::kStride + part * 8, q + offset, qi >= 0);
     }
     cp_async_commit();
     cp_async_wait<0>();
@@ -137,9 +202,9 @@ __forceinline__ void prefill_attention(bf16* out, const bf16* q, const void* k_c
     }
     __syncthreads();  // k_tile is overwritten by the first K page next
 
-    load_kv_tile<D, kInt8>(k_tile, k_cache, k_scale, pages[0], kv_head, num_kv_heads, min(kKeyTile, ctx));
+    load_kv_tile<D, kInt8>(k_tile, k_cache, k_scale, pages[kt_begin], kv_head, num_kv_heads, min(kKeyTile, ctx - kt_begin * kKeyTile));
     cp_async_commit();
-    load_kv_tile<D, kInt8>(v_tile, v_cache, v_scale, pages[0], kv_head, num_kv_heads, min(kKeyTile, ctx));
+    load_kv_tile<D, kInt8>(v_tile, v_cache, v_scale, pages[kt_begin], kv_head, num_kv_heads, min(kKeyTile, ctx - kt_begin * kKeyTile));
     cp_async_commit();
 
     float o[P::kDimTiles][4];
@@ -147,10 +212,13 @@ __forceinline__ void prefill_attention(bf16* out, const bf16* q, const void* k_c
     for (int dt = 0; dt < P::kDimTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     float m[2] = {neg_inf(), neg_inf()};  // rows g and g + 8 of this warp
     float l[2] = {0.0f, 0.0f};            // this thread's share of the row sums (reduced over the quad at the end)
-    const int pos[2] = {first_pos + q_begin + warp_row + g, first_pos + q_begin + warp_row + g + 8};
+    // Positions of this thread's rows (padding rows get positions past the tile: their Q is zero, their
+    // keys past the context zero-filled, so they stay finite and are never stored).
+    const int pos[2] = {t.first_pos + t.q_begin + (warp_row + g) / t.group, t.first_pos + t.q_begin + (warp_row + g + 8) / t.group};
+    const int min_pos = t.first_pos + t.q_begin;  // the tile's first position: earlier pages need no mask
     const float scale_log2 = scale * kLog2e;
 
-    for (int kt = 0; kt < num_key_tiles; ++kt) {
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
         // Groups in flight here: K(kt), V(kt). Wait for K(kt).
         cp_async_wait<1>();
         __syncthreads();
@@ -166,21 +234,33 @@ __forceinline__ void prefill_attention(bf16* out, const bf16* q, const void* k_c
             }
         }
         __syncthreads();  // every warp is done with k_tile
-        const bool more = kt + 1 < num_key_tiles;
+        const bool more = kt + 1 < kt_end;
         if (more) load_kv_tile<D, kInt8>(k_tile, k_cache, k_scale, pages[kt + 1], kv_head, num_kv_heads, min(kKeyTile, ctx - (kt + 1) * kKeyTile));
         cp_async_commit();  // possibly empty, so the group count stays in step
 
-        // Causal mask and online softmax. Rows past the chunk (pos >= L) see zero-filled keys past the
-        // context; they stay finite and are never stored.
+        // Causal mask (only on pages reaching past the tile's first position; earlier keys are visible to
+        // every row and lie inside the context) and online softmax.
+        if (kt * kKeyTile + kKeyTile - 1 > min_pos) {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kt * kKeyTile + nt * 8 + 2 * c + (e & 1);
+                    s[nt][e] = key <= pos[e >> 1] ? s[nt][e] * scale_log2 : neg_inf();
+                }
+            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+            }
+        }
         float tile_max[2] = {neg_inf(), neg_inf()};
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = kt * kKeyTile + nt * 8 + 2 * c + (e & 1);
-                s[nt][e] = key <= pos[e >> 1] ? s[nt][e] * scale_log2 : neg_inf();
-                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
-            }
+            for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
         }
         float alpha[2], m_use[2];
 #pragma unroll
@@ -244,29 +324,106 @@ __forceinline__ void prefill_attention(bf16* out, const bf16* q, const void* k_c
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int r = q_begin + warp_row + g + 8 * h;
-        if (r >= chunk) continue;
-        const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-        bf16* dst = out + ((long long)(row0 + r) * num_q_heads + head) * D + 2 * c;
+        const int r = warp_row + g + 8 * h;
+        const int qi = tile_query(t, r);
+        if (qi < 0) continue;
+        if (num_splits == 1) {
+            const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+            bf16* dst = out + tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + 2 * c;
 #pragma unroll
-        for (int dt = 0; dt < P::kDimTiles; ++dt) {
-            *reinterpret_cast<unsigned*>(dst + dt * 8) = pack_bf16x2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+            for (int dt = 0; dt < P::kDimTiles; ++dt) {
+                *reinterpret_cast<unsigned*>(dst + dt * 8) = pack_bf16x2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+            }
+        } else {
+            const long long prow = partial_row(split, seq, gridDim.z, tile, num_tiles, kv_head, num_kv_heads, r);
+            float* dst = partial_acc + prow * D + 2 * c;
+#pragma unroll
+            for (int dt = 0; dt < P::kDimTiles; ++dt) {
+                *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
+            }
+            if (c == 0) *reinterpret_cast<float2*>(partial_ml + prow * 2) = make_float2(m[h], l[h]);
+        }
+    }
+}
+
+// Merges the non-empty splits of one (tile, kv head, sequence): see the header. Splits past
+// ceil(num_key_tiles / pps) were empty and never wrote their partials.
+template <int D>
+__forceinline__ void prefill_attention_combine(bf16* out, const float* partial_acc, const float* partial_ml,
+                                               const int* context_lens, const int* query_start, int decode_max_queries,
+                                               int num_q_heads, int num_kv_heads, int num_splits) {
+    constexpr int kPerLane = D / 32;
+    static_assert(kPerLane == 2 || kPerLane == 4, "combine lanes hold 2 or 4 dims");
+    const int tile = blockIdx.x;
+    const int kv_head = blockIdx.y;
+    const int seq = blockIdx.z;
+    PrefillTile t;
+    if (!prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits)) return;
+    const int used = (t.num_key_tiles + t.pages_per_split - 1) / t.pages_per_split;
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    for (int r = warp; r < kTileRows; r += kPrefillThreads / 32) {
+        const int qi = tile_query(t, r);
+        if (qi < 0) continue;
+        float m_max = neg_inf();
+        for (int s = 0; s < used; ++s) {
+            m_max = fmaxf(m_max, partial_ml[partial_row(s, seq, gridDim.z, tile, gridDim.x, kv_head, num_kv_heads, r) * 2]);
+        }
+        const float m_use = m_max == neg_inf() ? 0.0f : m_max;  // split 0 holds key 0, so never -inf
+        float acc[kPerLane] = {};
+        float sum = 0.0f;
+        for (int s = 0; s < used; ++s) {
+            const long long prow = partial_row(s, seq, gridDim.z, tile, gridDim.x, kv_head, num_kv_heads, r);
+            const float2 ml = *reinterpret_cast<const float2*>(partial_ml + prow * 2);
+            const float w = exp2f(ml.x - m_use);  // 0 where the row saw no key of split s (its acc is 0)
+            sum += w * ml.y;
+            const float* src = partial_acc + prow * D + lane * kPerLane;
+            if constexpr (kPerLane == 4) {
+                const float4 a = *reinterpret_cast<const float4*>(src);
+                acc[0] += w * a.x;
+                acc[1] += w * a.y;
+                acc[2] += w * a.z;
+                acc[3] += w * a.w;
+            } else {
+                const float2 a = *reinterpret_cast<const float2*>(src);
+                acc[0] += w * a.x;
+                acc[1] += w * a.y;
+            }
+        }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        bf16* dst = out + tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + lane * kPerLane;
+        if constexpr (kPerLane == 4) {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16x2(acc[0] * inv, acc[1] * inv), pack_bf16x2(acc[2] * inv, acc[3] * inv));
+        } else {
+            *reinterpret_cast<unsigned*>(dst) = pack_bf16x2(acc[0] * inv, acc[1] * inv);
         }
     }
 }
 
 #define PREFILL_KERNEL(D, KIND, INT8)                                                                          \
     extern "C" __global__ void __launch_bounds__(kPrefillThreads) prefill_attention_d##D##_##KIND(              \
-        bf16* out, const bf16* q, const void* k_cache, const void* v_cache, const float* k_scale,               \
-        const float* v_scale, const int* block_tables, int max_pages, const int* context_lens,                 \
-        const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, float scale) {      \
-        enter_dependent_kernel();                                                                          \
-        prefill_attention<D, INT8>(out, q, k_cache, v_cache, k_scale, v_scale, block_tables, max_pages,         \
-                                   context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,   \
-                                   scale);                                                                     \
+        bf16* out, float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache,                   \
+        const void* v_cache, const float* k_scale, const float* v_scale, const int* block_tables,               \
+        int max_pages, const int* context_lens, const int* query_start, int decode_max_queries,                 \
+        int num_q_heads, int num_kv_heads, float scale, int num_splits) {                                      \
+        enter_dependent_kernel();                                                                              \
+        prefill_attention<D, INT8>(out, partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale,        \
+                                   block_tables, max_pages, context_lens, query_start, decode_max_queries,     \
+                                   num_q_heads, num_kv_heads, scale, num_splits);                              \
+    }
+
+#define PREFILL_COMBINE(D)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(kPrefillThreads) prefill_attention_combine_d##D(              \
+        bf16* out, const float* partial_acc, const float* partial_ml, const int* context_lens,                 \
+        const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, int num_splits) {   \
+        enter_dependent_kernel();                                                                              \
+        prefill_attention_combine<D>(out, partial_acc, partial_ml, context_lens, query_start,                  \
+                                     decode_max_queries, num_q_heads, num_kv_heads, num_splits);               \
     }
 
 PREFILL_KERNEL(64, bf16, false)
 PREFILL_KERNEL(128, bf16, false)
 PREFILL_KERNEL(64, int8, true)
 PREFILL_KERNEL(128, int8, true)
+PREFILL_COMBINE(64)
+PREFILL_COMBINE(128)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops, sampling_ops
-from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
+from ninfer_rt.cuda.attention_ops import DecodeWorkspace, PrefillWorkspace, StepInputs
 from ninfer_rt.cuda.benchmark import BenchSession, Measurement, cold_copies
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
@@ -32,7 +32,8 @@ SHAPES: dict[str, dict[str, int]] = {
 DECODE_ROWS = (1, 8)  # batch-1 decode and the widest speculative verify step
 PREFILL_TOKENS = 4096  # one prefill chunk
 DECODE_CONTEXTS = (256, 8192, 114812)  # a fresh chat, a typical agent turn, the longest agent context
-PREFILL_CASES = ((4096, 4096), (4096, 32768))  # (chunk, context): a fresh prompt, a chunk after a 28k prefix
+# (chunk, context): a fresh prompt, a chunk after a 28k prefix, an agent turn (531 new tokens after 114,281 cached)
+PREFILL_CASES = ((4096, 4096), (4096, 32768), (531, 114812))
 KV_KINDS = attention_ops.KV_KINDS
 QUANT_BITS = (4, 8)
 QUANT_GROUP = 128
@@ -294,17 +295,32 @@ def bench_prefill_attention(s: BenchSession, shape: Shape) -> list[Measurement]:
             layers = _kv_layers(s, attn, pages, kv_dtype)
             inputs = _step_inputs(s, [chunk], context, pages)
             q, out = s.filled(chunk * hq * d * BF16, "q"), s.filled(chunk * hq * d * BF16, "out")
+            # the split count as the executor picks it (graph capture must not allocate: the workspace is made here)
+            blocks = attention_ops.prefill_grid_blocks(chunk, 1, hq, attn.num_kv_heads)
+            resident = attention_ops.decode_blocks_per_sm(s.lib.kernel(attention_ops.prefill_spec(d, kv_dtype)))
+            splits = attention_ops.prefill_num_splits(
+                blocks, s.device.sm_count, resident, context, attention_ops.prefill_workspace_blocks(s.device.sm_count)
+            )
+            for num_splits in (splits, 1) if splits > 1 else (splits,):  # split cases are timed unsplit too
+                acc, ml = attention_ops.prefill_workspace_bytes(blocks * num_splits, d)
+                workspace = PrefillWorkspace(s.filled(acc, "partial_acc"), s.filled(ml, "partial_ml")) if num_splits > 1 else None
 
-            def launch(i: int) -> None:
-                attention_ops.prefill_attention(
-                    s.lib, s.stream, q, out, layers[i % len(layers)], attn, inputs, [chunk], pages, kv_dtype=kv_dtype, pages_read=(),
-                )
+                def launch(i: int) -> None:
+                    attention_ops.prefill_attention(
+                        s.lib, s.stream, q, out, layers[i % len(layers)], attn, inputs, [chunk], pages, kv_dtype=kv_dtype,
+                        pages_read=(), num_splits=num_splits, workspace=workspace,
+                    )
 
-            seconds = s.time(launch, len(layers))
-            attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
-            moved = 2 * chunk * hq * d * BF16 + kv_bytes(attn, context, kv_dtype)
-            name = attention_ops.prefill_spec(d, kv_dtype).name
-            results.append(Measurement(name, f"chunk={chunk} context={context}", seconds, moved, 4 * hq * d * attended))
+                seconds = s.time(launch, len(layers))
+                attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
+                moved = 2 * chunk * hq * d * BF16 + kv_bytes(attn, context, kv_dtype)
+                name = attention_ops.prefill_spec(d, kv_dtype).name + (" (split+combine)" if num_splits > 1 else "")
+                case = f"chunk={chunk} context={context} kv={kv_dtype} splits={num_splits}"
+                params = {
+                    "chunk": chunk, "context": context, "kv": kv_dtype, "q_heads": hq, "kv_heads": attn.num_kv_heads, "head_dim": d,
+                    "blocks_per_sm": resident, "num_splits": num_splits, "kv_copies": len(layers),
+                }
+                results.append(Measurement(name, case, seconds, moved, 4 * hq * d * attended, params))
             s.release()
     return results
 

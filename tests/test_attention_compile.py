@@ -30,6 +30,7 @@ RESIDENT = 3  # decode blocks per SM on an H200 (146 registers, 16 KiB of shared
 def kernel_names() -> dict[str, set[str]]:
     """Every kernel name the wrappers can launch, by family."""
     names: dict[str, set[str]] = {"rope_kv": set(), "decode_attention": {"decode_attention_combine"}, "prefill_attention": set()}
+    names["prefill_attention"] |= {attention_ops.prefill_combine_spec(d).name for d in attention_ops.PREFILL_HEAD_DIMS}
     for kind in attention_ops.KV_KINDS:
         names["rope_kv"] |= {attention_ops.rope_kv_spec(d, kind).name for d in attention_ops.ROPE_HEAD_DIMS}
         names["prefill_attention"] |= {attention_ops.prefill_spec(d, kind).name for d in attention_ops.PREFILL_HEAD_DIMS}
@@ -214,18 +215,49 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
     lib, step = RecordingLibrary(), logical_step([4, 300, 1], [900, 300, 64], kv_dtype="int8")
     run_attention_op(lib, step)
     names = [launch.name for launch in lib.launches]
-    assert names == ["rope_kv_d128_int8", "decode_attention_d128_int8", "decode_attention_combine", "prefill_attention_d128_int8"]
+    assert names == [
+        "rope_kv_d128_int8", "decode_attention_d128_int8", "decode_attention_combine", "prefill_attention_d128_int8",
+        "prefill_attention_combine_d128",
+    ]
     # 4 verify rows x GQA group 4 = 16 rows per kv head: two row groups of 8 per split
     splits = attention_ops.decode_num_splits(3, 4, H200_SMS, RESIDENT, row_groups=2)
     assert lib.launches[1].grid == (splits * 2, 4, 3)
-    prefill = lib.launches[-1]
-    assert prefill.grid == (5, 16, 3) and set(step.read) <= set(prefill.reads)
+    prefill, combine = lib.launches[-2:]
+    # GQA 4: 16 chunk rows x 4 q heads per tile, ceil(300 / 16) = 19 tiles per kv head; the context bound is
+    # the block table's width (16 pages), so at most 4 splits of 4 pages
+    blocks = 19 * 4 * 3
+    splits = attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, attention_ops.prefill_workspace_blocks(H200_SMS))
+    assert splits > 1
+    assert prefill.grid == (19 * splits, 4, 3) and set(step.read) <= set(prefill.reads)
+    assert step.out.resource not in prefill.writes and len(prefill.writes) == 2
+    assert combine.grid == (19, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
+    assert not any(r[0] == "kv" for r in combine.reads)
 
 
 def test_prefill_only_step_launches_no_decode_kernels() -> None:
     lib, step = RecordingLibrary(), logical_step([100], [100])
     run_attention_op(lib, step)
+    # a 100-token context (a 3-page block table) is too short to split
     assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", "prefill_attention_d128_bf16"]
+    assert lib.launches[1].grid == (7, 4, 1) and lib.launches[1].writes == (step.out.resource,)
+
+
+def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_long_chunk() -> None:
+    # qwen3-8b: 32 q heads, 8 kv heads -> 16 chunk rows per tile
+    capacity = attention_ops.prefill_workspace_blocks(H200_SMS)
+    blocks = attention_ops.prefill_grid_blocks(531, 1, 32, 8)
+    assert blocks == 34 * 8
+    splits = attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 114_812, capacity)
+    assert 4 <= splits and blocks * splits <= capacity
+    waves = blocks * splits / (H200_SMS * RESIDENT)
+    assert waves / np.ceil(waves) > 0.9
+    long_chunk = attention_ops.prefill_grid_blocks(4096, 1, 32, 8)
+    assert attention_ops.prefill_num_splits(long_chunk, H200_SMS, RESIDENT, 32768, capacity) == 1
+    # a short context keeps 4 pages per split
+    assert attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 531, capacity) <= 2
+    assert attention_ops.prefill_tile_queries(40, 8) == 12  # GQA 5: 60 of 64 rows used
+    with pytest.raises(ValueError, match="exceeds"):
+        attention_ops.prefill_tile_queries(128, 1)
 
 
 def test_the_scratch_of_a_shape_is_allocated_once_and_reused() -> None:

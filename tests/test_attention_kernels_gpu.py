@@ -32,7 +32,7 @@ from attention_refs import (
 from gpu_session import POISON, OneStream
 
 from ninfer_rt.cuda import attention_ops
-from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
+from ninfer_rt.cuda.attention_ops import DecodeWorkspace, PrefillWorkspace, StepInputs
 from ninfer_rt.cuda.memory import StagingRing
 from ninfer_rt.exec.base import AttentionParams, AttentionShape
 from ninfer_rt.kv.cache import KVCache, KVLayer, KVSpec, page_resource
@@ -240,15 +240,34 @@ def test_decode_attention_long_context_fills_many_splits(gpu: Gpu) -> None:
 # -- prefill attention ----------------------------------------------------------------------------------
 
 
-def run_prefill(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str) -> tuple[np.ndarray, np.ndarray]:
+def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str) -> int:
+    """The split count prefill_attention picks for this batch on this GPU (its default path)."""
+    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv)
+    resident = attention_ops.decode_blocks_per_sm(gpu.lib.kernel(attention_ops.prefill_spec(d, kv_dtype)))
+    sm_count = gpu.lib.device.sm_count
+    return attention_ops.prefill_num_splits(
+        blocks, sm_count, resident, int(batch.context_lens.max()), attention_ops.prefill_workspace_blocks(sm_count)
+    )
+
+
+def run_prefill(
+    gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel output, float64 reference); the split partials live in a poisoned workspace of exactly the
+    blocks the split grid has, so a combine that reads a split that never ran (or a row it never wrote) fails."""
     rng = np.random.default_rng(int(batch.context_lens.sum()) + 3 * hq + d)
     slots = batch.all_slots()
     k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
     q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
+    splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kv_dtype)
+    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv) * splits
+    workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in attention_ops.prefill_workspace_bytes(blocks, d)))
+    print(f"prefill: {splits} split(s), {blocks} blocks")
     attention_ops.prefill_attention(
         gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),
         batch.query_lens.tolist(), batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
+        num_splits=splits, workspace=workspace,
     )
     # prefill_attention stages int8 K/V into shared memory as bf16 (its header): the reference reads the same values.
     expected = paged_attention_ref(
@@ -277,9 +296,44 @@ def test_prefill_attention_head_dim_64(gpu: Gpu, kv_dtype: str) -> None:
     assert_close(out, expected, f"prefill d=64 {kv_dtype}")
 
 
-def test_prefill_attention_several_sequences_in_one_launch_leaves_decode_rows_alone(gpu: Gpu) -> None:
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 32])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_prefill_attention_any_split_count_gives_the_same_result(gpu: Gpu, kv_dtype: str, num_splits: int) -> None:
+    # 32 splits of a 65-page context: 3 pages each, the last splits empty for the early tiles
+    batch = make_batch(np.random.default_rng(num_splits), [130], [4097])
+    out, expected = run_prefill(gpu, batch, 16, 4, 128, kv_dtype, num_splits=num_splits)
+    assert_close(out, expected, f"prefill {kv_dtype} with {num_splits} splits")
+
+
+@pytest.mark.parametrize(("hq", "hkv"), [(10, 2), (12, 4), (64, 1)], ids=["gqa5", "gqa3", "gqa64"])
+@pytest.mark.parametrize("num_splits", [1, 5])
+def test_prefill_attention_gqa_groups_that_do_not_divide_the_tile(gpu: Gpu, hq: int, hkv: int, num_splits: int) -> None:
+    # GQA 5: 12 chunk rows x 5 heads = 60 of 64 tile rows; GQA 3: 21 x 3 = 63; GQA 64: one chunk row per tile
+    batch = make_batch(np.random.default_rng(hq + num_splits), [77, 20], [1000, 20])
+    out, expected = run_prefill(gpu, batch, hq, hkv, 128, "int8", num_splits=num_splits)
+    assert_close(out, expected, f"prefill hq={hq} hkv={hkv} with {num_splits} splits")
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_prefill_attention_head_dim_64_split(gpu: Gpu, kv_dtype: str) -> None:
+    batch = make_batch(np.random.default_rng(65), [77], [3000])
+    out, expected = run_prefill(gpu, batch, 8, 2, 64, kv_dtype, num_splits=6)
+    assert_close(out, expected, f"prefill d=64 {kv_dtype} 6 splits")
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_prefill_attention_short_chunk_over_a_long_prefix_qwen3_8b_heads(gpu: Gpu, kv_dtype: str) -> None:
+    # the agent-turn shape, scaled down for the float64 reference: 131 new rows after 30,000 cached tokens
+    batch = make_batch(np.random.default_rng(8), [131], [30_131])
+    assert prefill_splits(gpu, batch, 32, 8, 128, kv_dtype) > 1
+    out, expected = run_prefill(gpu, batch, 32, 8, 128, kv_dtype)
+    assert_close(out, expected, f"prefill {kv_dtype} C=131 L=30131 (auto splits)")
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_prefill_attention_several_sequences_in_one_launch_leaves_decode_rows_alone(gpu: Gpu, num_splits: int) -> None:
     batch = make_batch(np.random.default_rng(5), [70, 3, 200, 20], [70, 500, 1100, 4097])
-    out, expected = run_prefill(gpu, batch, 16, 4, 128, "bf16")
+    out, expected = run_prefill(gpu, batch, 16, 4, 128, "bf16", num_splits=num_splits)
     decode_rows = np.arange(70, 73)  # the 3-row sequence is decode_attention's
     prefill_rows = np.setdiff1d(np.arange(batch.num_rows), decode_rows)
     assert_close(out[prefill_rows], expected[prefill_rows], "prefill multi-sequence")

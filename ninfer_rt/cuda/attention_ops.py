@@ -45,13 +45,17 @@ MIN_PAGES_PER_SPLIT = 2  # below this a split's fixed cost outweighs the paralle
 _THREADS = 128  # every attention kernel runs 4 warps
 _MAX_BLOCKS_PER_SM = 2048 // _THREADS  # the hardware's resident-thread limit, for sizing scratch
 _ROPE_HEADS_PER_BLOCK = 4  # kRopeWarps
-_PREFILL_QUERY_TILE = 64  # kQueryTile
+PREFILL_TILE_ROWS = 64  # kTileRows in prefill_attention.cu: M rows (chunk rows x GQA group) per block
+PREFILL_MAX_SPLITS = 32  # key-range splits of one prefill tile, at most
+PREFILL_MIN_PAGES_PER_SPLIT = 4  # below this a split's Q load and partial write outweigh its keys
+PREFILL_WORKSPACE_BLOCKS_PER_SM = 16  # split blocks (tiles x kv heads x sequences x splits) the workspace holds
 _BF16 = 2
 _F32 = 4
 
 _ROPE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.F32, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32)
 _DECODE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
-_PREFILL_SIGNATURE = (Arg.PTR,) * 7 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32)
+_PREFILL_SIGNATURE = (Arg.PTR,) * 9 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
+_PREFILL_COMBINE_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) * 4
 DECODE_COMBINE = KernelSpec("decode_attention", "decode_attention_combine", (Arg.PTR,) * 4 + (Arg.I32,) * 5)
 
 STEP_INPUT_NAMES = ("positions", "query_start", "context_lens", "block_tables", "slot_mapping")
@@ -86,6 +90,15 @@ class StepInputs:
 class DecodeWorkspace:
     """Flash-decoding partials: acc f32 [num_splits, B * max_queries, Hq, D], (max, sum) f32 [..., 2].
     Row slot b * max_queries + j holds query j of sequence b."""
+
+    acc: Buffer
+    ml: Buffer
+
+
+@dataclass(frozen=True)
+class PrefillWorkspace:
+    """Split-prefill partials: acc f32 [blocks, 64, D], (max, sum) f32 [blocks, 64, 2], where a block is one
+    (split, sequence, tile, kv head) of prefill_attention.cu's split grid."""
 
     acc: Buffer
     ml: Buffer
@@ -148,6 +161,54 @@ def decode_workspace_bytes(num_splits: int, num_seqs: int, max_queries: int, n_q
     return rows * head_dim * _F32, rows * 2 * _F32
 
 
+def prefill_tile_queries(n_q_heads: int, n_kv_heads: int) -> int:
+    """Chunk rows per prefill tile: 64 M rows hold all G q heads of a kv head for 64 // G rows."""
+    group = _gqa_group(n_q_heads, n_kv_heads)
+    if group > PREFILL_TILE_ROWS:
+        raise ValueError(f"prefill_attention: a GQA group of {group} q heads exceeds the {PREFILL_TILE_ROWS}-row tile")
+    return PREFILL_TILE_ROWS // group
+
+
+def prefill_grid_blocks(longest: int, num_seqs: int, n_q_heads: int, n_kv_heads: int) -> int:
+    """Blocks of one split of the prefill grid: tiles of the longest chunk x kv heads x sequences."""
+    return math.ceil(longest / prefill_tile_queries(n_q_heads, n_kv_heads)) * n_kv_heads * num_seqs
+
+
+def prefill_num_splits(
+    grid_blocks: int, sm_count: int, blocks_per_sm: int, max_context_len: int | None = None, max_blocks: int | None = None
+) -> int:
+    """Key-range splits per prefill tile. A grid of tiles alone (a chunk of a few hundred rows) fills a
+    fraction of the SMs, each block walking the whole context; splitting multiplies the blocks. The count
+    maximizes the last wave's fill (blocks / (waves * resident slots)), each extra split costing 0.5% (its
+    partials and their merge); with `max_context_len` a split keeps PREFILL_MIN_PAGES_PER_SPLIT pages, and
+    grid_blocks * splits stays within `max_blocks` (the workspace). Large grids get 1 (no workspace)."""
+    _require_positive("prefill_num_splits", grid_blocks=grid_blocks, sm_count=sm_count, blocks_per_sm=blocks_per_sm)
+    limit = PREFILL_MAX_SPLITS
+    if max_context_len is not None:
+        limit = min(limit, max(1, math.ceil(max_context_len / PAGE_SIZE) // PREFILL_MIN_PAGES_PER_SPLIT))
+    if max_blocks is not None:
+        limit = min(limit, max(1, max_blocks // grid_blocks))
+    slots = sm_count * blocks_per_sm
+    best, best_score = 1, -1.0
+    for splits in range(1, limit + 1):
+        waves = splits * grid_blocks / slots
+        score = waves / math.ceil(waves) - 0.005 * (splits - 1)
+        if score > best_score + 1e-9:
+            best, best_score = splits, score
+    return best
+
+
+def prefill_workspace_blocks(sm_count: int) -> int:
+    """Split blocks a PrefillWorkspace holds (the executor's, sized once per device)."""
+    return sm_count * PREFILL_WORKSPACE_BLOCKS_PER_SM
+
+
+def prefill_workspace_bytes(blocks: int, head_dim: int) -> tuple[int, int]:
+    """(acc bytes, ml bytes) of a PrefillWorkspace of `blocks` split blocks."""
+    rows = blocks * PREFILL_TILE_ROWS
+    return rows * head_dim * _F32, rows * 2 * _F32
+
+
 def _gqa_group(n_q_heads: int, n_kv_heads: int) -> int:
     _require_positive("attention", n_q_heads=n_q_heads, n_kv_heads=n_kv_heads)
     if n_q_heads % n_kv_heads:
@@ -184,6 +245,10 @@ def decode_spec(head_dim: int, kv_dtype: str) -> KernelSpec:
 
 def prefill_spec(head_dim: int, kv_dtype: str) -> KernelSpec:
     return KernelSpec("prefill_attention", f"prefill_attention_d{head_dim}_{kv_dtype}", _PREFILL_SIGNATURE)
+
+
+def prefill_combine_spec(head_dim: int) -> KernelSpec:
+    return KernelSpec("prefill_attention", f"prefill_attention_combine_d{head_dim}", _PREFILL_COMBINE_SIGNATURE)
 
 
 def rope_kv(
@@ -302,12 +367,21 @@ def prefill_attention(
     kv_dtype: str,
     pages_read: Sequence[Resource],
     lane: object = None,
+    num_splits: int | None = None,
+    workspace: PrefillWorkspace | None = None,
+    max_context_len: int | None = None,
 ) -> None:
     """out rows of every sequence with more than decode_max_queries new rows = causal attention of the
-    chunk over the cached prefix and itself (prefill_attention.cu). Other sequences' rows are untouched."""
+    chunk over the cached prefix and itself (prefill_attention.cu). Other sequences' rows are untouched.
+
+    With `num_splits` None the split count is prefill_num_splits of the grid (tiles x kv heads x
+    sequences), this device's SMs and the kernel's occupancy, the context bounded by `max_context_len`
+    (else by the block table's width). More than one split writes partials to `workspace` (default: one
+    per library and geometry, sized for prefill_workspace_blocks) and adds the combine launch. Prefill
+    steps are never captured, so the launch sequence may depend on the chunk and context lengths."""
     stream = require_stream(stream)
     hq, hkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
-    _gqa_group(hq, hkv)
+    tile_queries = prefill_tile_queries(hq, hkv)
     _check_head_dim("prefill_attention", d, PREFILL_HEAD_DIMS)
     _check_kv("prefill_attention", kv_dtype, cache)
     max_queries = decode_max_queries(hq, hkv)
@@ -321,12 +395,58 @@ def prefill_attention(
         out=(out, num_rows * hq * d * _BF16),
         **inputs.table_sizes(num_seqs, max_pages_per_seq),
     )
-    lib.kernel(prefill_spec(d, kv_dtype)).launch(
-        stream, (math.ceil(longest / _PREFILL_QUERY_TILE), hq, num_seqs), _THREADS,
-        out, q, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables, max_pages_per_seq,
-        inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale,
-        label="prefill_attention", reads=(q.resource, *inputs.tables, *pages_read), writes=(out.resource,), lane=lane,
+    tiles = math.ceil(longest / tile_queries)
+    spec = prefill_spec(d, kv_dtype)
+    grid_blocks = tiles * hkv * num_seqs
+    if num_splits is None:
+        capacity = prefill_workspace_blocks(lib.device.sm_count)
+        if workspace is not None:
+            capacity = min(capacity, workspace.acc.nbytes // prefill_workspace_bytes(1, d)[0], workspace.ml.nbytes // prefill_workspace_bytes(1, d)[1])
+        context = max_context_len if max_context_len is not None else max_pages_per_seq * PAGE_SIZE
+        num_splits = prefill_num_splits(grid_blocks, lib.device.sm_count, _occupancy(lib, spec), context, capacity)
+    if not 1 <= num_splits <= PREFILL_MAX_SPLITS:
+        raise ValueError(f"prefill_attention: num_splits must be in [1, {PREFILL_MAX_SPLITS}], got {num_splits}")
+    args = (q, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables, max_pages_per_seq,
+            inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale, num_splits)
+    reads = (q.resource, *inputs.tables, *pages_read)
+    if num_splits == 1:
+        lib.kernel(spec).launch(
+            stream, (tiles, hkv, num_seqs), _THREADS, out, 0, 0, *args,
+            label="prefill_attention", reads=reads, writes=(out.resource,), lane=lane,
+        )
+        return
+    if workspace is None:
+        workspace = _prefill_workspace_for(lib, q, d)
+    acc_bytes, ml_bytes = prefill_workspace_bytes(grid_blocks * num_splits, d)
+    _require_bytes("prefill_attention", partial_acc=(workspace.acc, acc_bytes), partial_ml=(workspace.ml, ml_bytes))
+    partials = (workspace.acc.resource, workspace.ml.resource)
+    lib.kernel(spec).launch(
+        stream, (tiles * num_splits, hkv, num_seqs), _THREADS, 0, workspace.acc, workspace.ml, *args,
+        label="prefill_attention", reads=reads, writes=partials, lane=lane,
     )
+    lib.kernel(prefill_combine_spec(d)).launch(
+        stream, (tiles, hkv, num_seqs), _THREADS,
+        out, workspace.acc, workspace.ml, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, num_splits,
+        label="prefill_attention_combine",
+        reads=(*partials, inputs.context_lens.resource, inputs.query_start.resource), writes=(out.resource,), lane=lane,
+    )
+
+
+# Split-prefill workspaces per (library, head_dim, owner): allocated on the first split launch, reused after.
+_prefill_workspaces: dict[tuple[Any, ...], tuple[KernelLibrary, Any, PrefillWorkspace]] = {}
+
+
+def _prefill_workspace_for(lib: KernelLibrary, owner_buffer: Buffer, head_dim: int) -> PrefillWorkspace:
+    owner = owner_buffer.owner
+    key = (id(lib), head_dim, id(owner))
+    if key not in _prefill_workspaces:
+        acc_bytes, ml_bytes = prefill_workspace_bytes(prefill_workspace_blocks(lib.device.sm_count), head_dim)
+        workspace = PrefillWorkspace(
+            DeviceBuffer(owner, acc_bytes, f"attention.prefill_partial_acc[d{head_dim}]"),
+            DeviceBuffer(owner, ml_bytes, f"attention.prefill_partial_ml[d{head_dim}]"),
+        )
+        _prefill_workspaces[key] = (lib, owner, workspace)  # holding lib and owner keeps their ids from being reused
+    return _prefill_workspaces[key][2]
 
 
 # -- the executor's attention op ------------------------------------------------------------------------
