@@ -34,7 +34,8 @@ from ninfer_rt.kernel_dev import (
     run_tests,
     watch,
 )
-from ninfer_rt.kernel_benches import BENCHES, SHAPES
+from ninfer_rt.kernel_benches import BENCHES
+from ninfer_rt.model.shapes import SHAPES
 
 DEFAULT_SHAPE = "qwen3-8b"
 

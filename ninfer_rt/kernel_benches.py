@@ -1,6 +1,6 @@
 """Each kernel family's benchmark on a model's shapes: the decode (and prefill) launches the model makes.
 
-A bench function takes a `BenchSession` and a shape from SHAPES and returns one `Measurement` per case
+A bench function takes a `BenchSession` and a shape (ninfer_rt.model.shapes) and returns one `Measurement` per case
 (median seconds per launch, the unique bytes a launch moves and its flops), timed by
 `ninfer_rt.cuda.benchmark` (graph-replayed, inputs the model reads from HBM rotated past the L2).
 `ninfer-rt kernels bench` and tools/bench_{kernels,attention}.py print them.
@@ -22,13 +22,6 @@ from ninfer_rt.engine.sampling import pack_device_params
 from ninfer_rt.exec.base import AttentionShape
 from ninfer_rt.kv.cache import KVLayer
 
-# Hugging Face config fields of the benchmarked models (tools/bench_decode.py builds configs from them).
-SHAPES: dict[str, dict[str, int]] = {
-    "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                     head_dim=128, intermediate_size=12288, vocab_size=151936),
-    "qwen3-32b": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8,
-                      head_dim=128, intermediate_size=25600, vocab_size=151936),
-}
 DECODE_ROWS = (1, 8)  # batch-1 decode and the widest speculative verify step
 PREFILL_TOKENS = 4096  # one prefill chunk
 DECODE_CONTEXTS = (256, 8192, 114812)  # a fresh chat, a typical agent turn, the longest agent context

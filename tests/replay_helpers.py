@@ -11,7 +11,7 @@ from pathlib import Path
 from server_helpers import healthy_server
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
-from ninfer_rt.serve.app import ServeConfig, ServerState, create_app
+from ninfer_rt.serve.app import ServeConfig, ServerState, create_app, sampling_defaults
 from ninfer_rt.serve.backend import EngineBackend
 
 MODEL = "tiny"
@@ -35,6 +35,7 @@ def verified_server(
     max_context: int = 4096,
     on_engine: Callable[[Engine], None] = lambda e: None,
     exit_on_fatal: bool = False,  # as `ninfer-rt serve` does; off, a failed server stays up to be inspected
+    checkpoint_sampling: bool = False,  # as `ninfer-rt serve` does: generation_config.json's when a request omits it
 ) -> Iterator[RunningServer]:
     engine_config = EngineConfig(device="cpu", max_context=max_context, kv_capacity=str(kv_pages),
                                  max_concurrency=2, verify_ordering=True)
@@ -44,6 +45,8 @@ def verified_server(
         on_engine(engine)
         return engine
 
-    app = create_app(lambda: EngineBackend.start(build), ServeConfig(served_model_name=MODEL, verify_ordering=True))
+    serve_config = ServeConfig(served_model_name=MODEL, verify_ordering=True,
+                               sampling_defaults=sampling_defaults(model_dir) if checkpoint_sampling else {})
+    app = create_app(lambda: EngineBackend.start(build), serve_config)
     with healthy_server(app, exit_on_fatal) as url:
         yield RunningServer(url, app.state.server)

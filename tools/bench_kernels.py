@@ -18,7 +18,8 @@ import argparse
 from bench_decode import append_results, print_table, run_info
 from ninfer_rt.cuda.benchmark import BenchSession, copy_bandwidth
 from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.kernel_benches import SHAPES, bench_gemv
+from ninfer_rt.kernel_benches import bench_gemv
+from ninfer_rt.model.shapes import SHAPES
 
 
 def main() -> None:

@@ -24,6 +24,8 @@ DEFAULTS = TinyModelSpec()
 @click.option("--intermediate", type=int, default=DEFAULTS.intermediate, show_default=True)
 @click.option("--vocab", type=int, default=DEFAULTS.vocab, show_default=True)
 @click.option("--tie/--no-tie", default=DEFAULTS.tie, help="tie lm_head to the embedding")
+@click.option("--max-positions", type=int, default=DEFAULTS.max_positions, show_default=True,
+              help="max_position_embeddings (before YaRN scaling): bounds the server's --max-context")
 @click.option("--yarn", type=float, default=None, help="YaRN rope scaling factor")
 @click.option("--shards", type=int, default=DEFAULTS.shards, show_default=True, help="safetensors shard count")
 def main(out_dir: Path, **spec: object) -> None:

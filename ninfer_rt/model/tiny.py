@@ -160,6 +160,7 @@ class TinyModelSpec:
     yarn: float | None = None
     seed: int = 0
     shards: int = 1
+    max_positions: int = TINY_MAX_POSITIONS  # before YaRN scaling
 
 
 def make_tiny_model(out_dir: str | Path, **sizes: object) -> Path:
@@ -169,11 +170,16 @@ def make_tiny_model(out_dir: str | Path, **sizes: object) -> Path:
         raise ValueError(f"unknown arch {spec.arch!r}; choose from {', '.join(ARCHITECTURES)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ids = write_tokenizer_files(out, Tokenizer.from_str(_trained_tokenizer_json(spec.vocab)))
-    config = _config_json(spec, bos_id=ids[ENDOFTEXT], eos_id=ids[IM_END])
+    ids = write_tokenizer_files(out, trained_tokenizer(spec.vocab), spec.max_positions)
+    config = config_json(spec, bos_id=ids[ENDOFTEXT], eos_id=ids[IM_END])
     write_json(out / "config.json", config)
     _write_weights(out, ModelConfig.from_dict(config), spec)
     return out
+
+
+def trained_tokenizer(vocab_size: int) -> Tokenizer:
+    """A fresh copy of the BPE tokenizer trained on TRAINING_TEXT (the caller may add tokens to it)."""
+    return Tokenizer.from_str(_trained_tokenizer_json(vocab_size))
 
 
 @lru_cache(maxsize=None)
@@ -202,16 +208,16 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def write_tokenizer_files(out: Path, tokenizer: Tokenizer) -> dict[str, int]:
+def write_tokenizer_files(out: Path, tokenizer: Tokenizer, max_positions: int = TINY_MAX_POSITIONS) -> dict[str, int]:
     """tokenizer.json, generation_config.json and tokenizer_config.json; returns the special and markup ids."""
     tokenizer.save(str(out / "tokenizer.json"))
     ids = {token: tokenizer.token_to_id(token) for token in (*SPECIAL_TOKENS, *MARKUP_TOKENS)}
     write_json(out / "generation_config.json", _generation_config_json(ids))
-    write_json(out / "tokenizer_config.json", _tokenizer_config_json(ids))
+    write_json(out / "tokenizer_config.json", _tokenizer_config_json(ids, max_positions))
     return ids
 
 
-def _config_json(spec: TinyModelSpec, bos_id: int, eos_id: int) -> dict[str, object]:
+def config_json(spec: TinyModelSpec, bos_id: int, eos_id: int) -> dict[str, object]:
     config: dict[str, object] = {
         "architectures": [ARCHITECTURES[spec.arch]],
         "model_type": spec.arch,
@@ -225,7 +231,7 @@ def _config_json(spec: TinyModelSpec, bos_id: int, eos_id: int) -> dict[str, obj
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
         "rope_theta": 1_000_000.0,
-        "max_position_embeddings": TINY_MAX_POSITIONS,
+        "max_position_embeddings": spec.max_positions,
         "tie_word_embeddings": spec.tie,
         "attention_bias": False,
         "bos_token_id": bos_id,
@@ -235,11 +241,11 @@ def _config_json(spec: TinyModelSpec, bos_id: int, eos_id: int) -> dict[str, obj
     if spec.arch == "llama":
         config["mlp_bias"] = False
     if spec.yarn is not None:
-        config["max_position_embeddings"] = int(TINY_MAX_POSITIONS * spec.yarn)
+        config["max_position_embeddings"] = int(spec.max_positions * spec.yarn)
         config["rope_scaling"] = {
             "rope_type": "yarn",
             "factor": spec.yarn,
-            "original_max_position_embeddings": TINY_MAX_POSITIONS,
+            "original_max_position_embeddings": spec.max_positions,
         }
     if spec.mtp:
         config["mtp_num_hidden_layers"] = 1
@@ -258,7 +264,7 @@ def _generation_config_json(ids: dict[str, int]) -> dict[str, object]:
     }
 
 
-def _tokenizer_config_json(ids: dict[str, int]) -> dict[str, object]:
+def _tokenizer_config_json(ids: dict[str, int], max_positions: int) -> dict[str, object]:
     added_tokens_decoder = {
         str(token_id): {
             "content": token,
@@ -276,7 +282,7 @@ def _tokenizer_config_json(ids: dict[str, int]) -> dict[str, object]:
         "bos_token": None,
         "eos_token": IM_END,
         "pad_token": ENDOFTEXT,
-        "model_max_length": TINY_MAX_POSITIONS,
+        "model_max_length": max_positions,
         "clean_up_tokenization_spaces": False,
         "chat_template": CHAT_TEMPLATE,
     }
