@@ -68,6 +68,60 @@ __forceinline__ unsigned shared_word(const unsigned short* p) {
 
 // Keys [0, valid_keys) of `page` for one kv head into a [64][kStride] bf16 tile; the rest zero-filled.
 // bf16 goes through cp.async (waited for by the caller); int8 is dequantized in registers and stored.
+// An int8 page for one kv head held in registers between its global loads and its dequantized store:
+// thread t holds 16-byte chunks t, t + 128, ... of the [64 keys][D / 16 chunks] page and their keys' scales.
+template <int D>
+struct Int8Page {
+    static constexpr int kChunks = D / 16;
+    static constexpr int kPerThread = kKeyTile * kChunks / kPrefillThreads;
+    uint4 raw[kPerThread];
+    float scale[kPerThread];
+};
+
+// Issue the global loads of keys [0, valid_keys) of `page` (zeros past them); nothing waits on them here.
+template <int D>
+__forceinline__ void fetch_int8_page(Int8Page<D>& held, const void* cache, const float* scales, long long page,
+                                     int kv_head, int num_kv_heads, int valid_keys) {
+    using H = Int8Page<D>;
+#pragma unroll
+    for (int j = 0; j < H::kPerThread; ++j) {
+        const int i = threadIdx.x + j * kPrefillThreads;
+        const int key = i / H::kChunks;
+        const int part = i % H::kChunks;
+        held.raw[j] = make_uint4(0, 0, 0, 0);
+        held.scale[j] = 0.0f;
+        if (key < valid_keys) {
+            const long long slot = page * kPageSize + key;
+            held.raw[j] = *reinterpret_cast<const uint4*>(static_cast<const signed char*>(cache) +
+                                                          kv_row_offset(slot, kv_head, num_kv_heads, D) + part * 16);
+            held.scale[j] = scales[slot * num_kv_heads + kv_head];
+        }
+    }
+}
+
+// Dequantize a fetched page (value * scale in f32, rounded to bf16) into a [64][kStride] bf16 tile.
+template <int D>
+__forceinline__ void store_int8_page(unsigned short* tile, const Int8Page<D>& held) {
+    using H = Int8Page<D>;
+#pragma unroll
+    for (int j = 0; j < H::kPerThread; ++j) {
+        const int i = threadIdx.x + j * kPrefillThreads;
+        const int key = i / H::kChunks;
+        const int part = i % H::kChunks;
+        const float scale = held.scale[j];
+        const unsigned words[4] = {held.raw[j].x, held.raw[j].y, held.raw[j].z, held.raw[j].w};
+        unsigned packed[8];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            packed[2 * w] = pack_bf16x2(int8_at(words[w], 0) * scale, int8_at(words[w], 1) * scale);
+            packed[2 * w + 1] = pack_bf16x2(int8_at(words[w], 2) * scale, int8_at(words[w], 3) * scale);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(tile + key * PrefillShape<D>::kStride + part * 16);
+        dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    }
+}
+
 template <int D, bool kInt8>
 __forceinline__ void load_kv_tile(unsigned short* tile, const void* cache, const float* scales, long long page,
                                   int kv_head, int num_kv_heads, int valid_keys) {
@@ -222,6 +276,13 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
         // Groups in flight here: K(kt), V(kt). Wait for K(kt).
         cp_async_wait<1>();
         __syncthreads();
+        const bool more = kt + 1 < kt_end;
+        const int next_keys = min(kKeyTile, ctx - (kt + 1) * kKeyTile);
+        // int8: the next K page's global loads fly during S (its dequantized store follows S).
+        Int8Page<D> next_k;
+        if constexpr (kInt8) {
+            if (more) fetch_int8_page<D>(next_k, k_cache, k_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+        }
         float s[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -234,8 +295,16 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
             }
         }
         __syncthreads();  // every warp is done with k_tile
-        const bool more = kt + 1 < kt_end;
-        if (more) load_kv_tile<D, kInt8>(k_tile, k_cache, k_scale, pages[kt + 1], kv_head, num_kv_heads, min(kKeyTile, ctx - (kt + 1) * kKeyTile));
+        // int8: the next V page's global loads fly during softmax and P.V (stored after P.V).
+        Int8Page<D> next_v;
+        if constexpr (kInt8) {
+            if (more) {
+                store_int8_page<D>(k_tile, next_k);
+                fetch_int8_page<D>(next_v, v_cache, v_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+            }
+        } else {
+            if (more) load_kv_tile<D, kInt8>(k_tile, k_cache, k_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+        }
         cp_async_commit();  // possibly empty, so the group count stays in step
 
         // Causal mask (only on pages reaching past the tile's first position; earlier keys are visible to
@@ -312,7 +381,11 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
             }
         }
         __syncthreads();  // every warp is done with v_tile
-        if (more) load_kv_tile<D, kInt8>(v_tile, v_cache, v_scale, pages[kt + 1], kv_head, num_kv_heads, min(kKeyTile, ctx - (kt + 1) * kKeyTile));
+        if constexpr (kInt8) {
+            if (more) store_int8_page<D>(v_tile, next_v);
+        } else {
+            if (more) load_kv_tile<D, kInt8>(v_tile, v_cache, v_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+        }
         cp_async_commit();
     }
 
