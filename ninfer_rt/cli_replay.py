@@ -33,19 +33,23 @@ from ninfer_rt.replay.trace import Turn, read_trace
 @click.option("--api-key", default=None, envvar="NINFER_API_KEY")
 @click.option("--model", default=None, help="Model id (default: the first /v1/models lists).")
 @click.option("--timeout", "timeout_s", default=600.0, show_default=True, help="Seconds one request may take.")
+@click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0), default=None,
+              help="Start no turn later than this many seconds into the replay; the rest count as not sent.")
+@click.option("--min-requests", type=click.IntRange(min=0), default=0,
+              help="Fail unless at least this many requests were sent (with --time-limit).")
 @click.option("--min-cached-ratio", type=click.FloatRange(0, 1), default=None,
               help="Fail if cached/prompt tokens over turns 2.. is below this.")
 @click.option("--expect-idle/--no-expect-idle", default=True, show_default=True,
               help="Fail unless the server's KV pages are back to idle at the end.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def replay(trace: Path, url: str, lanes: int | None, out_path: Path | None, summary_json: Path | None,
-           api_key: str | None, model: str | None, timeout_s: float, min_cached_ratio: float | None,
-           expect_idle: bool, progress: bool) -> None:
+           api_key: str | None, model: str | None, timeout_s: float, time_limit_s: float | None,
+           min_requests: int, min_cached_ratio: float | None, expect_idle: bool, progress: bool) -> None:
     """Replay TRACE (JSON lines, see ninfer_rt/replay/trace.py) through the OpenAI API."""
     turns = read_trace(trace)
     url = url.rstrip("/")
     out_path = out_path or trace.with_suffix(".results.jsonl")
-    outcome = run_replay(turns, ReplayConfig(url, api_key, model, lanes, timeout_s), progress)
+    outcome = run_replay(turns, ReplayConfig(url, api_key, model, lanes, timeout_s, time_limit_s), progress)
     write_records(outcome.records, out_path)
     result = outcome.summary
     _save_crash_context(url, result, out_path)
@@ -53,7 +57,7 @@ def replay(trace: Path, url: str, lanes: int | None, out_path: Path | None, summ
     click.echo(f"per-request records: {out_path}")
     if summary_json is not None:
         summary_json.write_text(json.dumps(result.as_json(), indent=1))
-    reasons = result.failures(expect_idle=expect_idle, min_cached_ratio=min_cached_ratio)
+    reasons = result.failures(expect_idle=expect_idle, min_cached_ratio=min_cached_ratio, min_requests=min_requests)
     for reason in reasons:
         click.echo(f"FAIL: {reason}", err=True)
     sys.exit(1 if reasons else 0)
@@ -83,7 +87,7 @@ def run_replay(turns: list[Turn], config: ReplayConfig, progress: bool) -> Outco
     wall_s = time.monotonic() - start
     server = wait_idle(config.url)
     died = replayer.server_died or (None if server.reachable else "unreachable after the replay")
-    return Outcome(records, summarize(records, wall_s, server, died))
+    return Outcome(records, summarize(records, wall_s, server, died, replayer.not_sent))
 
 
 def _save_crash_context(url: str, summary: Summary, out_path: Path) -> None:

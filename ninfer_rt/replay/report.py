@@ -33,13 +33,18 @@ class Summary:
     aligned: int  # turns that asked for a residue mod 64 and got it
     misaligned: int
     first_error: str | None
+    not_sent: int = 0  # turns a time limit left unsent (not failures: the replay ran out of its slot)
     crash_files: list[str] = field(default_factory=list)
     server: dict[str, Any] | None = None
     server_died: str | None = None
 
-    def failures(self, expect_idle: bool = True, min_cached_ratio: float | None = None) -> list[str]:
+    def failures(self, expect_idle: bool = True, min_cached_ratio: float | None = None,
+                 min_requests: int = 0) -> list[str]:
         """Why the replay failed; empty when it passed."""
         reasons = []
+        if self.requests < min_requests:
+            reasons.append(f"only {self.requests} request(s) sent ({self.not_sent} left by the time limit), "
+                           f"fewer than {min_requests}")
         if self.errors:
             reasons.append(f"{self.errors} request(s) failed; first: {self.first_error}")
         if self.server_died or (self.server is not None and not self.server["reachable"]):
@@ -59,7 +64,7 @@ class Summary:
 
 
 def summarize(records: Sequence[RequestRecord], wall_s: float, server: ServerState | None,
-              server_died: str | None) -> Summary:
+              server_died: str | None, not_sent: int = 0) -> Summary:
     ok = [r for r in records if r.ok]
     later = [r for r in ok if r.turn >= 2]
     later_prompt = sum(r.prompt_tokens for r in later)
@@ -80,10 +85,40 @@ def summarize(records: Sequence[RequestRecord], wall_s: float, server: ServerSta
         aligned=sum(1 for r in ok if r.aligned is True),
         misaligned=sum(1 for r in ok if r.aligned is False),
         first_error=errors[0] if errors else None,
+        not_sent=not_sent,
         crash_files=sorted({m for e in errors for m in _CRASH_FILE.findall(e)}),
         server=None if server is None else server.as_json(),
         server_died=server_died,
     )
+
+
+def results_line(summary: dict[str, Any], **run: Any) -> dict[str, Any]:
+    """A line of bench/results/replay.jsonl: `run` (date, gpu, commit, model, ...) and the figures a GPU
+    replay is judged by, from a summary as --summary-json writes it; latencies in milliseconds."""
+    server = summary.get("server") or {}
+    return {
+        **run,
+        "requests": summary["requests"],
+        "not_sent": summary.get("not_sent", 0),
+        "errors": summary["errors"],
+        "first_error": summary["first_error"],
+        "wall_s": summary["wall_s"],
+        "ttft_ms": _ms(summary["ttft_s"]),
+        "itl_ms": _ms(summary["itl_s"]),
+        "cached_ratio": summary["cached_ratio_after_first"],
+        "prompt_tokens": summary["prompt_tokens"],
+        "cached_tokens": summary["cached_tokens"],
+        "completion_tokens": summary["completion_tokens"],
+        "aligned": summary["aligned"],
+        "misaligned": summary["misaligned"],
+        "ordering_violations": server.get("ordering_violations"),
+        "server_alive": bool(server.get("reachable") and server.get("healthy")) and not summary["server_died"],
+        "kv_pages": server.get("kv_pages"),  # its "idle": nothing in use, every page free or cached
+    }
+
+
+def _ms(stats: dict[str, float]) -> dict[str, float]:
+    return {name: round(seconds * 1000, 2) for name, seconds in stats.items()}
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -101,7 +136,8 @@ def format_table(summary: Summary) -> str:
 
     kv = (summary.server or {}).get("kv_pages")
     rows = [
-        ("requests", f"{summary.requests} ({summary.errors} errors) in {summary.wall_s:.1f} s"),
+        ("requests", f"{summary.requests} ({summary.errors} errors) in {summary.wall_s:.1f} s"
+                     + (f", {summary.not_sent} not sent (time limit)" if summary.not_sent else "")),
         ("tokens", f"prompt {summary.prompt_tokens}, cached {summary.cached_tokens}, "
                    f"completion {summary.completion_tokens}"),
         ("cached ratio (turn >= 2)", _or_dash(summary.cached_ratio_after_first)),

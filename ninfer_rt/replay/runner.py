@@ -8,7 +8,8 @@ return the reply's ids, and the shared prefix is then exactly the previous promp
 controls to the token.
 
 A lane stops at its first failed request (its conversation cannot go on without the reply); a server that
-stops answering stops every lane.
+stops answering stops every lane. With a time limit, no turn starts after it (turns in flight finish), so a
+replay that must fit a fixed slot of machine time still ends with a summary.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class ReplayConfig:
     model: str | None = None  # None: the first model /v1/models lists
     lanes: int | None = None  # most requests in flight; None: one per lane in the trace
     timeout_s: float = 600.0  # a 115k-token cold prefill on a slow GPU takes minutes
+    time_limit_s: float | None = None  # no turn starts later than this after the replay began
 
 
 @dataclass
@@ -111,6 +113,8 @@ class Replayer:
         self.on_record = on_record
         self.records: list[RequestRecord] = []
         self.server_died: str | None = None
+        self.not_sent = 0  # turns the time limit left unsent
+        self._deadline = float("inf")
         self._conversations: dict[str, _Conversation] = {}
         self._model = config.model or ""
         self._client: httpx.AsyncClient | None = None
@@ -120,6 +124,8 @@ class Replayer:
         timeout = httpx.Timeout(self.config.timeout_s, connect=10.0)
         async with httpx.AsyncClient(base_url=self.config.url, headers=headers, timeout=timeout) as client:
             self._client = client
+            if self.config.time_limit_s is not None:
+                self._deadline = time.monotonic() + self.config.time_limit_s
             if not self._model:
                 try:
                     self._model = await self._discover_model()
@@ -143,11 +149,14 @@ class Replayer:
         return self._client
 
     async def _run_lane(self, lane: list[tuple[int, Turn]], slots: asyncio.Semaphore) -> None:
-        for index, turn in lane:
+        for position, (index, turn) in enumerate(lane):
             if self.server_died is not None:
                 return
             if turn.think_s:
                 await asyncio.sleep(turn.think_s)
+            if time.monotonic() > self._deadline:
+                self.not_sent += len(lane) - position
+                return
             async with slots:
                 record = await self._one(index, turn)
             self.records.append(record)
