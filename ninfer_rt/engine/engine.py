@@ -183,7 +183,7 @@ class Engine:
         if not prompt_ids:
             raise ValueError("the prompt must contain at least one token")
         vocab = self.runner.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_ids):
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:  # C loops: a 114k-token prompt in ~1 ms
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         check_fits(len(prompt_ids) + params.max_tokens, self.kv_manager.context_limit)
 

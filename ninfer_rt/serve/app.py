@@ -497,7 +497,7 @@ def _generation(
 def _check_prompt(prompt_ids: list[int], backend: GenerationBackend, param: str) -> None:
     if not prompt_ids:
         raise bad_request("the prompt must contain at least one token", param=param)
-    if any(not 0 <= t < backend.vocab_size for t in prompt_ids):
+    if min(prompt_ids) < 0 or max(prompt_ids) >= backend.vocab_size:
         raise bad_request(f"prompt token ids must be in [0, {backend.vocab_size})", param=param)
     if len(prompt_ids) >= backend.context_limit:  # no room left for even one generated token
         raise bad_request(
