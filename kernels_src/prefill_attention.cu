@@ -5,11 +5,15 @@
 // L = context_lens[b] keys (the cached prefix plus this chunk, already written by rope_kv). Chunk row i sits
 // at position L - C + i and attends to keys [0, L - C + i]:
 //   out[row, h] = sum_k softmax_k(scale * q[row, h] . K[k, h / G]) V[k, h / G],  G = Hq / Hkv
-// S = Q K^T and O += P V run on mma.sync.m16n8k16 bf16 -> f32 (sm_80 .. sm_120a, no wgmma); online softmax
-// in f32 (log2 domain); P is rounded to bf16 for the P.V product, the row sums stay f32.
+// S = Q K^T and O += P V run on mma.sync.m16n8k16 -> f32 (sm_80 .. sm_120a, no wgmma); online softmax in
+// f32 (log2 domain); the row sums stay f32. bf16 KV: bf16 mma, P rounded to bf16. int8 KV: f16 mma on the
+// exact int8 values (staged into shared memory as f16 with a byte-permute and one f16x2 subtract, no
+// int->float conversion), Q rounded bf16 -> f16 (exact but for |q| >= 65504 or subnormals), the per-key
+// scales applied in f32 to S's columns (K) and to P's columns before P is rounded to f16 (V); i.e. the
+// math of the dequantized values k * scale_k, v * scale_v without rounding them.
 //
-// Layout: q bf16 [T, Hq, D]; K, V [num_pages, 64, Hkv, D] bf16 or int8 (+ f32 scales [num_pages, 64, Hkv],
-// dequantized to bf16 while a tile is staged into shared memory); block_tables int32 [B, max_pages];
+// Layout: q bf16 [T, Hq, D]; K, V [num_pages, 64, Hkv, D] bf16 or int8 (+ f32 scales [num_pages, 64, Hkv]);
+// block_tables int32 [B, max_pages];
 // context_lens int32 [B]; query_start int32 [B+1]; out bf16 [T, Hq, D]. Sequences with C <= decode_max_queries
 // are skipped (decode_attention's in a mixed step).
 //
@@ -28,10 +32,11 @@
 // ceil(max_b C_b / Qt), blockIdx.x = split * tiles + tile; block 128 (4 warps x 16 M rows); blocks past
 // their sequence's chunk exit at once. prefill_attention_combine_d{64,128} (only when num_splits > 1):
 // grid (tiles, Hkv, B), block 128 (warp w merges M rows w, w + 4, ...; each lane D / 32 dims).
-// Key tiles are pages (64 keys); K of the next page loads (cp.async) during softmax and P.V, V of the next
-// page during the next S. The causal mask is evaluated only on pages that reach past the tile's first
+// Key tiles are pages (64 keys). bf16: K of the next page loads (cp.async) during softmax and P.V, V of the
+// next page during the next S. int8: the next page's K is loaded into registers during S and V during
+// softmax and P.V, each stored to shared memory after the barrier that frees its tile. The causal mask is evaluated only on pages that reach past the tile's first
 // position. Static shared memory: K and V tiles, rows padded by 16 bytes so fragment loads and ldmatrix
-// are conflict-free (34 KiB at D = 128). D = 256 is not instantiated (needs > 48 KiB).
+// are conflict-free (34 KiB at D = 128), plus the int8 pages' 2 x 64 scales. D = 256 is not instantiated (needs > 48 KiB).
 #include "attention_common.cuh"
 
 constexpr int kPrefillThreads = 128;
@@ -46,14 +51,46 @@ struct PrefillShape {
     static constexpr int kDimTiles = D / 8;  // n8 tiles of the head dim in O
 };
 
-// D = A(16x16, row) . B(16x8, col) + C with bf16 inputs and f32 accumulators.
-__forceinline__ void mma_bf16(float (&acc)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// D = A(16x16, row) . B(16x8, col) + C with 16-bit float inputs (bf16: bf16 KV; f16: int8 KV) and f32 accumulators.
+template <bool kF16>
+__forceinline__ void mma16(float (&acc)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if constexpr (kF16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
 }
 
-// Four transposed 8x8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
+// Two floats -> one f16x2 word, `lo` at the lower address (round to nearest even).
+__forceinline__ unsigned pack_f16x2(float lo, float hi) {
+    unsigned word;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(word) : "f"(hi), "f"(lo));
+    return word;
+}
+
+// Two floats -> the 16-bit pair the P.V product takes.
+template <bool kF16>
+__forceinline__ unsigned pack16x2(float lo, float hi) {
+    if constexpr (kF16) return pack_f16x2(lo, hi);
+    else return pack_bf16x2(lo, hi);
+}
+
+// Bytes 0, 1 (`high` false) or 2, 3 (`high` true) of a word of 4 int8 values as an exact f16x2 pair:
+// the byte + 128 becomes the low mantissa byte of 1024.0 (f16 0x6400: unit steps), minus 1152 = 1024 + 128.
+template <bool kHigh>
+__forceinline__ unsigned int8x2_to_f16x2(unsigned word) {
+    const unsigned biased = word ^ 0x80808080u;
+    const unsigned magic = __byte_perm(biased, 0x64646464u, kHigh ? 0x4342u : 0x4140u);
+    unsigned value;
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(value) : "r"(magic), "r"(0x64806480u));
+    return value;
+}
+
+// Four transposed 8x8 16-bit matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 __forceinline__ void ldmatrix_x4_trans(unsigned (&frag)[4], const unsigned short* row) {
     const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -66,9 +103,7 @@ __forceinline__ unsigned shared_word(const unsigned short* p) {
     return *reinterpret_cast<const unsigned*>(p);
 }
 
-// Keys [0, valid_keys) of `page` for one kv head into a [64][kStride] bf16 tile; the rest zero-filled.
-// bf16 goes through cp.async (waited for by the caller); int8 is dequantized in registers and stored.
-// An int8 page for one kv head held in registers between its global loads and its dequantized store:
+// An int8 page for one kv head held in registers between its global loads and its store to shared memory:
 // thread t holds 16-byte chunks t, t + 128, ... of the [64 keys][D / 16 chunks] page and their keys' scales.
 template <int D>
 struct Int8Page {
@@ -99,61 +134,44 @@ __forceinline__ void fetch_int8_page(Int8Page<D>& held, const void* cache, const
     }
 }
 
-// Dequantize a fetched page (value * scale in f32, rounded to bf16) into a [64][kStride] bf16 tile.
+// A fetched page into shared memory: the int8 values as exact f16 into a [64][kStride] tile, the per-key
+// scales into scale_tile[64] (applied to S's columns and P's columns, never to the values).
 template <int D>
-__forceinline__ void store_int8_page(unsigned short* tile, const Int8Page<D>& held) {
+__forceinline__ void store_int8_page(unsigned short* tile, float* scale_tile, const Int8Page<D>& held) {
     using H = Int8Page<D>;
 #pragma unroll
     for (int j = 0; j < H::kPerThread; ++j) {
         const int i = threadIdx.x + j * kPrefillThreads;
         const int key = i / H::kChunks;
         const int part = i % H::kChunks;
-        const float scale = held.scale[j];
         const unsigned words[4] = {held.raw[j].x, held.raw[j].y, held.raw[j].z, held.raw[j].w};
         unsigned packed[8];
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-            packed[2 * w] = pack_bf16x2(int8_at(words[w], 0) * scale, int8_at(words[w], 1) * scale);
-            packed[2 * w + 1] = pack_bf16x2(int8_at(words[w], 2) * scale, int8_at(words[w], 3) * scale);
+            packed[2 * w] = int8x2_to_f16x2<false>(words[w]);
+            packed[2 * w + 1] = int8x2_to_f16x2<true>(words[w]);
         }
         uint4* dst = reinterpret_cast<uint4*>(tile + key * PrefillShape<D>::kStride + part * 16);
         dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
         dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+        if (part == 0) scale_tile[key] = held.scale[j];
     }
 }
 
-template <int D, bool kInt8>
-__forceinline__ void load_kv_tile(unsigned short* tile, const void* cache, const float* scales, long long page,
-                                  int kv_head, int num_kv_heads, int valid_keys) {
+// Keys [0, valid_keys) of a bf16 `page` for one kv head into a [64][kStride] tile through cp.async (waited
+// for by the caller); the rest zero-filled.
+template <int D>
+__forceinline__ void load_bf16_page(unsigned short* tile, const void* cache, long long page, int kv_head,
+                                    int num_kv_heads, int valid_keys) {
     using P = PrefillShape<D>;
-    constexpr int kDimsPerChunk = kInt8 ? 16 : 8;  // one 16-byte global load
-    constexpr int kChunks = D / kDimsPerChunk;
+    constexpr int kChunks = D / 8;  // one 16-byte global load of 8 dims
     for (int i = threadIdx.x; i < kKeyTile * kChunks; i += kPrefillThreads) {
         const int key = i / kChunks;
         const int part = i % kChunks;
         const bool valid = key < valid_keys;
         const long long slot = page * kPageSize + key;
-        const long long offset = valid ? kv_row_offset(slot, kv_head, num_kv_heads, D) + part * kDimsPerChunk : 0;
-        unsigned short* dst = tile + key * P::kStride + part * kDimsPerChunk;
-        if constexpr (kInt8) {
-            uint4 raw = make_uint4(0, 0, 0, 0);
-            float scale = 0.0f;
-            if (valid) {
-                raw = *reinterpret_cast<const uint4*>(static_cast<const signed char*>(cache) + offset);
-                scale = scales[slot * num_kv_heads + kv_head];
-            }
-            const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
-            unsigned packed[8];
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                packed[2 * w] = pack_bf16x2(int8_at(words[w], 0) * scale, int8_at(words[w], 1) * scale);
-                packed[2 * w + 1] = pack_bf16x2(int8_at(words[w], 2) * scale, int8_at(words[w], 3) * scale);
-            }
-            reinterpret_cast<uint4*>(dst)[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-            reinterpret_cast<uint4*>(dst)[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-        } else {
-            cp_async16(dst, static_cast<const bf16*>(cache) + offset, valid);
-        }
+        const long long offset = valid ? kv_row_offset(slot, kv_head, num_kv_heads, D) + part * 8 : 0;
+        cp_async16(tile + key * P::kStride + part * 8, static_cast<const bf16*>(cache) + offset, valid);
     }
 }
 
@@ -214,6 +232,8 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
     using P = PrefillShape<D>;
     __shared__ alignas(16) unsigned short k_tile[kKeyTile * P::kStride];
     __shared__ alignas(16) unsigned short v_tile[kKeyTile * P::kStride];
+    __shared__ alignas(16) float k_scale_tile[kInt8 ? kKeyTile : 2];  // int8: the staged pages' per-key scales
+    __shared__ alignas(16) float v_scale_tile[kInt8 ? kKeyTile : 2];
 
     const int num_tiles = gridDim.x / num_splits;
     const int tile = blockIdx.x % num_tiles;
@@ -253,13 +273,28 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
         qa[ks][1] = shared_word(base + 8 * P::kStride);
         qa[ks][2] = shared_word(base + 8);
         qa[ks][3] = shared_word(base + 8 * P::kStride + 8);
+        if constexpr (kInt8) {  // int8 KV multiplies in f16 (exact int8 values): Q bf16 -> f16
+#pragma unroll
+            for (int w = 0; w < 4; ++w) qa[ks][w] = pack_f16x2(bf16_lo(qa[ks][w]), bf16_hi(qa[ks][w]));
+        }
     }
     __syncthreads();  // k_tile is overwritten by the first K page next
 
-    load_kv_tile<D, kInt8>(k_tile, k_cache, k_scale, pages[kt_begin], kv_head, num_kv_heads, min(kKeyTile, ctx - kt_begin * kKeyTile));
-    cp_async_commit();
-    load_kv_tile<D, kInt8>(v_tile, v_cache, v_scale, pages[kt_begin], kv_head, num_kv_heads, min(kKeyTile, ctx - kt_begin * kKeyTile));
-    cp_async_commit();
+    const int first_keys = min(kKeyTile, ctx - kt_begin * kKeyTile);
+    if constexpr (kInt8) {
+        Int8Page<D> first;
+        fetch_int8_page<D>(first, k_cache, k_scale, pages[kt_begin], kv_head, num_kv_heads, first_keys);
+        store_int8_page<D>(k_tile, k_scale_tile, first);
+        fetch_int8_page<D>(first, v_cache, v_scale, pages[kt_begin], kv_head, num_kv_heads, first_keys);
+        store_int8_page<D>(v_tile, v_scale_tile, first);
+        cp_async_commit();  // empty groups: the int8 loop keeps the bf16 loop's group count
+        cp_async_commit();
+    } else {
+        load_bf16_page<D>(k_tile, k_cache, pages[kt_begin], kv_head, num_kv_heads, first_keys);
+        cp_async_commit();
+        load_bf16_page<D>(v_tile, v_cache, pages[kt_begin], kv_head, num_kv_heads, first_keys);
+        cp_async_commit();
+    }
 
     float o[P::kDimTiles][4];
 #pragma unroll
@@ -291,7 +326,17 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
                 const unsigned short* k_row = k_tile + (nt * 8 + g) * P::kStride + ks * 16 + 2 * c;
-                mma_bf16(s[nt], qa[ks], shared_word(k_row), shared_word(k_row + 8));
+                mma16<kInt8>(s[nt], qa[ks], shared_word(k_row), shared_word(k_row + 8));
+            }
+        }
+        if constexpr (kInt8) {  // S columns times their keys' K scales (read before k_scale_tile is rewritten)
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const float2 ks = *reinterpret_cast<const float2*>(k_scale_tile + nt * 8 + 2 * c);
+                s[nt][0] *= ks.x;
+                s[nt][1] *= ks.y;
+                s[nt][2] *= ks.x;
+                s[nt][3] *= ks.y;
             }
         }
         __syncthreads();  // every warp is done with k_tile
@@ -299,11 +344,11 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
         Int8Page<D> next_v;
         if constexpr (kInt8) {
             if (more) {
-                store_int8_page<D>(k_tile, next_k);
+                store_int8_page<D>(k_tile, k_scale_tile, next_k);
                 fetch_int8_page<D>(next_v, v_cache, v_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
             }
         } else {
-            if (more) load_kv_tile<D, kInt8>(k_tile, k_cache, k_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+            if (more) load_bf16_page<D>(k_tile, k_cache, pages[kt + 1], kv_head, num_kv_heads, next_keys);
         }
         cp_async_commit();  // possibly empty, so the group count stays in step
 
@@ -365,10 +410,17 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-            // The accumulator layout of S tiles 2kk, 2kk+1 is the A-fragment layout of P[:, 16kk : 16kk+16].
-            const unsigned pa[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
-                                    pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                    pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            // The accumulator layout of S tiles 2kk, 2kk+1 is the A-fragment layout of P[:, 16kk : 16kk+16]
+            // (keys 16kk + 2c, +1 and 16kk + 8 + 2c, +1). int8: P's columns times their keys' V scales.
+            float2 vs0 = make_float2(1.0f, 1.0f), vs1 = make_float2(1.0f, 1.0f);
+            if constexpr (kInt8) {
+                vs0 = *reinterpret_cast<const float2*>(v_scale_tile + kk * 16 + 2 * c);
+                vs1 = *reinterpret_cast<const float2*>(v_scale_tile + kk * 16 + 8 + 2 * c);
+            }
+            const unsigned pa[4] = {pack16x2<kInt8>(s[2 * kk][0] * vs0.x, s[2 * kk][1] * vs0.y),
+                                    pack16x2<kInt8>(s[2 * kk][2] * vs0.x, s[2 * kk][3] * vs0.y),
+                                    pack16x2<kInt8>(s[2 * kk + 1][0] * vs1.x, s[2 * kk + 1][1] * vs1.y),
+                                    pack16x2<kInt8>(s[2 * kk + 1][2] * vs1.x, s[2 * kk + 1][3] * vs1.y)};
             // ldmatrix.trans matrices: (keys +0..7, dims +0..7), (keys +8..15, dims +0..7), (keys +0..7,
             // dims +8..15), (keys +8..15, dims +8..15) = B fragments (b0, b1) of dim tiles 2dp and 2dp+1.
             const unsigned short* v_rows = v_tile + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P::kStride + (lane >> 4) * 8;
@@ -376,15 +428,15 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
             for (int dp = 0; dp < D / 16; ++dp) {
                 unsigned vb[4];
                 ldmatrix_x4_trans(vb, v_rows + dp * 16);
-                mma_bf16(o[2 * dp], pa, vb[0], vb[1]);
-                mma_bf16(o[2 * dp + 1], pa, vb[2], vb[3]);
+                mma16<kInt8>(o[2 * dp], pa, vb[0], vb[1]);
+                mma16<kInt8>(o[2 * dp + 1], pa, vb[2], vb[3]);
             }
         }
         __syncthreads();  // every warp is done with v_tile
         if constexpr (kInt8) {
-            if (more) store_int8_page<D>(v_tile, next_v);
+            if (more) store_int8_page<D>(v_tile, v_scale_tile, next_v);
         } else {
-            if (more) load_kv_tile<D, kInt8>(v_tile, v_cache, v_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+            if (more) load_bf16_page<D>(v_tile, v_cache, pages[kt + 1], kv_head, num_kv_heads, next_keys);
         }
         cp_async_commit();
     }

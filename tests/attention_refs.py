@@ -163,8 +163,9 @@ def bf16_rounded(values: np.ndarray) -> np.ndarray:
 
 
 def staged_bf16(pages: PagedKV) -> np.ndarray:
-    """The values prefill_attention computes with: bf16 pages as they are; int8 pages dequantized in f32
-    (value * scale) and rounded to bf16, as the kernel stages them into shared memory for mma."""
+    """bf16 pages as they are; int8 pages dequantized in f32 (value * scale) and rounded to bf16: what a
+    kernel that stages dequantized int8 as bf16 computes with. (prefill_attention no longer does: it
+    multiplies the exact int8 values and applies the scales in f32, so its reference is `values`.)"""
     if pages.scale is None:
         return pages.values
     product = pages.raw.astype(np.float32) * pages.scale[..., None]  # f32 product, rounded as on the GPU

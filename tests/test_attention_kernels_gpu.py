@@ -26,8 +26,6 @@ from attention_refs import (
     paged_attention_ref,
     quantize_int8_ref,
     rms_normalize_ref,
-    bf16_rounded,
-    staged_bf16,
 )
 from gpu_session import POISON, OneStream
 
@@ -269,10 +267,9 @@ def run_prefill(
         batch.query_lens.tolist(), batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
         num_splits=splits, workspace=workspace,
     )
-    # prefill_attention stages int8 K/V into shared memory as bf16 (its header): the reference reads the same values.
-    expected = paged_attention_ref(
-        q, staged_bf16(k), staged_bf16(v), batch.block_tables, batch.context_lens, batch.query_start, d**-0.5
-    )
+    # int8: prefill_attention multiplies the exact int8 values and applies the scales in f32 (its header), so the
+    # reference is the dequantized values themselves.
+    expected = paged_attention_ref(q, k.values, v.values, batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
     return gpu.download(out, BF16, (batch.num_rows, hq, d)), expected
 
 
@@ -386,11 +383,6 @@ def test_attention_op_mixed_step_matches_float64(gpu: Gpu, kv_dtype: str) -> Non
     expected = paged_attention_ref(q, pages[0], pages[1], batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
     actual = gpu.download(out, BF16, (t, hq, d))
     prefill_rows = np.arange(batch.query_start[1], batch.query_start[2])  # the 150-row chunk
-    if kv_dtype == "int8":  # prefill_attention computes on int8 values rounded to bf16 (its header)
-        staged = [bf16_rounded(p) for p in pages]
-        expected[prefill_rows] = paged_attention_ref(
-            q, *staged, batch.block_tables, batch.context_lens, batch.query_start, d**-0.5
-        )[prefill_rows]
     decode_rows = np.setdiff1d(np.arange(t), prefill_rows)
     assert_close(actual[decode_rows], expected[decode_rows], f"attention op {kv_dtype}, decode rows")
     assert_close(actual[prefill_rows], expected[prefill_rows], f"attention op {kv_dtype}, prefill rows")
