@@ -286,3 +286,15 @@ def test_wrappers_refuse_bad_geometry_before_launching() -> None:
     with pytest.raises(ValueError, match="holds"):  # partial buffers too small for 200 splits
         attention_ops.decode_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [1], 2, workspace, 200, kv_dtype="bf16", pages_read=())
     assert lib.launches == []
+
+
+def test_a_prefill_step_given_its_context_length_splits_only_long_contexts() -> None:
+    for context, launches in ((300, ["rope_kv_d128_bf16", "prefill_attention_d128_bf16"]),
+                              (4000, ["rope_kv_d128_bf16", "prefill_attention_d128_bf16", "prefill_attention_combine_d128"])):
+        lib, step = RecordingLibrary(), logical_step([300], [4000])
+        attention_ops.attention(
+            lib, step.stream, step.qkv, step.out, step.params, step.kv, 0, inputs=step.inputs,
+            query_lens=[300], max_pages_per_seq=step.batch.block_tables.shape[1],
+            pages_read=step.read, pages_written=step.written, max_context_len=context,
+        )
+        assert [launch.name for launch in lib.launches] == launches, context

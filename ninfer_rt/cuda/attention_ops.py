@@ -510,10 +510,13 @@ def attention(
     pages_read: Sequence[Resource],
     pages_written: Sequence[Resource],
     lane: object = None,
+    max_context_len: int | None = None,
 ) -> None:
     """The Executor's attention op on `qkv` [T, (Hq + 2 Hkv) D] -> out [T, Hq D]: rope_kv, then decode
-    attention for short sequences and prefill attention for long ones. The launch sequence depends only on
-    `query_lens` and the device (never on context lengths), so a decode step can be captured as a graph."""
+    attention for short sequences and prefill attention for long ones. The launch sequence of a decode
+    step depends only on `query_lens` and the device (never on context lengths), so it can be captured as a
+    graph. Prefill steps (never captured) may pass `max_context_len` (the longest prefill sequence's
+    context) to size prefill_attention's key splits; without it the block table's width bounds it."""
     shape = params.shape
     kv_dtype = kv.spec.dtype
     cache = kv.layers[kv_layer]
@@ -540,5 +543,5 @@ def attention(
     if any(n > max_queries for n in query_lens):
         prefill_attention(
             lib, stream, scratch.q, out, cache, shape, inputs, query_lens, max_pages_per_seq,
-            kv_dtype=kv_dtype, pages_read=pages_read, lane=lane,
+            kv_dtype=kv_dtype, pages_read=pages_read, lane=lane, max_context_len=max_context_len,
         )
