@@ -218,3 +218,74 @@ def test_every_code_dequantizes_exactly(bits: int) -> None:
             first = 32 * j + 8 * t + 2 * s
             np.testing.assert_array_equal(low, codes[g, first] - half)
             np.testing.assert_array_equal(high, codes[g, first + 1] - half)
+
+
+def warp_schedule(tiles: int, grid: int, block: int, warp: int, columns: int, per_batch: int) -> list[tuple]:
+    """gemv_quant's control flow for one warp, transcribed: ('load', tile, column), ('math', tile, column),
+    ('finish', tile) events in issue order."""
+    events: list[tuple] = []
+    step = WARPS * per_batch
+
+    def load(tile: int, column: int) -> None:
+        events.extend(("load", tile, column + WARPS * u) for u in range(per_batch) if column + WARPS * u < columns)
+
+    tile, column = block, warp
+    active = warp < columns
+    if active and tile < tiles:
+        load(tile, column)
+    if not active:
+        while tile < tiles:
+            events.append(("finish", tile))
+            tile += grid
+        return events
+
+    def advance() -> bool:
+        nonlocal tile, column
+        following = (tile, column + step)
+        if following[1] >= columns:
+            following = (tile + grid, warp)
+        more = following[0] < tiles
+        if more:
+            load(*following)
+        events.extend(("math", tile, column + WARPS * u) for u in range(per_batch) if column + WARPS * u < columns)
+        if following[0] != tile:
+            events.append(("finish", tile))
+        tile, column = following
+        return more
+
+    if tile < tiles:
+        while advance() and advance():
+            pass
+    return events
+
+
+@pytest.mark.parametrize(("tiles", "sm_count"), [(1, 132), (3, 2), (265, 132), (1536, 132), (9, 4)])
+@pytest.mark.parametrize(("columns", "per_batch"), [(1, 4), (5, 4), (32, 4), (96, 4), (64, 2), (33, 2)])
+def test_every_column_of_every_tile_is_loaded_then_used_once_and_barriers_match(
+    tiles: int, sm_count: int, columns: int, per_batch: int
+) -> None:
+    from ninfer_rt.cuda.quant_ops import gemv_grid
+
+    grid = gemv_grid(tiles, sm_count)
+    seen = set()
+    for block in range(grid):
+        finishes = None
+        for warp in range(WARPS):
+            events = warp_schedule(tiles, grid, block, warp, columns, per_batch)
+            pending: set[tuple] = set()  # loaded, not yet used
+            for event in events:
+                if event[0] == "load":
+                    assert event[2] % WARPS == warp
+                    pending.add(event[1:])
+                elif event[0] == "math":
+                    assert event[1:] in pending, f"used before loaded: {event}"
+                    assert event[1:] not in seen
+                    pending.remove(event[1:])
+                    seen.add(event[1:])
+                else:  # this warp's columns of the tile are all summed before its barrier
+                    assert not any(t == event[1] for t, _ in pending)
+            warp_finishes = [e[1] for e in events if e[0] == "finish"]
+            assert finishes is None or warp_finishes == finishes  # the same barriers in the same order
+            finishes = warp_finishes
+        assert finishes == list(range(block, tiles, grid))
+    assert seen == {(t, c) for t in range(tiles) for c in range(columns)}
