@@ -34,19 +34,15 @@
 // the lane's 16-byte load of x[b = g, run] is, unchanged, their B fragments: no shuffles, no conversions of x.
 // G >= 32 (a power of two); K % G == 0.
 //
-// Launch: blocks of 256 threads (8 warps), each taking tiles of 16 weight rows:
+// Launch: one block of 256 threads (8 warps) per tile of 16 weight rows, grid = tiles:
 //   plain epilogues: tile m = octets 2m, 2m+1 (rows 16m..16m+15), tiles = ceil(N / 16)
 //   kSwiglu:         tile m = octets m and N/8 + m (gate rows 8m.., up rows N+8m..), tiles = N / 8
-// The grid is one wave (GEMV_QUANT_MIN_BLOCKS blocks per SM, quant_ops.gemv_grid) and block b walks the
-// tiles b, b + gridDim.x, ... Warp w takes the columns w, w+8, w+16, ... of each tile in batches of
-// kColumns (4) columns, i.e. 8 16-byte loads per lane, with two register buffers: the next batch (of this
-// tile or the next) is loaded before the current one is dequantized and multiplied, so a warp's loads stay
-// in flight through its math and through the tile's reduction and store. The first batch and its scales are
-// loaded before grid_dependency_wait (weights are immutable; with programmatic dependent launch they
-// overlap the previous kernel's tail); x, residual and y are touched only after it. Lane (g, t) reads x
-// row min(g, rows-1): rows >= `rows` of the mma are never stored. At the end of a tile the 8 warps'
-// accumulators (16 rows x 8 batch rows) are summed in shared memory in a fixed order and 128 threads apply
-// the epilogue and store.
+// Warp w takes the columns w, w+8, w+16, ...: kColumns (4) columns at a time, i.e. 8 16-byte loads per lane
+// issued before any math (K = 4096 int4 is one such batch per warp). The first batch and its scales are
+// loaded before grid_dependency_wait (weights are immutable; with programmatic dependent launch they overlap
+// the previous kernel's tail); x, residual and y are touched only after it. Lane (g, t) reads x row
+// min(g, rows-1): rows >= `rows` of the mma are never stored. The 8 warps' accumulators (16 rows x 8 batch
+// rows) are summed in shared memory in a fixed order; 128 threads apply the epilogue and store.
 // Kernels: gemv_int<BITS>_b<B> (B in 1, 2, 4, 8: rows <= B) for G >= KC, where a whole column shares one
 // scale; gemv_int4_g32, gemv_int4_g64, gemv_int8_g32 (rows <= 8) for smaller groups (scale per segment).
 //
@@ -55,17 +51,8 @@
 #include "gemv_common.cuh"
 
 constexpr int kStoreF32 = 3;  // beyond gemv_common.cuh's Epilogue: gemv.cu picks f32 output by type instead
-#ifndef GEMV_QUANT_COLUMNS
-#define GEMV_QUANT_COLUMNS 4
-#endif
-#ifndef GEMV_QUANT_MIN_BLOCKS
-#define GEMV_QUANT_MIN_BLOCKS 2
-#endif
-constexpr int kWarps = 8;                     // per block, splitting K of each tile
-// Columns per batch: 2 * columns 16-byte loads per lane. Groups smaller than a column (SEGS > 1) take two:
-// their scales need the registers.
-template <int SEGS>
-constexpr int kColumns = SEGS == 1 ? GEMV_QUANT_COLUMNS : 2;
+constexpr int kWarps = 8;     // per block, splitting K of one tile
+constexpr int kColumns = 4;   // columns in flight per warp: 2 * kColumns 16-byte loads per lane
 constexpr unsigned int kBf16One2 = 0x3F803F80u;    // bf16x2 (1, 1)
 constexpr unsigned int kBf16Magic2 = 0x43004300u;  // bf16x2 (128, 128): mantissa LSB worth 1
 constexpr unsigned int kInt4Bias2 = 0xC308C308u;   // bf16x2 (-136, -136) = -(128 + 8)
@@ -148,8 +135,8 @@ struct TileRows {
 // kColumns columns' chunks and the scales of their SEGS segments, loaded together.
 template <int SEGS>
 struct Batch {
-    uint4 a[kColumns<SEGS>], b[kColumns<SEGS>];
-    unsigned short sa[kColumns<SEGS>][SEGS], sb[kColumns<SEGS>][SEGS];
+    uint4 a[kColumns], b[kColumns];
+    unsigned short sa[kColumns][SEGS], sb[kColumns][SEGS];
 };
 
 // Loads columns c, c + kWarps, ... (those < columns) of the tile into `batch`. Immutable data only.
@@ -157,7 +144,7 @@ template <int BITS, int SEGS>
 __forceinline__ void load_batch(Batch<SEGS>& batch, const TileRows& tile, const int c, const int columns,
                                 const int group_log2) {
 #pragma unroll
-    for (int u = 0; u < kColumns<SEGS>; ++u) {
+    for (int u = 0; u < kColumns; ++u) {
         const int column = c + kWarps * u;
         if (column < columns) {
             batch.a[u] = load_weights(tile.wa + column * 32);
@@ -165,7 +152,7 @@ __forceinline__ void load_batch(Batch<SEGS>& batch, const TileRows& tile, const 
         }
     }
 #pragma unroll
-    for (int u = 0; u < kColumns<SEGS>; ++u) {
+    for (int u = 0; u < kColumns; ++u) {
         const int column = c + kWarps * u;
         if (column < columns) {
 #pragma unroll
@@ -213,23 +200,50 @@ __forceinline__ void store_output(void* y, const bf16* residual, long long i, fl
     store(static_cast<bf16*>(y), i, v);
 }
 
-// The tile's sum over warps, epilogue and store. partial[parity] is this tile's half of the shared
-// buffer: consecutive tiles alternate halves, so one barrier per tile suffices (a warp writes a half again
-// only after the next tile's barrier, which every reader of its previous use has passed).
-template <int B>
-__forceinline__ void finish_tile(float (&partial)[2][kWarps][4][32], const int parity, const float (&acc)[4],
-                                 void* y, const bf16* residual, const int rows, const int n, const long long tile,
-                                 const bool swiglu, const int epilogue) {
+// SEGS: scale segments per column (1 when G >= KC; KC / G for smaller groups).
+template <int BITS, int B, int SEGS>
+__forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qweight, const bf16* scales,
+                                const bf16* residual, int rows, int n, int k, int group_log2, int epilogue) {
+    __shared__ float partial[kWarps][4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const bool swiglu = epilogue == kSwiglu;
+    const long long tile = blockIdx.x;
+    const long long octet_a = swiglu ? tile : 2 * tile;
+    const long long octet_b = swiglu ? (n >> 3) + tile : 2 * tile + 1;
+    const int columns = k / kColumnK<BITS>;
+    const int groups = k >> group_log2;
+    const TileRows rows_of_tile = {
+        reinterpret_cast<const uint4*>(qweight) + octet_a * columns * 32 + lane,
+        reinterpret_cast<const uint4*>(qweight) + octet_b * columns * 32 + lane,
+        reinterpret_cast<const unsigned short*>(scales) + octet_a * groups * 8 + g,
+        reinterpret_cast<const unsigned short*>(scales) + octet_b * groups * 8 + g,
+    };
+
+    Batch<SEGS> batch;
+    load_batch<BITS, SEGS>(batch, rows_of_tile, warp, columns, group_log2);
+    enter_dependent_kernel();  // x, residual and y only from here on
+
+    // Lane (g, t) supplies batch row g's inputs of its runs; rows past `rows` repeat row rows-1.
+    const int x_row = B == 1 ? 0 : min(g, rows - 1);
+    const uint4* x_lane = reinterpret_cast<const uint4*>(x) + (long long)x_row * (k >> 3) + t;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c = warp; c < columns; c += kWarps * kColumns) {
+#pragma unroll
+        for (int u = 0; u < kColumns; ++u)
+            if (c + kWarps * u < columns) accumulate_column<BITS, SEGS>(acc, batch, u, x_lane, c + kWarps * u);
+        if (c + kWarps * kColumns < columns) load_batch<BITS, SEGS>(batch, rows_of_tile, c + kWarps * kColumns, columns, group_log2);
+    }
+
     // acc: (row g, batch 2t), (row g, batch 2t+1), (row g+8, batch 2t), (row g+8, batch 2t+1) of the tile.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) partial[parity][warp][i][lane] = acc[i];
+    for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
     __syncthreads();
-    // The sum over warps of tile row r (0..15), batch row b, in a fixed order.
+    // The sum over warps of tile row r (0..15), batch row b.
     auto total = [&](int r, int b) {
         float v = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += partial[parity][w][(r >> 3) * 2 + (b & 1)][4 * (r & 7) + (b >> 1)];
+        for (int w = 0; w < kWarps; ++w) v += partial[w][(r >> 3) * 2 + (b & 1)][4 * (r & 7) + (b >> 1)];
         return v;
     };
     if (swiglu) {
@@ -243,88 +257,6 @@ __forceinline__ void finish_tile(float (&partial)[2][kWarps][4][32], const int p
     const int r = threadIdx.x & 15, b = threadIdx.x >> 4;
     const long long row = 16 * tile + r;
     if (b < B && b < rows && row < n) store_output(y, residual, (long long)b * n + row, total(r, b), epilogue);
-}
-
-// Where a warp's batches come from: tile (its octets) and first column.
-struct Cursor {
-    long long tile;
-    int column;
-};
-
-template <int BITS>
-__forceinline__ TileRows tile_rows(const unsigned char* qweight, const bf16* scales, const long long tile, const int n,
-                                   const bool swiglu, const int columns, const int groups) {
-    const int lane = threadIdx.x & 31;
-    const long long octet_a = swiglu ? tile : 2 * tile;
-    const long long octet_b = swiglu ? (n >> 3) + tile : 2 * tile + 1;
-    return {
-        reinterpret_cast<const uint4*>(qweight) + octet_a * columns * 32 + lane,
-        reinterpret_cast<const uint4*>(qweight) + octet_b * columns * 32 + lane,
-        reinterpret_cast<const unsigned short*>(scales) + octet_a * groups * 8 + (lane >> 2),
-        reinterpret_cast<const unsigned short*>(scales) + octet_b * groups * 8 + (lane >> 2),
-    };
-}
-
-// SEGS: scale segments per column (1 when G >= KC; KC / G for smaller groups).
-// A block walks the tiles blockIdx.x, blockIdx.x + gridDim.x, ...; each warp walks the batches of its
-// columns in those tiles with two register buffers: the next batch (of this tile or the next) is loaded
-// before the current one is computed, so a warp's loads stay in flight through its math and through the
-// tile's reduction and store.
-template <int BITS, int B, int SEGS>
-__forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qweight, const bf16* scales,
-                                const bf16* residual, int rows, int n, int k, int group_log2, int epilogue) {
-    __shared__ float partial[2][kWarps][4][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const bool swiglu = epilogue == kSwiglu;
-    const long long tiles = swiglu ? n >> 3 : (n + 15) >> 4;
-    const int columns = k / kColumnK<BITS>;
-    const int groups = k >> group_log2;
-    const int step = kWarps * kColumns<SEGS>;  // columns from one of a warp's batches to the next
-    const bool active = warp < columns;  // with fewer columns than warps, some warps only join the sums
-
-    Batch<SEGS> first, second;
-    Cursor at = {blockIdx.x, warp};
-    if (active && at.tile < tiles)
-        load_batch<BITS, SEGS>(first, tile_rows<BITS>(qweight, scales, at.tile, n, swiglu, columns, groups), at.column,
-                               columns, group_log2);
-    enter_dependent_kernel();  // x, residual and y only from here on
-
-    // Lane (g, t) supplies batch row g's inputs of its runs; rows past `rows` repeat row rows-1.
-    const int x_row = B == 1 ? 0 : min(g, rows - 1);
-    const uint4* x_lane = reinterpret_cast<const uint4*>(x) + (long long)x_row * (k >> 3) + t;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int parity = 0;
-    if (!active) {
-        for (; at.tile < tiles; at.tile += gridDim.x, parity ^= 1)
-            finish_tile<B>(partial, parity, acc, y, residual, rows, n, at.tile, swiglu, epilogue);
-        return;
-    }
-    // One step: start loading the batch after `at` into `next`, accumulate `current` (the batch at `at`),
-    // finish the tile if that was its last batch; false once `at` was the last batch of the block.
-    auto advance = [&](Batch<SEGS>& current, Batch<SEGS>& next) {
-        Cursor following = {at.tile, at.column + step};
-        if (following.column >= columns) following = {at.tile + gridDim.x, warp};
-        const bool more = following.tile < tiles;
-        if (more)
-            load_batch<BITS, SEGS>(next, tile_rows<BITS>(qweight, scales, following.tile, n, swiglu, columns, groups),
-                                   following.column, columns, group_log2);
-#pragma unroll
-        for (int u = 0; u < kColumns<SEGS>; ++u)
-            if (at.column + kWarps * u < columns)
-                accumulate_column<BITS, SEGS>(acc, current, u, x_lane, at.column + kWarps * u);
-        if (following.tile != at.tile) {
-            finish_tile<B>(partial, parity, acc, y, residual, rows, n, at.tile, swiglu, epilogue);
-            parity ^= 1;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
-        }
-        at = following;
-        return more;
-    };
-    if (at.tile < tiles)
-        while (advance(first, second) && advance(second, first)) {
-        }
 }
 
 template <int BITS>
@@ -364,7 +296,7 @@ __forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf1
     void *y, const bf16 *x, const unsigned char *qweight, const bf16 *scales, const bf16 *residual, int rows, \
         int n, int k, int group_log2, int epilogue
 #define GEMV_QUANT_KERNEL(NAME, BITS, B, SEGS)                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * kWarps, GEMV_QUANT_MIN_BLOCKS) NAME(GEMV_QUANT_ARGS) {           \
+    extern "C" __global__ void __launch_bounds__(32 * kWarps) NAME(GEMV_QUANT_ARGS) {           \
         gemv_quant<BITS, B, SEGS>(y, x, qweight, scales, residual, rows, n, k, group_log2, epilogue); \
     }
 #define GEMV_QUANT_FAMILY(BITS)                                                                                   \

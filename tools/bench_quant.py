@@ -6,29 +6,16 @@ replays of back-to-back launches rotating over weight copies past L2). Appends J
 bench/results/quant.jsonl.
 
     python tools/bench_quant.py --shape qwen3-8b --bits 4,8 --rows 1,2,4,8
-
---variants sweeps gemv_quant.cu's tunables in one run: COLUMNS:MIN_BLOCKS[:GRID] per variant, COLUMNS =
-GEMV_QUANT_COLUMNS (columns per batch), MIN_BLOCKS = GEMV_QUANT_MIN_BLOCKS (__launch_bounds__ blocks per SM),
-GRID = blocks per SM of the persistent grid (default MIN_BLOCKS; "tiles" = one block per tile). Each variant
-compiles a copy of kernels_src with those defines (NINFER_KERNELS_DIR).
-
-    python tools/bench_quant.py --rows 1,8 --variants 4:2,2:3,4:2:tiles
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import tempfile
-from pathlib import Path
 
 from bench_decode import append_results, print_table, run_info
 from ninfer_rt.cuda import quant_ops
 from ninfer_rt.cuda.benchmark import BenchSession, cold_copies, copy_bandwidth
-from ninfer_rt.cuda.compiler import kernels_dir
 from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.cuda.kernels import KernelLibrary
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.kernel_benches import gemv_shapes
@@ -60,56 +47,19 @@ def bench_op(s: BenchSession, n: int, k: int, epilogue: Epilogue, bits: int, gro
     return timed
 
 
-def use_variant(session: BenchSession, variant: str, scratch: Path) -> dict[str, object]:
-    """Points the session's kernel library at a copy of kernels_src compiled with the variant's defines."""
-    columns, min_blocks, *grid = variant.split(":")
-    directory = scratch / variant.replace(":", "_")
-    shutil.copytree(kernels_dir(), directory)
-    source = directory / "gemv_quant.cu"
-    source.write_text(f"#define GEMV_QUANT_COLUMNS {int(columns)}\n#define GEMV_QUANT_MIN_BLOCKS {int(min_blocks)}\n" + source.read_text())
-    os.environ["NINFER_KERNELS_DIR"] = str(directory)
-    session.lib.close()
-    session.lib = KernelLibrary(session.device)
-    quant_ops._BLOCKS_PER_SM = 1 << 20 if grid == ["tiles"] else int(grid[0]) if grid else int(min_blocks)
-    return {"variant": variant}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
     parser.add_argument("--bits", default="4,8")
     parser.add_argument("--rows", default="1,2,4,8")
     parser.add_argument("--group-size", type=int, default=128)
-    parser.add_argument("--variants", default="", help="COLUMNS:MIN_BLOCKS[:GRID],... (see the module doc)")
     args = parser.parse_args()
     row_counts = [int(r) for r in args.rows.split(",")]
 
     session = BenchSession.open(open_device(0), repeats=20)
     bandwidth = copy_bandwidth(session.streams)
     info = run_info(session.device) | {"shape": args.shape, "group_size": args.group_size, "copy_bw_TBs": bandwidth / 1e12}
-    scratch = Path(tempfile.mkdtemp(prefix="bench_quant_"))
-    verdicts = []
-    for variant in args.variants.split(",") if args.variants else [None]:
-        extra = use_variant(session, variant, scratch) if variant else {}
-        results = measure(session, info | extra, bandwidth, args, row_counts)
-        columns = ["bits", "op", "n", "k", "rows", "us", "weight_MB", "GB_s", "roofline_fraction"]
-        if variant:
-            print(f"variant {variant}")
-        print_table(results, columns)
-        for r in results:
-            if r["op"] == "layer" and r["rows"] == 1:
-                verdict = "PASS" if r["roofline_fraction"] >= TARGETS[r["bits"]] else "MISS"
-                verdicts.append(f"{'variant ' + variant + ': ' if variant else ''}int{r['bits']} batch-1 layer: "
-                                f"{r['roofline_fraction']:.3f} of copy bandwidth (target {TARGETS[r['bits']]}) {verdict}")
-        path = append_results("quant", results)
-    print("\n".join(verdicts))
-    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; appended to {path}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    session.close()
 
-
-def measure(session: BenchSession, info: dict[str, object], bandwidth: float, args: argparse.Namespace,
-            row_counts: list[int]) -> list[dict[str, object]]:
     def row(bits: int, op: str, n: int, k: int, rows: int, moved: int, seconds: float) -> dict[str, object]:
         return info | {"bits": bits, "op": op, "n": n, "k": k, "rows": rows, "us": seconds * 1e6, "weight_MB": moved / 1e6,
                        "GB_s": moved / seconds / 1e9, "roofline_fraction": moved / seconds / bandwidth}
@@ -124,7 +74,13 @@ def measure(session: BenchSession, info: dict[str, object], bandwidth: float, ar
                 results.append(row(bits, label, n, k, rows, moved, seconds))
                 layer[rows] = (layer[rows][0] + moved, layer[rows][1] + seconds)
         results += [row(bits, "layer", 0, 0, rows, moved, seconds) for rows, (moved, seconds) in layer.items()]
-    return results
+    print_table(results, ["bits", "op", "n", "k", "rows", "us", "weight_MB", "GB_s", "roofline_fraction"])
+    for r in results:
+        if r["op"] == "layer" and r["rows"] == 1:
+            verdict = "PASS" if r["roofline_fraction"] >= TARGETS[r["bits"]] else "MISS"
+            print(f"int{r['bits']} batch-1 layer: {r['roofline_fraction']:.3f} of copy bandwidth (target {TARGETS[r['bits']]}) {verdict}")
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; appended to {append_results('quant', results)}")
+    session.close()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from ninfer_rt.cuda.streams import require_stream
 _TILE_ROWS = 16  # weight rows per block (two octets: the rows of an m16n8k16 mma)
 _OCTET_ROWS = 8
 _BLOCK_THREADS = 256  # kWarps = 8 in gemv_quant.cu
-_BLOCKS_PER_SM = 2  # GEMV_QUANT_MIN_BLOCKS in gemv_quant.cu: the persistent grid is one wave of these
 _DEQUANT_THREADS = 256
 _MAX_DEQUANT_BLOCKS = 4096  # grid-stride: enough blocks to fill any current GPU
 CHUNK_BYTES = 16  # one vector load of weights
@@ -96,13 +95,6 @@ def gemv_spec(bits: int, rows: int, group_size: int = 128) -> KernelSpec:
     return KernelSpec("gemv_quant", f"gemv_int{bits}_b{bucket}", _GEMV_SIGNATURE)
 
 
-def gemv_grid(tiles: int, sm_count: int) -> int:
-    """Blocks of the GEMV: at most one wave (_BLOCKS_PER_SM per SM), each walking the same number of tiles
-    (the last block's share may be one short), so no block is left with a tail of extra tiles."""
-    per_block = -(-tiles // (sm_count * _BLOCKS_PER_SM))
-    return -(-tiles // per_block)
-
-
 def dequantize_spec(bits: int) -> KernelSpec:
     return KernelSpec("gemv_quant", f"dequantize_int{bits}_bf16", _DEQUANT_SIGNATURE)
 
@@ -137,7 +129,7 @@ def gemv(
     tiles = n // _OCTET_ROWS if epilogue is Epilogue.SWIGLU else -(-n // _TILE_ROWS)
     reads = (x.resource, w.qweight.resource, w.scales.resource) + ((residual.resource,) if residual is not None else ())
     lib.kernel(gemv_spec(w.bits, rows, w.group_size)).launch(
-        stream, gemv_grid(tiles, lib.device.sm_count), _BLOCK_THREADS,
+        stream, tiles, _BLOCK_THREADS,
         y, x, w.qweight, w.scales, residual.ptr if residual is not None else 0, rows, n, w.cols, w.group_log2,
         _EPILOGUE_CODE[epilogue],
         label=label, reads=reads, writes=(y.resource,), lane=lane,
