@@ -12,6 +12,22 @@
 // thread, so out may alias x.
 #include "common.cuh"
 
+// Pass 1 for one 16-byte vector: v = x (+ residual, rounded to bf16 and stored back, exactly as an unfused
+// "add, then norm" would see it), and its squares added to `sum_squares` in order.
+template <bool kResidual>
+__forceinline__ void load_summed_vector(float (&v)[8], float& sum_squares, const bf16* x, bf16* residual) {
+    load_bf16x8(x, v);
+    if (kResidual) {
+        float r[8];
+        load_bf16x8(residual, r);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = __bfloat162float(__float2bfloat16(v[j] + r[j]));
+        store_bf16x8(residual, v);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum_squares += v[j] * v[j];
+}
+
 // The decode case (hidden <= 8 * blockDim, e.g. 4096 over 512 threads): each thread owns one 16-byte
 // vector and keeps it in registers between the two passes (no second read of the row), and loads its
 // gains before waiting for the previous kernel (they are weights). A one-block kernel sits on the
@@ -26,18 +42,7 @@ __forceinline__ void one_vector_per_thread(bf16* out_row, bf16* res_row, const b
     if (mine) load_bf16x8(w + i, g);
     enter_dependent_kernel();
     float sum_squares = 0.0f;
-    if (mine) {
-        load_bf16x8(x_row + i, v);
-        if (kResidual) {
-            float r[8];
-            load_bf16x8(res_row + i, r);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = __bfloat162float(__float2bfloat16(v[j] + r[j]));
-            store_bf16x8(res_row + i, v);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) sum_squares += v[j] * v[j];
-    }
+    if (mine) load_summed_vector<kResidual>(v, sum_squares, x_row + i, kResidual ? res_row + i : nullptr);
     const float inv_rms = rsqrtf(block_sum(sum_squares) / hidden + eps);
     if (!mine) return;
 #pragma unroll
@@ -65,16 +70,7 @@ __forceinline__ void rmsnorm_row(bf16* out, bf16* residual, const bf16* x, const
     if (vectorised) {
         for (int i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
             float v[8];
-            load_bf16x8(x_row + i, v);
-            if (kResidual) {
-                float r[8];
-                load_bf16x8(res_row + i, r);
-#pragma unroll
-                for (int j = 0; j < 8; ++j) v[j] = __bfloat162float(__float2bfloat16(v[j] + r[j]));
-                store_bf16x8(res_row + i, v);
-            }
-#pragma unroll
-            for (int j = 0; j < 8; ++j) sum_squares += v[j] * v[j];
+            load_summed_vector<kResidual>(v, sum_squares, x_row + i, kResidual ? res_row + i : nullptr);
         }
     } else {
         for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
