@@ -16,6 +16,10 @@ _OPTIONS = [
     click.option("--kv-capacity", default="auto", show_default=True, callback=lambda c, p, v: _kv_capacity(v)),
     click.option("--max-concurrency", default=2, show_default=True, type=click.IntRange(min=1)),
     click.option("--kv-dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "int8"])),
+    click.option(
+        "--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+        help="Reuse the K/V of earlier prompts' shared prefixes; off, every prompt is computed in full.",
+    ),
     click.option("--verify-ordering", is_flag=True, help="Run the happens-before verifier on every device op."),
     click.option("--spec", default="none", show_default=True, type=click.Choice(["none", "mtp"]), help="mtp: speculative decoding with the checkpoint's MTP module."),
     click.option("--draft-tokens", default=3, show_default=True, type=click.IntRange(min=1), help="Drafts verified per step (--spec mtp)."),
@@ -41,6 +45,7 @@ def engine_config(options: dict[str, Any]) -> EngineConfig:
         kv_capacity=options["kv_capacity"],
         max_concurrency=options["max_concurrency"],
         kv_dtype=options["kv_dtype"],
+        prefix_caching=options["prefix_caching"],
         verify_ordering=options["verify_ordering"] or None,
         spec=options["spec"],
         draft_tokens=options["draft_tokens"],

@@ -43,6 +43,15 @@ def test_chat_runs_one_reply_per_line_and_reuses_the_conversation_prefix(tiny_qw
     assert "(0 cached)" not in stats[1]
 
 
+def test_chat_without_prefix_caching_recomputes_every_turn(tiny_qwen3: Path) -> None:
+    args = ("--model", str(tiny_qwen3), "--chat", "--max-tokens", "4", "--temperature", "0", *SMALL_ENGINE)
+    result = run(*args, "--no-prefix-caching", stdin="hello\nand then?\n")
+    assert result.exit_code == 0, result.output
+    stats = [line for line in result.stderr.splitlines() if "TTFT" in line]
+    assert len(stats) == 2 and all("(0 cached)" in line for line in stats)
+    assert result.stdout == run(*args, stdin="hello\nand then?\n").stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

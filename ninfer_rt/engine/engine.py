@@ -126,9 +126,7 @@ class Engine:
         self.kv = KVCache(self.streams, kv_spec(weights, config, self.streams.device))
         self.startup.kv = time.perf_counter() - clock
         self.kv_manager = KVManager(self.streams, self.kv, max_context, config.prefix_caching)
-        self.ledger = KVLedger(
-            self.kv_manager, self.executor.compute, self.streams.create("copy"), config.prefix_caching
-        )
+        self.ledger = KVLedger(self.kv_manager, self.executor.compute, self.streams.create("copy"))
         lookahead = spec_lookahead(config.draft_tokens) if config.spec == "mtp" else 0
         self.scheduler = Scheduler(SchedulerConfig(config.max_concurrency, config.token_budget, lookahead), self.ledger)
         step_forward = step_forward_for(self.executor, model, self.kv)

@@ -17,16 +17,15 @@ from ninfer_rt.kv.sequence import SequenceKV
 
 
 class KVLedger:
-    def __init__(self, manager: KVManager, compute: Stream, copy: Stream, prefix_caching: bool = True) -> None:
+    def __init__(self, manager: KVManager, compute: Stream, copy: Stream) -> None:
         self.manager = manager
         self.compute = compute
         self.copy = copy
-        self.prefix_caching = prefix_caching
         self.sequences: dict[str, SequenceKV] = {}
 
     def admit(self, request: Request, token_budget: int) -> int | None:
         tokens = request.all_ids
-        match = self.manager.match(tokens) if self.prefix_caching else PrefixMatch(self.manager.page_size)
+        match = self.manager.match(tokens) if self.manager.prefix_caching else PrefixMatch(self.manager.page_size)
         first_chunk = min(len(tokens) - match.num_tokens, token_budget)
         if not self.manager.can_admit(match, first_chunk):
             return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +35,6 @@ log = logging.getLogger("ninfer_rt.serve")
 @engine_options
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(min=0), help="Waiting requests before 429.")
 @click.option("--preserve-thinking/--no-preserve-thinking", default=True, show_default=True)
-@click.option(
-    "--prefix-caching/--no-prefix-caching", default=True, show_default=True,
-    help="Reuse the K/V of earlier prompts' shared prefixes; off, every prompt is computed in full.",
-)
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model_dir: str, **options: Any) -> None:
     """Serve the OpenAI API (chat, completions, models, health, metrics)."""
@@ -52,7 +47,7 @@ def serve(model_dir: str, **options: Any) -> None:
 
 def run_server(model_path: Path, options: dict[str, Any]) -> int:
     try:
-        config = replace(engine_config(options), prefix_caching=options["prefix_caching"])
+        config = engine_config(options)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     name = options["served_model_name"] or model_path.resolve().name
