@@ -160,3 +160,16 @@ def test_slot_mapping_continues_after_the_stored_tokens() -> None:
     seq = world.run(tokens(0, PAGE - 1))
     world.kv.grow(seq, 2, world.compute)
     np.testing.assert_array_equal(seq.slot_mapping(2), [seq.pages[0] * PAGE + PAGE - 1, seq.pages[1] * PAGE])
+
+
+def test_a_sequences_slots_and_block_table_follow_every_change_of_its_pages() -> None:
+    # page_array() is rebuilt only when `pages` changed: appends, truncation, replacement, reassignment.
+    seq = SequenceKV(page_size=4, pages=[3, 1, 2])
+    assert seq.slots(np.array([0, 5, 11])).tolist() == [12, 5, 11]
+    seq.pages.append(9)
+    assert seq.block_table_row(6).tolist() == [3, 1, 2, 9, -1, -1]
+    del seq.pages[1:]
+    seq.pages.extend([7, 8])
+    assert seq.slots(np.array([4, 9])).tolist() == [28, 33]
+    seq.pages = [5]
+    assert seq.block_table_row(2).tolist() == [5, -1]
