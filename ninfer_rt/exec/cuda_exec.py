@@ -47,6 +47,7 @@ _ITEMSIZE = {"bf16": 2, "f32": 4, "i32": 4}
 _HOST_DTYPE = {"bf16": BF16, "f32": np.dtype(np.float32), "i32": np.dtype(np.int32)}
 STEP_INPUTS = ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows")
 UPLOAD_CHUNK_BYTES = 64 << 20
+MAX_INPUT_LAYOUTS = 1024
 
 
 class _Pool:
@@ -221,13 +222,14 @@ class CudaExecutor:
         lengths = tuple(int(np.size(arrays[name])) for name in STEP_INPUTS)
         layout = self._input_layouts.get(lengths)
         if layout is None:
+            if len(self._input_layouts) >= MAX_INPUT_LAYOUTS:  # prefill lengths vary: stay bounded (offsets
+                self._input_layouts.clear()  # are a function of the lengths, so a rebuilt layout is the same)
             layout = self._input_layouts[lengths] = input_layout(self._input_buffer, dict(zip(STEP_INPUTS, lengths)))
         packed = np.zeros(layout.size, np.int32)  # alignment gaps stay 0
         for name, offset, length in zip(STEP_INPUTS, layout.offsets, lengths):
             packed[offset : offset + length] = np.ravel(arrays[name])
         self._staging.publish(self.compute, self._input_buffer, packed, label="publish step inputs", lane=lane)
         self._inputs = layout.views
-
 
     @contextmanager
     def prepublished(self, batch: StepBatch, kv: KVCache) -> Iterator[None]:
