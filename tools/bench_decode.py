@@ -12,11 +12,14 @@ Prints a table and appends one JSON line per measurement to bench/results/decode
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
 import json
 import os
+import pstats
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,7 +137,7 @@ def kv_bytes_read(cfg: ModelConfig, context: int, dtype: str) -> int:
     return per_token * context * cfg.num_hidden_layers
 
 
-def time_decode(random: RandomModel, kv: KVCache, context: int, steps: int) -> tuple[float, float]:
+def time_decode(random: RandomModel, kv: KVCache, context: int, steps: int, profile_host: bool = False) -> tuple[float, float]:
     """Seconds per decode step host to host (publish, replay, argmax, read back the token), and the GPU's
     time per step when it never waits for the host: the difference is host time the GPU idles through."""
     executor = random.executor
@@ -146,6 +149,8 @@ def time_decode(random: RandomModel, kv: KVCache, context: int, steps: int) -> t
     for _ in range(steps):
         executor.to_host(executor.argmax(graphed(batch).logits))
     elapsed = (time.perf_counter() - started) / steps
+    if profile_host:
+        profile_host_steps(lambda: executor.to_host(executor.argmax(graphed(batch).logits)), steps)
     # Replays back to back without reading anything: the host enqueues far faster than a step runs, so the
     # GPU never waits and the events measure its time per step (plus a few-hundred-byte publish copy).
     begin = executor.compute.record(timing=True)
@@ -154,6 +159,14 @@ def time_decode(random: RandomModel, kv: KVCache, context: int, steps: int) -> t
     gpu_seconds = begin.elapsed_ms(executor.compute.record(timing=True)) / 1e3 / steps
     graphed.destroy()
     return elapsed, gpu_seconds
+
+
+def profile_host_steps(step: Callable[[], object], steps: int) -> None:
+    """Where the host's time per step goes: the GPU idles through everything but the final wait."""
+    profiler = cProfile.Profile()
+    profiler.runcall(lambda: [step() for _ in range(steps)])
+    print(f"host profile over {steps} steps (times include the wait for the GPU in synchronize):")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
 def make_kv(streams: StreamSet, cfg: ModelConfig, context: int, dtype: str, executor: CudaExecutor) -> KVCache:
@@ -203,6 +216,8 @@ def main() -> None:
     parser.add_argument("--kv", default="bf16,int8")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--weights", default="bf16", help="comma list of bf16, int8, int4 (quantized projections)")
+    parser.add_argument("--profile-host", action="store_true",
+                        help="also profile the host side of the host-to-host steps (cProfile, top functions)")
     args = parser.parse_args()
 
     device = open_device(0)
@@ -228,7 +243,7 @@ WEIGHT_BITS = {"bf16": 16, "int8": 8, "int4": 4}
 def measure(random: RandomModel, args: argparse.Namespace, context: int, dtype: str, bandwidth: float) -> dict[str, object]:
     executor, cfg = random.executor, random.model.config
     kv = make_kv(executor.streams, cfg, context, dtype, executor)
-    seconds, graph_seconds = time_decode(random, kv, context, args.steps)
+    seconds, graph_seconds = time_decode(random, kv, context, args.steps, args.profile_host)
     kv.free()
     step_bytes = random.weight_bytes_per_step + kv_bytes_read(cfg, context, dtype)
     return {
