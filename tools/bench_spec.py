@@ -27,7 +27,7 @@ from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, GraphedForward
 from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps
-from ninfer_rt.kernel_benches import SHAPES
+from ninfer_rt.model.shapes import SHAPES
 from ninfer_rt.kv.cache import KVCache
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import PreparedMTP

@@ -26,11 +26,16 @@ PROMPTS = [
     "def parse_args():\n    parser = argparse.ArgumentParser(",
 ]
 
+KV_PAGES = 256  # 16,384 tokens of 64-token pages: the prompts plus 256 new tokens each, many times over
+
 
 def run(device: str, draft_tokens: int, lm_head_draft: int | None, max_tokens: int) -> dict[str, object]:
     spec = "mtp" if draft_tokens else "none"
+    # A fixed KV size: nine engines are built one after another, and 'auto' would let the first one's pages
+    # (most of the GPU's free memory) starve the next before the collector frees them.
     engine = Engine.load(default_model_dir(), EngineConfig(
-        device=device, spec=spec, draft_tokens=max(draft_tokens, 1), lm_head_draft=lm_head_draft, max_concurrency=1))
+        device=device, spec=spec, draft_tokens=max(draft_tokens, 1), lm_head_draft=lm_head_draft, max_concurrency=1,
+        kv_capacity=str(KV_PAGES)))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     speeds, acceptance, tokens = [], [], []
     for index, prompt in enumerate([PROMPTS[0], *PROMPTS]):

@@ -22,7 +22,7 @@ step() {  # step NAME SECONDS COMMAND...: run, keep the log, print its tail, re-
   cp bench/results/*.jsonl "$logs/"
   tar -czf "$out/gpu_check.tar.gz" -C "$logs" .  # after every step: a command cut short still returns
 }
-step gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests
+step gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests
 step decode 120 python3 tools/bench_decode.py --contexts 256,114812 --kv bf16,int8 --steps 30
 step agent_turn 60 python3 tools/bench_prefill.py --cached 114281 --tokens 531 --chunk 531 --kv int8
 step spec_demo 120 python3 tools/bench_spec_demo.py
