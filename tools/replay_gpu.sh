@@ -47,10 +47,11 @@ serve() {
   pkill -KILL -P "$server"; kill -KILL "$server"; wait "$server"; return 1
 }
 
-# stop [SIGNAL_CHILDREN]: TERM to the server so it drains and exits; under compute-sanitizer to its child,
-# the server itself, so the sanitizer lives to print its summary. KILL after 30 s.
+# stop [WRAPPED]: TERM to the server so it drains and exits; under compute-sanitizer to the server's own
+# Python process (the sanitizer's cmdline holds the same words, hence the anchor), so the sanitizer sees it
+# exit and prints its summary with the exit code. KILL after 30 s.
 stop() {
-  if [ "${1:-}" = children ]; then pkill -TERM -P "$server"; else kill -TERM "$server"; fi
+  if [ "${1:-}" = wrapped ]; then pkill -TERM -f "^python3 -c .* serve --model"; else kill -TERM "$server"; fi
   for _ in $(seq 30); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
   kill -0 "$server" 2>/dev/null && { log "server still up after 30 s: KILL"; kill -KILL "$server"; }
   wait "$server"; log "server exit $?"
@@ -97,7 +98,7 @@ memcheck_mode() {
     --out "$out/requests.jsonl" --summary-json "$out/replay_summary.json" --no-progress
   local code=$?
   log "short replay exit $code"
-  stop children
+  stop wrapped
   grep -E "ERROR SUMMARY" "$out/server.log" || { log "no ERROR SUMMARY from compute-sanitizer"; return 1; }
   grep -qE "ERROR SUMMARY: 0 errors" "$out/server.log" || return 1
   return "$code"
