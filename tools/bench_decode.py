@@ -137,17 +137,24 @@ def kv_bytes_read(cfg: ModelConfig, context: int, dtype: str) -> int:
     return per_token * context * cfg.num_hidden_layers
 
 
-def time_decode(random: RandomModel, kv: KVCache, context: int, steps: int, profile_host: bool = False) -> tuple[float, float]:
-    """Seconds per decode step host to host (publish, replay, argmax, read back the token), and the GPU's
-    time per step when it never waits for the host: the difference is host time the GPU idles through."""
+def time_decode(
+    random: RandomModel, kv: KVCache, context: int, steps: int, profile_host: bool = False
+) -> tuple[float, float, float]:
+    """Seconds per decode step host to host (publish, replay, argmax, read back the token); the GPU's time
+    per step when it never waits for the host (the difference is host time the GPU idles through); and
+    the host's time per step spent publishing and launching the graph."""
     executor = random.executor
     graphed = GraphedForward(executor, random.model, kv)
     batch = decode_batch(context)
     for _ in range(3):  # capture + warm-up
         executor.to_host(executor.argmax(graphed(batch).logits))
     started = time.perf_counter()
+    enqueue = 0.0  # host time inside graphed(): publish + replay launch, which the idle GPU waits through
     for _ in range(steps):
-        executor.to_host(executor.argmax(graphed(batch).logits))
+        before = time.perf_counter()
+        logits = graphed(batch).logits
+        enqueue += time.perf_counter() - before
+        executor.to_host(executor.argmax(logits))
     elapsed = (time.perf_counter() - started) / steps
     if profile_host:
         profile_host_steps(lambda: executor.to_host(executor.argmax(graphed(batch).logits)), steps)
@@ -158,7 +165,7 @@ def time_decode(random: RandomModel, kv: KVCache, context: int, steps: int, prof
         graphed(batch)
     gpu_seconds = begin.elapsed_ms(executor.compute.record(timing=True)) / 1e3 / steps
     graphed.destroy()
-    return elapsed, gpu_seconds
+    return elapsed, gpu_seconds, enqueue / steps
 
 
 def profile_host_steps(step: Callable[[], object], steps: int) -> None:
@@ -233,7 +240,7 @@ def main() -> None:
         random = build_random_model(executor, cfg, weight_bits=WEIGHT_BITS[weights])
         rows += [info | {"weights": weights} | measure(random, args, context, dtype, bandwidth)
                  for dtype in args.kv.split(",") for context in contexts]
-    print_table(rows, ["shape", "weights", "context", "kv_dtype", "tok_s", "ms_per_step", "graph_ms", "bytes_per_step", "copy_bw_TBs", "roofline_fraction"])
+    print_table(rows, ["shape", "weights", "context", "kv_dtype", "tok_s", "ms_per_step", "graph_ms", "enqueue_ms", "bytes_per_step", "copy_bw_TBs", "roofline_fraction"])
     print(f"appended to {append_results('decode', rows)}")
 
 
@@ -243,12 +250,13 @@ WEIGHT_BITS = {"bf16": 16, "int8": 8, "int4": 4}
 def measure(random: RandomModel, args: argparse.Namespace, context: int, dtype: str, bandwidth: float) -> dict[str, object]:
     executor, cfg = random.executor, random.model.config
     kv = make_kv(executor.streams, cfg, context, dtype, executor)
-    seconds, graph_seconds = time_decode(random, kv, context, args.steps, args.profile_host)
+    seconds, graph_seconds, enqueue_seconds = time_decode(random, kv, context, args.steps, args.profile_host)
     kv.free()
     step_bytes = random.weight_bytes_per_step + kv_bytes_read(cfg, context, dtype)
     return {
         "shape": args.shape, "layers": cfg.num_hidden_layers, "context": context, "kv_dtype": dtype,
         "tok_s": 1 / seconds, "ms_per_step": seconds * 1e3, "graph_ms": graph_seconds * 1e3,
+        "enqueue_ms": enqueue_seconds * 1e3,
         "dependent_launch": executor.streams.dependent_launch, "bytes_per_step": step_bytes,
         "copy_bw_TBs": bandwidth / 1e12, "roofline_fraction": step_bytes / seconds / bandwidth,
     }
