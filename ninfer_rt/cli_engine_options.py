@@ -21,6 +21,10 @@ _OPTIONS = [
         help="Reuse the K/V of earlier prompts' shared prefixes; off, every prompt is computed in full.",
     ),
     click.option("--verify-ordering", is_flag=True, help="Run the happens-before verifier on every device op."),
+    click.option(
+        "--overlap/--no-overlap", default=True, show_default=True,
+        help="Enqueue each decode step before the previous step's tokens are read back (not with --spec mtp).",
+    ),
     click.option("--spec", default="none", show_default=True, type=click.Choice(["none", "mtp"]), help="mtp: speculative decoding with the checkpoint's MTP module."),
     click.option("--draft-tokens", default=3, show_default=True, type=click.IntRange(min=1), help="Drafts verified per step (--spec mtp)."),
     click.option(
@@ -47,6 +51,7 @@ def engine_config(options: dict[str, Any]) -> EngineConfig:
         kv_dtype=options["kv_dtype"],
         prefix_caching=options["prefix_caching"],
         verify_ordering=options["verify_ordering"] or None,
+        overlap=options["overlap"],
         spec=options["spec"],
         draft_tokens=options["draft_tokens"],
         lm_head_draft=options["lm_head_draft"],

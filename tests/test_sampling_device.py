@@ -11,6 +11,7 @@ import pytest
 from ninfer_rt.cuda import sampling_ops
 from ninfer_rt.engine import sampling
 from ninfer_rt.engine.request import Request, SamplingParams
+from ninfer_rt.exec.numpy_exec import ReadyRead
 from ninfer_rt.engine.sampling import (
     GREEDY, MIN_P, TOP_K, TOP_P, inverse_cdf, on_device, pack_device_params, restrict_support, sample, sample_rows, softmax,
 )
@@ -142,6 +143,9 @@ class FakeDeviceExecutor:
         if x.values.dtype != np.int32:
             self.full_copies += 1
         return x.values
+
+    def read_later(self, x: HostTensor) -> ReadyRead:
+        return ReadyRead(self.to_host(x))
 
 
 class HostOnlyExecutor(FakeDeviceExecutor):

@@ -2,7 +2,8 @@
 
 Builds the model directly on the GPU (weights tiled from one random device buffer: values do not change
 the speed of a memory-bound step), fills a KV context of the requested length, then times graphed decode
-steps end to end (publish, graph replay, greedy argmax, 4-byte read-back per step). In the same run it
+steps end to end (publish, graph replay, greedy argmax, 4-byte read-back per step), once reading each token
+back before the next step is enqueued and once with the engine's overlap (overlap_* columns). In the same run it
 measures device copy bandwidth (cuMemcpyDtoDAsync of 2 GiB, bytes read + written) as the roofline.
 Prints a table and appends one JSON line per measurement to bench/results/decode.jsonl.
 
@@ -139,10 +140,11 @@ def kv_bytes_read(cfg: ModelConfig, context: int, dtype: str) -> int:
 
 def time_decode(
     random: RandomModel, kv: KVCache, context: int, steps: int, profile_host: bool = False
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """Seconds per decode step host to host (publish, replay, argmax, read back the token); the GPU's time
     per step when it never waits for the host (the difference is host time the GPU idles through); and
-    the host's time per step spent publishing and launching the graph."""
+    the host's time per step spent publishing and launching the graph; and the seconds per step with the
+    engine's overlap."""
     executor = random.executor
     graphed = GraphedForward(executor, random.model, kv)
     batch = decode_batch(context)
@@ -164,8 +166,30 @@ def time_decode(
     for _ in range(steps):
         graphed(batch)
     gpu_seconds = begin.elapsed_ms(executor.compute.record(timing=True)) / 1e3 / steps
+    overlapped = time_overlapped(executor, graphed, context, steps)
     graphed.destroy()
-    return elapsed, gpu_seconds, enqueue / steps
+    return elapsed, gpu_seconds, enqueue / steps, overlapped
+
+
+def time_overlapped(executor: CudaExecutor, graphed: GraphedForward, context: int, steps: int) -> float:
+    """Seconds per decode step as the engine's overlap runs them (engine.py): step N+1 embeds step N's
+    token from the device (Executor.feed) and its forward is enqueued before step N's token is read back;
+    then step N+1's argmax is enqueued, fed, and its read-back started."""
+    fed = decode_batch(context, token=-1)
+    ids = executor.argmax(graphed(decode_batch(context)).logits)
+    executor.feed(ids)
+    pending = executor.read_later(ids)
+    started = 0.0
+    for step in range(steps + 3):  # 3 warm-up steps
+        if step == 3:
+            started = time.perf_counter()
+        logits = graphed(fed).logits
+        pending.result()
+        ids = executor.argmax(logits)
+        executor.feed(ids)
+        pending = executor.read_later(ids)
+    pending.result()
+    return (time.perf_counter() - started) / steps
 
 
 def profile_host_steps(step: Callable[[], object], steps: int) -> None:
@@ -240,7 +264,7 @@ def main() -> None:
         random = build_random_model(executor, cfg, weight_bits=WEIGHT_BITS[weights])
         rows += [info | {"weights": weights} | measure(random, args, context, dtype, bandwidth)
                  for dtype in args.kv.split(",") for context in contexts]
-    print_table(rows, ["shape", "weights", "context", "kv_dtype", "tok_s", "ms_per_step", "graph_ms", "enqueue_ms", "bytes_per_step", "copy_bw_TBs", "roofline_fraction"])
+    print_table(rows, ["shape", "weights", "context", "kv_dtype", "tok_s", "ms_per_step", "graph_ms", "enqueue_ms", "bytes_per_step", "copy_bw_TBs", "roofline_fraction", "overlap_tok_s", "overlap_fraction"])
     print(f"appended to {append_results('decode', rows)}")
 
 
@@ -250,7 +274,7 @@ WEIGHT_BITS = {"bf16": 16, "int8": 8, "int4": 4}
 def measure(random: RandomModel, args: argparse.Namespace, context: int, dtype: str, bandwidth: float) -> dict[str, object]:
     executor, cfg = random.executor, random.model.config
     kv = make_kv(executor.streams, cfg, context, dtype, executor)
-    seconds, graph_seconds, enqueue_seconds = time_decode(random, kv, context, args.steps, args.profile_host)
+    seconds, graph_seconds, enqueue_seconds, overlap_seconds = time_decode(random, kv, context, args.steps, args.profile_host)
     kv.free()
     step_bytes = random.weight_bytes_per_step + kv_bytes_read(cfg, context, dtype)
     return {
@@ -259,6 +283,7 @@ def measure(random: RandomModel, args: argparse.Namespace, context: int, dtype: 
         "enqueue_ms": enqueue_seconds * 1e3,
         "dependent_launch": executor.streams.dependent_launch, "bytes_per_step": step_bytes,
         "copy_bw_TBs": bandwidth / 1e12, "roofline_fraction": step_bytes / seconds / bandwidth,
+        "overlap_tok_s": 1 / overlap_seconds, "overlap_fraction": step_bytes / overlap_seconds / bandwidth,
     }
 
 

@@ -20,7 +20,7 @@ GEMV_BUCKETS = (1, 2, 4, 8)  # a width of 3 runs the 4-row kernel with rows=3
 _GEMV_ROWS_PER_WARP = 2  # kRowsPerWarp in gemv.cu
 _GEMV_WARPS_PER_BLOCK = 4  # kWarpsPerBlock in gemv.cu
 _GEMV_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32)
-GATHER_ROWS = KernelSpec("embedding", "gather_rows_bf16", (Arg.PTR, Arg.I32, Arg.PTR, Arg.I32, Arg.PTR, Arg.I32))
+GATHER_ROWS = KernelSpec("embedding", "gather_rows_bf16", (Arg.PTR, Arg.I32, Arg.PTR, Arg.I32, Arg.PTR, Arg.I32, Arg.PTR))
 
 
 class Epilogue(enum.Enum):
@@ -113,12 +113,13 @@ def gather_rows(
     ids: Buffer | None = None,
     out_layout: RowLayout | None = None,
     *,
+    feed: Buffer | None = None,
     label: str = "gather_rows",
     lane: object = None,
 ) -> None:
     """out row t = src row ids[t] (or row t without ids), `width` bf16 values each. src is [src_rows, width];
     out rows are `out_layout.stride` apart from column `out_layout.column` (default: packed [rows, width]).
-    ids are int32 already checked to be < src_rows."""
+    ids are int32 already checked to be < src_rows; a negative id -(j + 1) reads feed[j] instead."""
     stream = require_stream(stream)
     layout = out_layout or RowLayout(width)
     _require_positive("gather_rows", rows=rows, width=width, src_rows=src_rows, stride=layout.stride)
@@ -128,10 +129,11 @@ def gather_rows(
     if ids is not None:
         buffers["ids"] = (ids, rows * 4)
     _require_bytes("gather_rows", **buffers)
-    reads = (src.resource,) + ((ids.resource,) if ids is not None else ())
+    reads = tuple(buffer.resource for buffer in (src, ids, feed) if buffer is not None)
     lib.kernel(GATHER_ROWS).launch(
         stream, rows, 128 if width >= 1024 else 32,
         out.ptr + 2 * layout.column, layout.stride, src, width, ids if ids is not None else 0, width,
+        feed if feed is not None else 0,
         label=label, reads=reads, writes=(out.resource,), lane=lane,
     )
 

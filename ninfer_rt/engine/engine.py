@@ -4,6 +4,21 @@ Thread model: the engine belongs to one thread, the one that calls it first; tha
 and is the only one that enqueues work. Calls from another thread raise instead of racing. EngineLoop
 (loop.py) is how servers use it: it runs `step` on a dedicated thread while other threads enqueue
 requests and read outputs.
+
+Overlap (EngineConfig.overlap, without --spec): a step's samples are fed to the next step on the device
+(Executor.feed), and the next step is scheduled and its forward enqueued before they are read back, so
+the GPU runs step N+1 while the host reads step N's tokens, streams them and schedules. A request whose
+sample is on its way holds it as a pending token (Request.pending_row): it counts as the sequence's last
+token and the next step embeds it from the fed ids. Per step:
+  1. resolve the in-flight step first unless the next schedule is plain decode (nothing waiting, nothing
+     prefilling, a free page per running request: no admission and no preemption can see a pending token);
+  2. schedule, enqueue the forward;
+  3. resolve the in-flight step: its tokens join their streams, stops end requests (their pages go back
+     behind a fence recorded after the forward just enqueued, which may still write one K/V slot into
+     them; its row for them is ignored);
+  4. complete the step, enqueue its sampling (after 3: penalties read the tokens just resolved), feed
+     the samples, and keep them in flight.
+A request whose next token ends it by length gets no pending token: nothing is scheduled after it.
 """
 
 from __future__ import annotations
@@ -24,7 +39,8 @@ from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.output import OutputStream, RequestOutput
 from ninfer_rt.engine.request import FinishReason, Request, SamplingParams
 from ninfer_rt.engine.runner import ModelRunner
-from ninfer_rt.engine.scheduler import Scheduler, SchedulerConfig
+from ninfer_rt.engine.sampling import PendingSamples
+from ninfer_rt.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStep
 from ninfer_rt.engine.spec import Drafter, DraftHead, SpecRunner
 from ninfer_rt.engine.spec import lookahead as spec_lookahead
 from ninfer_rt.engine.spec_vocab import DraftVocab, load_token_frequencies
@@ -65,6 +81,7 @@ class EngineConfig:
     spec: str = "none"  # speculative decoding: 'none' or 'mtp' (the checkpoint's MTP module drafts)
     draft_tokens: int = 3  # drafts verified per step
     lm_head_draft: int | None = None  # draft over the N most frequent tokens only (engine/spec_vocab.py)
+    overlap: bool = True  # enqueue each step before reading the previous one's samples (module docstring)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -77,6 +94,14 @@ class EngineConfig:
             raise ValueError(f"draft_tokens must be at least 1, got {self.draft_tokens}")
         if self.lm_head_draft is not None and self.lm_head_draft < 1:
             raise ValueError(f"lm_head_draft must be at least 1, got {self.lm_head_draft}")
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A step whose samples are on their way back: request i owns sample row i."""
+
+    requests: list[Request]
+    samples: PendingSamples
 
 
 @dataclass
@@ -137,6 +162,8 @@ class Engine:
             self.runner = SpecRunner(self.executor, model, self.kv, self.ledger, drafter, step_forward, mtp_steps)
         self._requests: dict[str, OutputStream] = {}
         self._pending: list[RequestOutput] = []  # outputs of requests ended between steps (abort)
+        self._overlap = config.overlap and drafter is None
+        self._inflight: InFlight | None = None
         self._ids = itertools.count()
         self._owner: int | None = None
         self.streams.crash.add_section("engine", self._frontier)
@@ -210,30 +237,79 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or bool(self._pending)
+        return self.scheduler.has_work or bool(self._pending) or self._inflight is not None
 
     # -- stepping --------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedule and run one step; returns every request's delta (and every final output)."""
+        """Schedule and run one step; returns every request's delta (and every final output). With overlap
+        the deltas are the previous step's, whose samples were read back while this one was enqueued."""
         self._check_thread()
         outputs, self._pending = self._pending, []
+        if self._inflight is not None and not self._plain_decode_next():
+            outputs += self._resolve()
         plan = self.scheduler.schedule()
         outputs += [self._requests.pop(r.request_id).close(FinishReason.LENGTH) for r in plan.finished]
         if not plan.chunks:
-            return outputs
+            return outputs + self._resolve()
+        if not self._overlap:
+            return outputs + self._run(plan)
+        sampling = [chunk.request for chunk in plan.chunks if chunk.samples]  # before complete() moves them on
+        output = self.runner.launch(plan.chunks)
+        outputs += self._resolve()
+        self.scheduler.complete(plan)
+        self._inflight = InFlight(sampling, self.runner.sample(output, sampling, feed=True))
+        for row, request in enumerate(sampling):
+            if not request.finished and not self._ends_by_length_next(request):
+                request.pending_row = row
+        return outputs
+
+    def _run(self, plan: SchedulerStep) -> list[RequestOutput]:
+        """The step without overlap (and every --spec step): forward, samples read back, outputs."""
         sampled = self.runner.run(plan.chunks)
         self.scheduler.complete(plan)
+        outputs = []
         for result in sampled:
-            stream = self._requests[result.request.request_id]
-            output = stream.accept(result.samples, result.drafted)
+            output = self._requests[result.request.request_id].accept(result.samples, result.drafted)
             # Accepted drafts that joined the output (a stop may cut the step's samples short) are computed.
             self.scheduler.settle(result.request, accepted_drafts=min(len(output.token_ids), len(result.samples) - 1))
-            if output.finished:
-                self.scheduler.finish(result.request, output.finish_reason)
-                del self._requests[result.request.request_id]
-            outputs.append(output)
+            outputs.append(self._end_if_finished(result.request, output))
         return outputs
+
+    def _resolve(self) -> list[RequestOutput]:
+        """Read back the in-flight step's samples and give them to their requests' streams."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return []
+        outputs = []
+        for request, sample in zip(inflight.requests, inflight.samples.result()):
+            request.pending_row = None
+            if not request.finished:  # else it ended (stop, abort) after this step was enqueued
+                outputs.append(self._end_if_finished(request, self._requests[request.request_id].accept([sample])))
+        return outputs
+
+    def _end_if_finished(self, request: Request, output: RequestOutput) -> RequestOutput:
+        if output.finished:
+            self.scheduler.finish(request, output.finish_reason)
+            del self._requests[request.request_id]
+        return output
+
+    def _plain_decode_next(self) -> bool:
+        """Whether the next schedule can only give each running request its one token: then it may see
+        pending tokens (no admission reads a prompt, no preemption re-queues one, pages cannot run out)."""
+        running = self.scheduler.running
+        return (
+            not self.scheduler.waiting
+            and all(request.num_remaining <= 1 for request in running)
+            and self.kv_manager.pool.can_allocate(len(running))
+        )
+
+    def _ends_by_length_next(self, request: Request) -> bool:
+        """Whether the token being sampled ends the request by length (OutputStream.accept's rule)."""
+        return (
+            len(request.output_ids) + 1 >= request.params.max_tokens
+            or request.num_tokens + 1 >= self.kv_manager.context_limit
+        )
 
     def generate(
         self, prompts: Sequence[str | Sequence[int]], params: SamplingParams = SamplingParams()

@@ -112,6 +112,9 @@ class Request:
     order: int = field(default_factory=lambda: next(_request_numbers))
     # the request's own random stream: a seeded request replays exactly whatever shares its batch
     generator: np.random.Generator = field(init=False, repr=False)
+    # A token sampled on the device and not read back yet (the engine's overlap): it counts as the
+    # sequence's last token, and a step that computes it embeds row `pending_row` of the fed ids.
+    pending_row: int | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -123,7 +126,14 @@ class Request:
         return self.prompt_ids + self.output_ids
 
     def token_slice(self, start: int, stop: int) -> list[int]:
-        """`all_ids[start:stop]` without building the whole sequence (per-step callers on long prompts)."""
+        """`all_ids[start:stop]` without building the whole sequence (per-step callers on long prompts); a
+        pending token reads as -(pending_row + 1), the embedding's reference to the fed ids."""
+        known = len(self.prompt_ids) + len(self.output_ids)
+        if self.pending_row is not None and stop > known:
+            return self._known_slice(start, known) + [-(self.pending_row + 1)]
+        return self._known_slice(start, stop)
+
+    def _known_slice(self, start: int, stop: int) -> list[int]:
         split = len(self.prompt_ids)
         if stop <= split:
             return self.prompt_ids[start:stop]
@@ -138,7 +148,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.prompt_ids) + len(self.output_ids) + (self.pending_row is not None)
 
     @property
     def num_remaining(self) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.request import Request
-from ninfer_rt.engine.sampling import Sample, sample_rows
+from ninfer_rt.engine.sampling import PendingSamples, Sample, start_sampling
 from ninfer_rt.engine.scheduler import ScheduledChunk
 from ninfer_rt.exec.base import Executor, StepBatch
 from ninfer_rt.kv.cache import KVCache
@@ -80,12 +80,19 @@ class ModelRunner:
         self.forward = step_forward or (lambda batch: forward(executor, model, batch, kv))
 
     def run(self, chunks: Sequence[ScheduledChunk]) -> list[SampledTokens]:
-        batch = self.build_batch(chunks)
-        output = self.forward(batch)
+        output = self.launch(chunks)
         sampling = [chunk.request for chunk in chunks if chunk.samples]
-        # on the device where the executor can (4 bytes per row back), else from host copies of the rows
-        samples = sample_rows(self.executor, output.logits, sampling)
+        samples = self.sample(output, sampling, feed=False).result()
         return [SampledTokens(request, [s]) for request, s in zip(sampling, samples)]
+
+    def launch(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
+        """Enqueue the step's forward; its logit rows are the sampling chunks', in order."""
+        return self.forward(self.build_batch(chunks))
+
+    def sample(self, output: ForwardOutput, requests: Sequence[Request], feed: bool) -> PendingSamples:
+        """One token per logit row, request i from row i: on the device where the executor can (4 bytes
+        per row back, read later), else from host copies of the rows. `feed`: see start_sampling."""
+        return start_sampling(self.executor, output.logits, requests, feed)
 
     def build_batch(self, chunks: Sequence[ScheduledChunk]) -> StepBatch:
         return step_batch([self.chunk_rows(chunk) for chunk in chunks])

@@ -211,19 +211,47 @@ def pack_device_params(rows: Sequence[tuple[SamplingParams | None, float]], voca
 
 
 def sample_rows(executor: Any, logits: Any, requests: Sequence[Request]) -> list[Sample]:
-    """One Sample per request, request i drawing from logits row i. Rows `on_device` go through the
-    executor's `sample_tokens` (when it has one: the CUDA executor) and only their token ids come back;
-    the others are sampled here from the full rows, copied only when some row needs them."""
+    """One Sample per request, request i drawing from logits row i (start_sampling, then its result)."""
+    return start_sampling(executor, logits, requests, feed=False).result()
+
+
+@dataclass
+class PendingSamples:
+    """A step's samples: token ids still on their way from the device, or already drawn on the host."""
+
+    samples: list[Sample | None]
+    device_ids: Any = None  # Executor.read_later of the device-sampled rows' ids, None once all are here
+
+    def result(self) -> list[Sample]:
+        if self.device_ids is not None:
+            tokens = self.device_ids.result().reshape(-1)
+            self.samples = [Sample(int(token), None) for token in tokens]
+            self.device_ids = None
+        return self.samples  # type: ignore[return-value]
+
+
+def start_sampling(executor: Any, logits: Any, requests: Sequence[Request], feed: bool) -> PendingSamples:
+    """Sample request i from logits row i. Rows `on_device` go through the executor's `sample_tokens`
+    (when it has one: the CUDA executor) and only their ids come back; the others are sampled here from
+    the full rows, copied only when some row needs them. When every row is sampled on the device, nothing
+    waits here: the ids are read back later (PendingSamples.result). `feed`: the ids also go to
+    Executor.feed, so the next step can embed them before the host has seen them."""
     device = getattr(executor, "sample_tokens", None)
     routed = [device is not None and on_device(r.params) for r in requests]
     samples: list[Sample | None] = [None] * len(requests)
+    device_ids = None
     if any(routed):
         vocab = int(logits.cols)
         rows = [
             (r.params if d else None, r.generator.random() if d and not r.params.greedy else 0.0)
             for r, d in zip(requests, routed)
         ]
-        tokens = executor.to_host(device(logits, pack_device_params(rows, vocab))).reshape(-1)
+        device_ids = device(logits, pack_device_params(rows, vocab))
+        if all(routed):
+            if feed:
+                executor.feed(device_ids)
+            return PendingSamples(samples, executor.read_later(device_ids))
+        tokens = executor.to_host(device_ids).reshape(-1)
         for i, d in enumerate(routed):
             if d:
                 samples[i] = Sample(int(tokens[i]), None)
@@ -232,4 +260,6 @@ def sample_rows(executor: Any, logits: Any, requests: Sequence[Request]) -> list
         for i, (request, d) in enumerate(zip(requests, routed)):
             if not d:
                 samples[i] = sample(host[i], request.params, request.generator, request.prompt_vocab, request.output_ids)
-    return samples  # type: ignore[return-value]
+    if feed and requests:
+        executor.feed(np.array([s.token_id for s in samples], np.int32))  # type: ignore[union-attr]
+    return PendingSamples(samples)

@@ -24,7 +24,7 @@ Tensor = Any
 class StepBatch:
     """One step for B sequences and T new tokens in total (rows of every activation tensor)."""
 
-    token_ids: np.ndarray  # int32 [T]
+    token_ids: np.ndarray  # int32 [T]; -(j + 1): row j of the ids last given to Executor.feed
     positions: np.ndarray  # int32 [T]: absolute position of each new token
     query_start: np.ndarray  # int32 [B+1]: sequence b owns rows query_start[b]:query_start[b+1]
     context_lens: np.ndarray  # int32 [B]: tokens in sequence b's KV after this step's writes
@@ -139,3 +139,17 @@ class Executor(Protocol):
     def to_host(self, x: Tensor) -> np.ndarray:
         """Wait for the compute stream and return `x` as a host numpy array (float32, or the reference
         executor's float64; int32 for argmax ids)."""
+
+    def read_later(self, x: Tensor) -> PendingRead:
+        """Start copying int32 ids `x` to the host behind the ops enqueued so far; the result is to_host's,
+        waiting only for that copy, so later steps can be enqueued first. At most two pending at a time."""
+
+    def feed(self, ids: Tensor | np.ndarray) -> None:
+        """The ids later steps embed for their negative token ids: -(j + 1) reads row j of `ids` (int32
+        [rows, 1], a device tensor from argmax/sample_tokens, or host ids) as it is when that step's
+        embedding runs. The engine feeds each decode step's samples to the next step (engine.py)."""
+
+
+class PendingRead(Protocol):
+    def result(self) -> np.ndarray:
+        """Wait for the copy and return the host array."""

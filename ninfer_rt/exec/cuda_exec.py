@@ -146,6 +146,9 @@ class CudaExecutor:
         self._input_layouts: dict[tuple[int, ...], InputLayout] = {}
         self._inputs: dict[str, DeviceView] = {}  # this step's arrays, views of _input_buffer
         self._host_out: PinnedBuffer | None = None
+        self._feed = DeviceBuffer(streams, 4 * self.max_logit_rows, "step.feed")
+        self._fed_rows = 0
+        self._reads = [PinnedRead(PinnedBuffer(streams, 4 * self.max_logit_rows, f"read_later.{i}")) for i in range(2)]
         self._upload_ring: StagingRing | None = None
         self._batch: StepBatch | None = None
         self._prepublished: StepBatch | None = None
@@ -266,7 +269,7 @@ class CudaExecutor:
         out = self._tensor(rows, table.cols)
         linear_ops.gather_rows(
             self.library, self.compute, table.buffer, table.rows, out.buffer, rows, table.cols,
-            ids=self._inputs["token_ids"], label="embed", lane=self._lane,
+            ids=self._inputs["token_ids"], feed=self._feed, label="embed", lane=self._lane,
         )
         return out
 
@@ -367,6 +370,33 @@ class CudaExecutor:
         values = self._host_out.read(_HOST_DTYPE[x.dtype], (x.rows, x.cols), label="to_host: read", lane=self._lane)
         return values if x.dtype == "i32" else values.astype(np.float32)
 
+    def read_later(self, x: DeviceTensor) -> PinnedRead:
+        """Two pinned slots in turn; a slot is reused only after its result was taken."""
+        slot = self._reads[0] if self._reads[0].taken else self._reads[1]
+        if not slot.taken:
+            raise RuntimeError("read_later: two reads are already pending; take a result first")
+        x = self._ready(x)
+        if x.dtype != "i32" or x.nbytes > slot.buffer.nbytes:
+            raise ValueError(f"read_later reads int32 ids of at most {slot.buffer.nbytes // 4} rows")
+        self.compute.copy(slot.buffer, x.buffer, x.nbytes, label="read_later", lane=self._lane)
+        slot.start(self.compute.record(), (x.rows, x.cols), self._lane)
+        self._reads.reverse()  # the other slot next, if it is free
+        return slot
+
+    def feed(self, ids: DeviceTensor | np.ndarray) -> None:
+        if isinstance(ids, np.ndarray):
+            host = np.ascontiguousarray(ids, np.int32).reshape(-1)
+            rows = host.size
+            if rows <= self.max_logit_rows:
+                self._staging.publish(self.compute, self._feed, host, label="feed host ids", lane=self._lane)
+        else:
+            rows = ids.rows
+            if rows <= self.max_logit_rows:
+                self.compute.copy(self._feed, ids.buffer, 4 * rows, label="feed sampled ids", lane=self._lane)
+        if rows > self.max_logit_rows:
+            raise ValueError(f"feed: {rows} ids exceed the executor's {self.max_logit_rows} logit rows")
+        self._fed_rows = rows
+
     # -- internals ---------------------------------------------------------------------------------------
 
     def _matmul(
@@ -439,12 +469,35 @@ class CudaExecutor:
             if value > limit:
                 raise ValueError(f"step has {value} {what}, the executor was sized for {limit}")
         ids = batch.token_ids
-        if self._vocab and ids.size and (ids.min() < 0 or ids.max() >= self._vocab):
-            raise ValueError(f"token id out of range [0, {self._vocab}): {int(ids.min())}..{int(ids.max())}")
+        if self._vocab and ids.size and (ids.min() < -self._fed_rows or ids.max() >= self._vocab):
+            raise ValueError(
+                f"token id out of range [0, {self._vocab}) (or [-{self._fed_rows}, 0): fed rows): {int(ids.min())}..{int(ids.max())}"
+            )
         if batch.positions.size and batch.positions.max() >= self.max_positions:
             raise ValueError(f"position {int(batch.positions.max())} beyond the RoPE table ({self.max_positions})")
         if len(batch.logit_rows) and (batch.logit_rows.min() < 0 or batch.logit_rows.max() >= batch.num_tokens):
             raise ValueError("logit_rows must index the step's rows")
+
+
+class PinnedRead:
+    """A read_later slot: the copy's event and shape until its result is taken."""
+
+    def __init__(self, buffer: PinnedBuffer) -> None:
+        self.buffer = buffer
+        self.taken = True
+        self._event: object = None
+        self._shape: tuple[int, int] = (0, 0)
+        self._lane: object = None
+
+    def start(self, event: object, shape: tuple[int, int], lane: object) -> None:
+        self.taken, self._event, self._shape, self._lane = False, event, shape, lane
+
+    def result(self) -> np.ndarray:
+        if self.taken:
+            raise RuntimeError("read_later: this result was already taken")
+        self._event.synchronize()
+        self.taken = True
+        return self.buffer.read(np.dtype(np.int32), self._shape, label="read_later: read", lane=self._lane)
 
 
 def input_layout(buffer: DeviceBuffer, lengths: dict[str, int]) -> InputLayout:

@@ -28,6 +28,16 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class ReadyRead:
+    """read_later on the host: the copy is already made."""
+
+    value: np.ndarray
+
+    def result(self) -> np.ndarray:
+        return self.value
+
+
+@dataclass(frozen=True)
 class RopeTable:
     inv_freq: np.ndarray  # float64 [head_dim // 2]
     attention_scaling: float
@@ -149,6 +159,8 @@ class NumpyExecutor:
         self.compute = streams.create("compute")
         self.dtype = np.dtype(dtype)
         self.inputs = StepInputs(streams, staging_slots, staging_bytes)
+        self._feed = DeviceBuffer(streams, 4, "step.feed")  # grows with the fed rows
+        self._fed_rows = 0
         self._lane: object = None
         self._pages_read: tuple[Resource, ...] = ()
         self._pages_written: tuple[Resource, ...] = ()
@@ -178,7 +190,16 @@ class NumpyExecutor:
         self.inputs.publish(self.compute, batch, self._lane)
 
     def embed(self, table: np.ndarray) -> np.ndarray:
-        return self._op("embed", lambda: table[self.inputs.read("token_ids")], reads=self.inputs.resources("token_ids"))
+        def run() -> np.ndarray:
+            ids = self.inputs.read("token_ids")
+            if ids.size and ids.min() < 0:
+                if ids.min() < -self._fed_rows:
+                    raise ValueError(f"token id {int(ids.min())} refers past the {self._fed_rows} fed rows")
+                fed = self._feed.view(np.int32, (self._fed_rows,))
+                ids = np.where(ids < 0, fed[np.maximum(-ids - 1, 0)], ids)
+            return table[ids]
+
+        return self._op("embed", run, reads=(*self.inputs.resources("token_ids"), self._feed.resource))
 
     def rmsnorm(
         self, x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None
@@ -235,6 +256,21 @@ class NumpyExecutor:
         if np.issubdtype(x.dtype, np.integer):
             return np.array(x)
         return np.array(x, dtype=np.result_type(self.dtype, np.float32))
+
+    def read_later(self, x: np.ndarray) -> ReadyRead:
+        return ReadyRead(self.to_host(x))
+
+    def feed(self, ids: np.ndarray) -> None:
+        data = np.ascontiguousarray(ids, np.int32).reshape(-1)
+        if self._feed.nbytes < data.nbytes:
+            self._feed.free()
+            self._feed = DeviceBuffer(self.streams, data.nbytes, "step.feed")
+
+        def store() -> None:
+            self._feed.view(np.int32, (data.size,))[:] = data
+
+        self._op("feed", store, writes=(self._feed.resource,))
+        self._fed_rows = data.size
 
     # -- internals ---------------------------------------------------------------------------------------
 
