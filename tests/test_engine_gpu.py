@@ -10,6 +10,7 @@ import pytest
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.engine.request import SamplingParams
+from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.model.tiny import make_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -79,3 +80,30 @@ def test_start_up_captures_the_decode_graphs_and_leaves_every_page_free(tiny_qwe
     before = len(eng.runner.forward.graphs)
     greedy(eng, [prompt(30, 1), prompt(20, 2)])
     assert len(eng.runner.forward.graphs) == before  # nothing left to capture in real requests
+
+
+def test_overlap_gives_the_tokens_of_synchronous_stepping_on_the_device(tiny_qwen3_d64: Path) -> None:
+    """Greedy and seeded device sampling: the token fed to the next step on the device is the one read back."""
+    prompts = [prompt(70, 1), prompt(9, 2)]
+    seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=16, ignore_eos=True)
+    for params in (GREEDY, seeded):
+        overlapped = greedy(engine(tiny_qwen3_d64, "cuda", overlap=True), prompts, params)
+        synchronous = greedy(engine(tiny_qwen3_d64, "cuda", overlap=False), prompts, params)
+        assert overlapped == synchronous
+
+
+def test_fed_ids_replace_negative_token_ids_in_the_embedding_kernel(tiny_qwen3_d64: Path) -> None:
+    eng = engine(tiny_qwen3_d64, "cuda", overlap=False)
+    executor, embed = eng.executor, eng.runner.model.embed
+    batch = StepBatch(
+        token_ids=np.array([2, -2, -1], np.int32), positions=np.array([0, 1, 2], np.int32),
+        query_start=np.array([0, 3], np.int32), context_lens=np.array([3], np.int32),
+        block_tables=np.array([[0]], np.int32), slot_mapping=np.array([0, 1, 2], np.int32),
+        logit_rows=np.array([2], np.int32),
+    )
+    executor.feed(np.array([4, 1], np.int32))
+    executor.begin_step(batch, eng.kv)
+    fed = executor.to_host(executor.embed(embed))
+    batch.token_ids = np.array([2, 1, 4], np.int32)
+    executor.begin_step(batch, eng.kv)
+    assert np.array_equal(fed, executor.to_host(executor.embed(embed)))
