@@ -15,7 +15,8 @@
 extern "C" __global__ void gather_rows_bf16(bf16* out, int out_stride, const bf16* src, int src_stride,
                                             const int* ids, int width, const int* feed) {
     enter_dependent_kernel();
-    long long row = ids == nullptr ? blockIdx.x : ids[blockIdx.x];
+    // int, not blockIdx's unsigned type: a negative id must stay negative
+    long long row = ids == nullptr ? (int)blockIdx.x : ids[blockIdx.x];
     if (row < 0) row = feed[-row - 1];
     const bf16* from = src + row * src_stride;
     bf16* to = out + (long long)blockIdx.x * out_stride;
