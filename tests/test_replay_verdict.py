@@ -27,16 +27,16 @@ def inject_unordered_publish(engine: Engine, at_step: int = 3) -> None:
     """From step `at_step` on, a rogue stream writes a block table the compute stream then reads without
     waiting on it: the seed's bug, injected into a running engine."""
     rogue = engine.streams.create("rogue")
-    run = engine.runner.run
+    launch = engine.runner.launch  # every step's forward, with overlap or without
     steps = itertools.count()
 
-    def run_with_race(*args: Any, **kwargs: Any) -> Any:
+    def launch_with_race(*args: Any, **kwargs: Any) -> Any:
         if next(steps) >= at_step:
             rogue.declare("publish block table", writes=["block-table"])
             engine.executor.compute.declare("attention", reads=["block-table"])
-        return run(*args, **kwargs)
+        return launch(*args, **kwargs)
 
-    engine.runner.run = run_with_race  # type: ignore[method-assign]
+    engine.runner.launch = launch_with_race  # type: ignore[method-assign]
 
 
 def replay(url: str, tmp_path: Path, profile: str = "long-conversation") -> tuple[int, dict[str, Any], str]:
