@@ -238,18 +238,18 @@ def test_decode_attention_long_context_fills_many_splits(gpu: Gpu) -> None:
 # -- prefill attention ----------------------------------------------------------------------------------
 
 
-def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str) -> int:
+def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, variant: int | None = None) -> int:
     """The split count prefill_attention picks for this batch on this GPU (its default path)."""
-    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv)
-    resident = attention_ops.decode_blocks_per_sm(gpu.lib.kernel(attention_ops.prefill_spec(d, kv_dtype)))
+    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv, variant)
+    resident = attention_ops.prefill_blocks_per_sm(gpu.lib, d, kv_dtype, variant)
     sm_count = gpu.lib.device.sm_count
     return attention_ops.prefill_num_splits(
-        blocks, sm_count, resident, int(batch.context_lens.max()), attention_ops.prefill_workspace_blocks(sm_count)
+        blocks, sm_count, resident, int(batch.context_lens.max()), attention_ops.prefill_workspace_blocks(sm_count, variant)
     )
 
 
 def run_prefill(
-    gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None
+    gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None, variant: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(kernel output, float64 reference); the split partials live in a poisoned workspace of exactly the
     blocks the split grid has, so a combine that reads a split that never ran (or a row it never wrote) fails."""
@@ -258,14 +258,14 @@ def run_prefill(
     k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
     q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
-    splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kv_dtype)
-    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv) * splits
-    workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in attention_ops.prefill_workspace_bytes(blocks, d)))
-    print(f"prefill: {splits} split(s), {blocks} blocks")
+    splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kv_dtype, variant)
+    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv, variant) * splits
+    workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in attention_ops.prefill_workspace_bytes(blocks, d, variant)))
+    print(f"prefill: {attention_ops.prefill_spec(d, kv_dtype, variant).name}, {splits} split(s), {blocks} blocks")
     attention_ops.prefill_attention(
         gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),
         batch.query_lens.tolist(), batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
-        num_splits=splits, workspace=workspace,
+        num_splits=splits, workspace=workspace, variant=variant,
     )
     # int8: prefill_attention multiplies the exact int8 values and applies the scales in f32 (its header), so the
     # reference is the dequantized values themselves.
@@ -273,8 +273,9 @@ def run_prefill(
     return gpu.download(out, BF16, (batch.num_rows, hq, d)), expected
 
 
-# (chunk, context): fresh prompts and chunks after a cached prefix, aligned and not
-PREFILL_CASES = [(9, 9), (64, 64), (100, 100), (65, 1000), (130, 4097), (300, 300), (9, 4097)]
+# (chunk, context): fresh prompts and chunks after a cached prefix, aligned and not; GQA 4 puts 32 chunk rows
+# in a 128-row tile (v1: 16 in 64), so 300 and 1000 rows make many causal tiles, 9 a mostly-padding one
+PREFILL_CASES = [(9, 9), (64, 64), (100, 100), (65, 1000), (130, 4097), (300, 300), (9, 4097), (1000, 1000), (257, 2113)]
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
@@ -305,7 +306,7 @@ def test_prefill_attention_any_split_count_gives_the_same_result(gpu: Gpu, kv_dt
 @pytest.mark.parametrize(("hq", "hkv"), [(10, 2), (12, 4), (64, 1)], ids=["gqa5", "gqa3", "gqa64"])
 @pytest.mark.parametrize("num_splits", [1, 5])
 def test_prefill_attention_gqa_groups_that_do_not_divide_the_tile(gpu: Gpu, hq: int, hkv: int, num_splits: int) -> None:
-    # GQA 5: 12 chunk rows x 5 heads = 60 of 64 tile rows; GQA 3: 21 x 3 = 63; GQA 64: one chunk row per tile
+    # 128-row tiles: GQA 5: 25 chunk rows x 5 heads = 125 rows; GQA 3: 42 x 3 = 126; GQA 64: two chunk rows per tile
     batch = make_batch(np.random.default_rng(hq + num_splits), [77, 20], [1000, 20])
     out, expected = run_prefill(gpu, batch, hq, hkv, 128, "int8", num_splits=num_splits)
     assert_close(out, expected, f"prefill hq={hq} hkv={hkv} with {num_splits} splits")
@@ -325,6 +326,26 @@ def test_prefill_attention_short_chunk_over_a_long_prefix_qwen3_8b_heads(gpu: Gp
     assert prefill_splits(gpu, batch, 32, 8, 128, kv_dtype) > 1
     out, expected = run_prefill(gpu, batch, 32, 8, 128, kv_dtype)
     assert_close(out, expected, f"prefill {kv_dtype} C=131 L=30131 (auto splits)")
+
+
+@pytest.mark.parametrize("num_splits", [None, 1])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_prefill_attention_agent_turn_shape_scaled_down(gpu: Gpu, kv_dtype: str, num_splits: int | None) -> None:
+    # qwen3-8b heads, an odd chunk over a non-page-aligned prefix (531 new rows as in the agent turn, 17 tiles)
+    batch = make_batch(np.random.default_rng(531), [531], [531 + 4_700])
+    out, expected = run_prefill(gpu, batch, 32, 8, 128, kv_dtype, num_splits=num_splits)
+    assert_close(out, expected, f"prefill {kv_dtype} C=531 L=5231 splits={num_splits or 'auto'}")
+
+
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_prefill_attention_v1_kernel_still_matches(gpu: Gpu, d: int, kv_dtype: str, num_splits: int | None) -> None:
+    # the previous kernel (A/B benchmarks only: NINFER_PREFILL_ATTN_V=1) keeps its own 64-row tiles and combine
+    batch = make_batch(np.random.default_rng(d + 11), [150, 3, 77], [2000, 40, 77])
+    out, expected = run_prefill(gpu, batch, 16, 4, d, kv_dtype, num_splits=num_splits, variant=1)
+    rows = np.setdiff1d(np.arange(batch.num_rows), np.arange(150, 153))
+    assert_close(out[rows], expected[rows], f"prefill v1 d={d} {kv_dtype} splits={num_splits or 'auto'}")
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
