@@ -33,8 +33,8 @@
 // block 128 (4 warps x 32 M rows, two m16 tiles each); dynamic shared memory FlashSmem<D, int8>::kBytes
 // (attention_ops.prefill_smem_bytes: 68 KiB bf16 / 86.5 KiB int8 at D = 128, 36 / 46.5 KiB at D = 64; the
 // kernel traps on less); blocks past their sequence's chunk exit at once. prefill_attention_combine_d{64,128}
-// (only when num_splits > 1): grid (tiles, Hkv, B), block 128 (warp w merges M rows w, w + 4, ...; each lane
-// D / 32 dims).
+// (only when num_splits > 1): grid (tiles * R / 16, Hkv, B), blockIdx.x = tile * R / 16 + row group; block 128
+// (M rows 16 g .. 16 g + 15 of the tile: warp w merges rows w, w + 4, ...; each lane D / 32 dims).
 // Pipeline (key tiles are pages of 64 keys; one K and one V tile in shared memory): top of page kt: wait for
 // K(kt) and a barrier, start V(kt)'s cp.async, S = Q K^T (Q and K fragments by ldmatrix; each K fragment feeds
 // the warp's two m tiles), causal mask only on pages that reach past the tile's first position, online
@@ -54,6 +54,7 @@
 constexpr int kPrefillThreads = 128;
 constexpr int kTileRows = 64;  // v1: 4 warps x 16 M rows of (chunk row, q head)
 constexpr int kFlashRows = 128;  // v2: 4 warps x 32 M rows
+constexpr int kCombineRows = 16;  // M rows per combine block (4 per warp): many blocks keep many loads in flight
 constexpr int kKeyTile = kPageSize;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -888,7 +889,11 @@ __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_a
                                                int num_q_heads, int num_kv_heads, int num_splits) {
     constexpr int kPerLane = D / 32;
     static_assert(kPerLane == 2 || kPerLane == 4, "combine lanes hold 2 or 4 dims");
-    const int tile = blockIdx.x;
+    static_assert(kRows % kCombineRows == 0, "whole row groups");
+    constexpr int kRowGroups = kRows / kCombineRows;
+    const int num_tiles = gridDim.x / kRowGroups;
+    const int tile = blockIdx.x / kRowGroups;
+    const int row_begin = (blockIdx.x % kRowGroups) * kCombineRows;
     const int kv_head = blockIdx.y;
     const int seq = blockIdx.z;
     PrefillTile t;
@@ -896,18 +901,20 @@ __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_a
     const int used = (t.num_key_tiles + t.pages_per_split - 1) / t.pages_per_split;
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    for (int r = warp; r < kRows; r += kPrefillThreads / 32) {
+    for (int r = row_begin + warp; r < row_begin + kCombineRows; r += kPrefillThreads / 32) {
         const int qi = tile_query(t, r);
         if (qi < 0) continue;
         float m_max = neg_inf();
+#pragma unroll 4
         for (int s = 0; s < used; ++s) {
-            m_max = fmaxf(m_max, partial_ml[partial_row(s, seq, gridDim.z, tile, gridDim.x, kv_head, num_kv_heads, r, kRows) * 2]);
+            m_max = fmaxf(m_max, partial_ml[partial_row(s, seq, gridDim.z, tile, num_tiles, kv_head, num_kv_heads, r, kRows) * 2]);
         }
         const float m_use = m_max == neg_inf() ? 0.0f : m_max;  // split 0 holds key 0, so never -inf
         float acc[kPerLane] = {};
         float sum = 0.0f;
+#pragma unroll 4
         for (int s = 0; s < used; ++s) {
-            const long long prow = partial_row(s, seq, gridDim.z, tile, gridDim.x, kv_head, num_kv_heads, r, kRows);
+            const long long prow = partial_row(s, seq, gridDim.z, tile, num_tiles, kv_head, num_kv_heads, r, kRows);
             const float2 ml = *reinterpret_cast<const float2*>(partial_ml + prow * 2);
             const float w = exp2f(ml.x - m_use);  // 0 where the row saw no key of split s (its acc is 0)
             sum += w * ml.y;

@@ -244,7 +244,7 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
     assert prefill.grid == (10 * splits, 4, 3) and set(step.read) <= set(prefill.reads)
     assert prefill.smem == attention_ops.prefill_smem_bytes(128, "int8") == 88_576
     assert step.out.resource not in prefill.writes and len(prefill.writes) == 2
-    assert combine.grid == (10, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
+    assert combine.grid == (10 * 128 // 16, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
     assert not any(r[0] == "kv" for r in combine.reads)
 
 
@@ -267,11 +267,11 @@ def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_
     assert 4 <= splits and blocks * splits <= capacity
     waves = blocks * splits / (H200_SMS * 2)
     assert waves / np.ceil(waves) > 0.85
-    # v1 (64-row tiles) keeps its own geometry and the same workspace bytes
+    # v1 (64-row tiles) keeps its own geometry and its split choices (the same workspace blocks, half the bytes)
     assert attention_ops.prefill_grid_blocks(531, 1, 32, 8, variant=1) == 34 * 8
-    assert attention_ops.prefill_workspace_bytes(capacity, 128) == attention_ops.prefill_workspace_bytes(
-        attention_ops.prefill_workspace_blocks(H200_SMS, variant=1), 128, variant=1
-    )
+    assert attention_ops.prefill_workspace_blocks(H200_SMS, variant=1) == capacity
+    acc, ml = attention_ops.prefill_workspace_bytes(capacity, 128)
+    assert (acc, ml) == tuple(2 * n for n in attention_ops.prefill_workspace_bytes(capacity, 128, variant=1))
     long_chunk = attention_ops.prefill_grid_blocks(4096, 1, 32, 8)
     assert attention_ops.prefill_num_splits(long_chunk, H200_SMS, RESIDENT, 32768, capacity) == 1
     # a short context keeps 4 pages per split

@@ -56,7 +56,8 @@ if PREFILL_VARIANT not in (1, 2):
     raise ValueError(f"NINFER_PREFILL_ATTN_V must be 1 or 2, got {PREFILL_VARIANT}")
 PREFILL_MAX_SPLITS = 32  # key-range splits of one prefill tile, at most
 PREFILL_MIN_PAGES_PER_SPLIT = 4  # below this a split's Q load and partial write outweigh its keys
-PREFILL_WORKSPACE_ROWS_PER_SM = 1024  # split-block M rows (tiles x kv heads x sequences x splits x rows) the workspace holds
+PREFILL_COMBINE_ROWS = 16  # kCombineRows in prefill_attention.cu: M rows per combine block
+PREFILL_WORKSPACE_BLOCKS_PER_SM = 16  # split blocks (tiles x kv heads x sequences x splits) the workspace holds
 _SMEM_DEFAULT_LIMIT = 48 * 1024
 _BF16 = 2
 _F32 = 4
@@ -239,9 +240,11 @@ def prefill_num_splits(
 
 
 def prefill_workspace_blocks(sm_count: int, variant: int | None = None) -> int:
-    """Split blocks a PrefillWorkspace holds (the executor's, sized once per device: the same bytes for
-    either variant)."""
-    return sm_count * PREFILL_WORKSPACE_ROWS_PER_SM // prefill_tile_rows(variant)
+    """Split blocks a PrefillWorkspace holds (the executor's, sized once per device; its bytes follow the
+    variant's tile rows: 138 MB for 132 SMs at head_dim 128, v1 half that). `variant` is unused: the block
+    count is the same for both, so v1 keeps its own split choices for A/B."""
+    _prefill_variant(variant)
+    return sm_count * PREFILL_WORKSPACE_BLOCKS_PER_SM
 
 
 def prefill_workspace_bytes(blocks: int, head_dim: int, variant: int | None = None) -> tuple[int, int]:
@@ -482,7 +485,7 @@ def prefill_attention(
         label="prefill_attention", reads=reads, writes=partials, lane=lane,
     )
     lib.kernel(prefill_combine_spec(d, variant)).launch(
-        stream, (tiles, hkv, num_seqs), _THREADS,
+        stream, (tiles * prefill_tile_rows(variant) // PREFILL_COMBINE_ROWS, hkv, num_seqs), _THREADS,
         out, workspace.acc, workspace.ml, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, num_splits,
         label="prefill_attention_combine",
         reads=(*partials, inputs.context_lens.resource, inputs.query_start.resource), writes=(out.resource,), lane=lane,
