@@ -31,7 +31,7 @@
 // Launch: prefill_attention_d{64,128}_{bf16,int8}: grid (tiles * num_splits, Hkv, B) with tiles =
 // ceil(max_b C_b / Qt), blockIdx.x = split * tiles + (tiles - 1 - tile) (the longest causal tiles first);
 // block 128 (4 warps x 32 M rows, two m16 tiles each); dynamic shared memory FlashSmem<D, int8>::kBytes
-// (attention_ops.prefill_smem_bytes: 68 KiB bf16 / 86.5 KiB int8 at D = 128, 36 / 46.5 KiB at D = 64; the
+// (attention_ops.prefill_smem_bytes: 68 KiB bf16 / 69.5 KiB int8 at D = 128, 36 / 37.5 KiB at D = 64; the
 // kernel traps on less); blocks past their sequence's chunk exit at once. prefill_attention_combine_d{64,128}
 // (only when num_splits > 1): grid (tiles * R / 16, Hkv, B), blockIdx.x = tile * R / 16 + row group; block 128
 // (M rows 16 g .. 16 g + 15 of the tile: warp w merges rows w, w + 4, ...; each lane D / 32 dims).
@@ -40,9 +40,11 @@
 // the warp's two m tiles), causal mask only on pages that reach past the tile's first position, online
 // softmax (exp2 on the SFU, O rescaled only when a row's max grew), P packed to 16 bits; wait for V(kt) and a
 // barrier, start K(kt + 1)'s cp.async, O += P V (V fragments by ldmatrix.trans). int8: the pages land raw
-// ([64][D + 16] bytes) and are converted to the f16 tiles by all threads (K at the top, V after the middle
-// barrier, each followed by a barrier); both pages' scales arrive with K. Rows of every 16-bit tile are padded
-// by 16 bytes, so ldmatrix and the cp.async stores are conflict-free.
+// ([64][D + 16] bytes); S takes K's B fragments straight from the raw page (one 32-bit word = 4 int8 dims
+// -> two exact f16x2 words; Q's dims are permuted within each k step to match, once, when it is staged),
+// V is converted to an f16 tile by all threads after the middle barrier (then another barrier); both pages'
+// scales arrive with K. Rows of every 16-bit tile are padded by 16 bytes (int8 rows too), so ldmatrix, the
+// K words and the cp.async stores are conflict-free.
 //
 // v1 (prefill_attention_v1_*, prefill_attention_v1_combine_*; NINFER_PREFILL_ATTN_V=1, kept for A/B only):
 // R = 64, 4 warps x 16 M rows, Q in registers, K fragments by 32-bit shared loads; bf16: K of the next page
@@ -520,15 +522,16 @@ __forceinline__ float fast_exp2(float x) {
 }
 
 // The v2 kernel's dynamic shared memory (byte offsets; attention_ops.prefill_smem_bytes mirrors kBytes):
-// Q [128][D + 8] 16-bit, K and V [64][D + 8] 16-bit (f16 for int8 KV), and for int8 KV the raw pages
-// [64][D + 16] bytes each (cp.async targets, converted to the f16 tiles) and the 2 x 64 f32 scales.
+// Q [128][D + 8] 16-bit; bf16 KV: K and V [64][D + 8] bf16; int8 KV: V [64][D + 8] f16 (converted from its
+// raw page), the raw K and V pages [64][D + 16] bytes each (cp.async targets; S reads K's int8 words
+// directly) and the 2 x 64 f32 scales.
 template <int D, bool kInt8>
 struct FlashSmem {
     static constexpr int kStride = D + 8;      // 16-bit elements per row: +16 bytes, ldmatrix conflict-free
     static constexpr int kRawStride = D + 16;  // bytes per raw int8 row
     static constexpr int kQ = 0;
     static constexpr int kK = kQ + kFlashRows * kStride * 2;
-    static constexpr int kV = kK + kKeyTile * kStride * 2;
+    static constexpr int kV = kK + (kInt8 ? 0 : kKeyTile * kStride * 2);
     static constexpr int kKRaw = kV + kKeyTile * kStride * 2;
     static constexpr int kVRaw = kKRaw + (kInt8 ? kKeyTile * kRawStride : 0);
     static constexpr int kKScale = kVRaw + (kInt8 ? kKeyTile * kRawStride : 0);
@@ -592,6 +595,8 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
     constexpr int kStride = S::kStride;
     constexpr int kKSteps = D / 16;
     constexpr int kDimTiles = D / 8;
+    // k steps of S unrolled: not all (ptxas would hoist every step's fragments and spill on sm_120a)
+    constexpr int kSUnroll = kInt8 ? 1 : 2;
     extern __shared__ __align__(16) unsigned char flash_smem[];
     unsigned dynamic_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dynamic_bytes));
@@ -643,28 +648,35 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
         load_page_async<2 * D>(k_at, 2 * kStride, k_cache, pages[kt_begin], kv_head, num_kv_heads, first_keys);
     }
     cp_async_commit();
-    if constexpr (kInt8) {  // int8 KV multiplies in f16 (exact int8 values): Q bf16 -> f16, each thread its own chunks
+    if constexpr (kInt8) {
+        // int8 KV multiplies in f16 (exact int8 values): Q bf16 -> f16, and within each k step of 16 dims the
+        // dim pairs reordered 0, 2, 4, 6, 1, 3, 5, 7, so that the A fragment's k slots (2c, 2c+1 | 2c+8, 2c+9)
+        // hold dims 4c, 4c+1 | 4c+2, 4c+3: the order of the 4 int8 values of K's 32-bit word at dim 4c, which
+        // S then reads as its B fragment without a 16-bit copy of K (the dot product is the same sum).
         cp_async_wait<1>();
-        for (int i = threadIdx.x; i < kFlashRows * (D / 8); i += kPrefillThreads) {
-            uint4* chunk = reinterpret_cast<uint4*>(q_tile + (i / (D / 8)) * kStride + (i % (D / 8)) * 8);
-            uint4 w = *chunk;
-            w.x = pack_f16x2(bf16_lo(w.x), bf16_hi(w.x));
-            w.y = pack_f16x2(bf16_lo(w.y), bf16_hi(w.y));
-            w.z = pack_f16x2(bf16_lo(w.z), bf16_hi(w.z));
-            w.w = pack_f16x2(bf16_lo(w.w), bf16_hi(w.w));
-            *chunk = w;
+        __syncthreads();  // a k step's two 16-byte chunks were copied by two threads
+        for (int i = threadIdx.x; i < kFlashRows * kKSteps; i += kPrefillThreads) {
+            uint4* step = reinterpret_cast<uint4*>(q_tile + (i / kKSteps) * kStride + (i % kKSteps) * 16);
+            const uint4 lo = step[0], hi = step[1];
+            const unsigned in[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            unsigned f16[8];
+#pragma unroll
+            for (int w = 0; w < 8; ++w) f16[w] = pack_f16x2(bf16_lo(in[w]), bf16_hi(in[w]));
+            step[0] = make_uint4(f16[0], f16[2], f16[4], f16[6]);
+            step[1] = make_uint4(f16[1], f16[3], f16[5], f16[7]);
         }
     }
 
     // Every ldmatrix.x4 here reads a 16 x 16 block: lane l gives the address of row l % 16, columns 8 (l / 16)
     // (matrices: rows 0-7 / 8-15 x columns 0-7, then rows 0-7 / 8-15 x columns 8-15).
     // Q (A of m tile mt): rows warp_row + 16 mt + .., dims 16 ks + ..: a0..a3 in order.
-    // K (B of n tiles 2np, 2np + 1): keys 16 np + .., dims 16 ks + ..: b0, b1 of tile 2np = regs 0, 2; of 2np + 1 = 1, 3.
+    // K (bf16; B of n tiles 2np, 2np + 1): keys 16 np + .., dims 16 ks + ..: b0, b1 of tile 2np = regs 0, 2; of 2np + 1 = 1, 3.
     // V (transposed: B of dim tiles 2dp, 2dp + 1): keys 16 kk + .., dims 16 dp + ..: b0, b1 of 2dp = 0, 1; of 2dp + 1 = 2, 3.
     const unsigned lane_offset = ((lane & 15) * kStride + (lane >> 4) * 8) * 2;
     const unsigned q_lane = smem_address(q_tile + warp_row * kStride) + lane_offset;
     const unsigned k_lane = k_at + lane_offset;
     const unsigned v_lane = v_at + lane_offset;
+    const unsigned char* k_raw_lane = k_raw + g * S::kRawStride + 4 * c;  // int8: this lane's K words (32-bit, conflict-free)
 
     float o[2][kDimTiles][4];
 #pragma unroll
@@ -689,14 +701,9 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
         cp_async_wait<0>();  // K(kt) (and Q) landed; every warp is past P.V(kt - 1), so V's tiles are free
         __syncthreads();
         const int keys = min(kKeyTile, ctx - kt * kKeyTile);
-        if constexpr (kInt8) {
-            convert_int8_page<D>(k_tile, k_raw);
-            load_page_async<D>(v_raw_at, S::kRawStride, v_cache, pages[kt], kv_head, num_kv_heads, keys);
-        } else {
-            load_page_async<2 * D>(v_at, 2 * kStride, v_cache, pages[kt], kv_head, num_kv_heads, keys);
-        }
+        if constexpr (kInt8) load_page_async<D>(v_raw_at, S::kRawStride, v_cache, pages[kt], kv_head, num_kv_heads, keys);
+        else load_page_async<2 * D>(v_at, 2 * kStride, v_cache, pages[kt], kv_head, num_kv_heads, keys);
         cp_async_commit();  // V(kt) flies during S and the softmax
-        if constexpr (kInt8) __syncthreads();  // k_tile converted
 
         // S = Q K^T: each K fragment feeds both m tiles.
         float s[2][8][4];
@@ -705,19 +712,30 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
         }
-#pragma unroll 2  // not fully: ptxas would hoist every k step's fragments and spill (sm_120a int8)
+#pragma unroll kSUnroll
         for (int ks = 0; ks < kKSteps; ++ks) {
             unsigned qa[2][4];
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) ldmatrix_x4_at(qa[mt], q_lane + (16 * mt * kStride + 16 * ks) * 2);
+            if constexpr (kInt8) {
+                // B fragment of n tile nt: key 8 nt + g, int8 dims 16 ks + 4c .. 4c + 3 -> (b0, b1) (see the Q staging)
 #pragma unroll
-            for (int np = 0; np < 4; ++np) {
-                unsigned kb[4];
-                ldmatrix_x4_at(kb, k_lane + (16 * np * kStride + 16 * ks) * 2);
+                for (int nt = 0; nt < 8; ++nt) {
+                    const unsigned word = *reinterpret_cast<const unsigned*>(k_raw_lane + nt * 8 * S::kRawStride + 16 * ks);
+                    const unsigned b0 = int8x2_to_f16x2<false>(word), b1 = int8x2_to_f16x2<true>(word);
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    mma16<kInt8>(s[mt][2 * np], qa[mt], kb[0], kb[2]);
-                    mma16<kInt8>(s[mt][2 * np + 1], qa[mt], kb[1], kb[3]);
+                    for (int mt = 0; mt < 2; ++mt) mma16<true>(s[mt][nt], qa[mt], b0, b1);
+                }
+            } else {
+#pragma unroll
+                for (int np = 0; np < 4; ++np) {
+                    unsigned kb[4];
+                    ldmatrix_x4_at(kb, k_lane + (16 * np * kStride + 16 * ks) * 2);
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        mma16<false>(s[mt][2 * np], qa[mt], kb[0], kb[2]);
+                        mma16<false>(s[mt][2 * np + 1], qa[mt], kb[1], kb[3]);
+                    }
                 }
             }
         }

@@ -200,12 +200,13 @@ def prefill_grid_blocks(longest: int, num_seqs: int, n_q_heads: int, n_kv_heads:
 
 def prefill_smem_bytes(head_dim: int, kv_dtype: str, variant: int | None = None) -> int:
     """Dynamic shared memory of a prefill block (FlashSmem<D, int8>::kBytes in prefill_attention.cu): Q
-    [128][D + 8] and K, V [64][D + 8] 16-bit tiles, plus for int8 KV the raw pages [64][D + 16] bytes x 2 and
-    2 x 64 f32 scales. v1 uses static shared memory only (0)."""
+    [128][D + 8] and V [64][D + 8] 16-bit tiles, K [64][D + 8] bf16 (bf16 KV) or, for int8 KV, the raw K and
+    V pages [64][D + 16] bytes x 2 and 2 x 64 f32 scales. v1 uses static shared memory only (0)."""
     if _prefill_variant(variant) == 1:
         return 0
-    tiles = (PREFILL_TILE_ROWS + 2 * PAGE_SIZE) * (head_dim + 8) * _BF16
-    return tiles + (2 * PAGE_SIZE * (head_dim + 16) + 2 * PAGE_SIZE * _F32 if kv_dtype == "int8" else 0)
+    if kv_dtype == "int8":
+        return (PREFILL_TILE_ROWS + PAGE_SIZE) * (head_dim + 8) * _BF16 + 2 * PAGE_SIZE * (head_dim + 16) + 2 * PAGE_SIZE * _F32
+    return (PREFILL_TILE_ROWS + 2 * PAGE_SIZE) * (head_dim + 8) * _BF16
 
 
 def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str, variant: int | None = None) -> int:
