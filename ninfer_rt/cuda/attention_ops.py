@@ -501,7 +501,8 @@ def _prefill_workspace_for(lib: KernelLibrary, owner_buffer: Buffer, head_dim: i
     owner = owner_buffer.owner
     key = (id(lib), head_dim, id(owner))
     if key not in _prefill_workspaces:
-        acc_bytes, ml_bytes = prefill_workspace_bytes(prefill_workspace_blocks(lib.device.sm_count), head_dim)
+        # sized for the larger (v2) tiles, so an explicit `variant=` never outgrows it
+        acc_bytes, ml_bytes = prefill_workspace_bytes(prefill_workspace_blocks(lib.device.sm_count), head_dim, variant=2)
         workspace = PrefillWorkspace(
             DeviceBuffer(owner, acc_bytes, f"attention.prefill_partial_acc[d{head_dim}]"),
             DeviceBuffer(owner, ml_bytes, f"attention.prefill_partial_ml[d{head_dim}]"),
