@@ -17,30 +17,46 @@
 // context_lens int32 [B]; query_start int32 [B+1]; out bf16 [T, Hq, D]. Sequences with C <= decode_max_queries
 // are skipped (decode_attention's in a mixed step).
 //
-// Tiles (GQA sharing): a block owns one kv head and a tile of 64 M rows = Qt = 64 / G chunk rows x the G q
-// heads of that kv head (row r: chunk row q_begin + r / G, q head kv_head * G + r % G; when G does not
-// divide 64 the last 64 - Qt * G rows are padding). Each K/V page is staged (and int8-dequantized) once
-// for all G heads. G <= 64.
+// Tiles (GQA sharing): a block owns one kv head and a tile of R = 128 M rows (v1: 64) = Qt = R / G chunk rows
+// x the G q heads of that kv head (row r: chunk row q_begin + r / G, q head kv_head * G + r % G; when G does
+// not divide R the last R - Qt * G rows are padding). Each K/V page is staged (and int8-dequantized) once for
+// all G heads. G <= R.
 // Splits: the sequence's ceil(L / 64) pages are cut into num_splits ranges of pps = ceil(pages / num_splits)
 // pages; split s covers pages [s * pps, (s + 1) * pps) clipped to the pages its tile sees (empty splits exit
 // at once). num_splits == 1: the block normalizes and writes out. num_splits > 1: it writes its unnormalized
 // f32 partials to the workspace, and prefill_attention_combine_d{64,128} merges the non-empty splits:
-//   partial_acc f32 [num_splits, B, tiles, Hkv, 64, D], partial_ml f32 [num_splits, B, tiles, Hkv, 64, 2]
+//   partial_acc f32 [num_splits, B, tiles, Hkv, R, D], partial_ml f32 [num_splits, B, tiles, Hkv, R, 2]
 //   (m = running max of scale * log2(e) * s, -inf if the row saw no key in the split; l = sum of
 //   exp2(s - m)); out = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s, M = max_s m_s.
 // Launch: prefill_attention_d{64,128}_{bf16,int8}: grid (tiles * num_splits, Hkv, B) with tiles =
-// ceil(max_b C_b / Qt), blockIdx.x = split * tiles + tile; block 128 (4 warps x 16 M rows); blocks past
-// their sequence's chunk exit at once. prefill_attention_combine_d{64,128} (only when num_splits > 1):
-// grid (tiles, Hkv, B), block 128 (warp w merges M rows w, w + 4, ...; each lane D / 32 dims).
-// Key tiles are pages (64 keys). bf16: K of the next page loads (cp.async) during softmax and P.V, V of the
-// next page during the next S. int8: the next page's K is loaded into registers during S and V during
-// softmax and P.V, each stored to shared memory after the barrier that frees its tile. The causal mask is evaluated only on pages that reach past the tile's first
-// position. Static shared memory: K and V tiles, rows padded by 16 bytes so fragment loads and ldmatrix
-// are conflict-free (34 KiB at D = 128), plus the int8 pages' 2 x 64 scales. D = 256 is not instantiated (needs > 48 KiB).
+// ceil(max_b C_b / Qt), blockIdx.x = split * tiles + (tiles - 1 - tile) (the longest causal tiles first);
+// block 128 (4 warps x 32 M rows, two m16 tiles each); dynamic shared memory FlashSmem<D, int8>::kBytes
+// (attention_ops.prefill_smem_bytes: 68 KiB bf16 / 69.5 KiB int8 at D = 128, 36 / 37.5 KiB at D = 64; the
+// kernel traps on less); blocks past their sequence's chunk exit at once. prefill_attention_combine_d{64,128}
+// (only when num_splits > 1): grid (tiles * R / 16, Hkv, B), blockIdx.x = tile * R / 16 + row group; block 128
+// (M rows 16 g .. 16 g + 15 of the tile: warp w merges rows w, w + 4, ...; each lane D / 32 dims).
+// Pipeline (key tiles are pages of 64 keys; one K and one V tile in shared memory): top of page kt: wait for
+// K(kt) and a barrier, start V(kt)'s cp.async, S = Q K^T (Q and K fragments by ldmatrix; each K fragment feeds
+// the warp's two m tiles), causal mask only on pages that reach past the tile's first position, online
+// softmax (exp2 on the SFU, O rescaled only when a row's max grew), P packed to 16 bits; wait for V(kt) and a
+// barrier, start K(kt + 1)'s cp.async, O += P V (V fragments by ldmatrix.trans). int8: the pages land raw
+// ([64][D + 16] bytes); S takes K's B fragments straight from the raw page (one 32-bit word = 4 int8 dims
+// -> two exact f16x2 words; Q's dims are permuted within each k step to match, once, when it is staged),
+// V is converted to an f16 tile by all threads after the middle barrier (then another barrier); both pages'
+// scales arrive with K. Rows of every 16-bit tile are padded by 16 bytes (int8 rows too), so ldmatrix, the
+// K words and the cp.async stores are conflict-free.
+//
+// v1 (prefill_attention_v1_*, prefill_attention_v1_combine_*; NINFER_PREFILL_ATTN_V=1, kept for A/B only):
+// R = 64, 4 warps x 16 M rows, Q in registers, K fragments by 32-bit shared loads; bf16: K of the next page
+// loads (cp.async) during softmax and P.V, V of the next page during the next S; int8: the next page's K
+// is loaded into registers during S and V during softmax and P.V, each stored to shared memory (as f16) after
+// the barrier that frees its tile. Static shared memory (34 KiB at D = 128). D = 256 is not instantiated.
 #include "attention_common.cuh"
 
 constexpr int kPrefillThreads = 128;
-constexpr int kTileRows = 64;  // 4 warps x 16 M rows of (chunk row, q head)
+constexpr int kTileRows = 64;  // v1: 4 warps x 16 M rows of (chunk row, q head)
+constexpr int kFlashRows = 128;  // v2: 4 warps x 32 M rows
+constexpr int kCombineRows = 16;  // M rows per combine block (4 per warp): many blocks keep many loads in flight
 constexpr int kKeyTile = kPageSize;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -88,6 +104,20 @@ __forceinline__ unsigned int8x2_to_f16x2(unsigned word) {
     unsigned value;
     asm("sub.f16x2 %0, %1, %2;\n" : "=r"(value) : "r"(magic), "r"(0x64806480u));
     return value;
+}
+
+// 16 int8 values (one 16-byte chunk of a key row) as exact f16 into 32 bytes of shared memory at `dst`.
+__forceinline__ void int8x16_to_f16(unsigned short* dst, uint4 raw) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+    unsigned packed[8];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        packed[2 * w] = int8x2_to_f16x2<false>(words[w]);
+        packed[2 * w + 1] = int8x2_to_f16x2<true>(words[w]);
+    }
+    uint4* out = reinterpret_cast<uint4*>(dst);
+    out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
 }
 
 // Four transposed 8x8 16-bit matrices; lanes 8i..8i+7 give the row addresses of matrix i.
@@ -144,16 +174,7 @@ __forceinline__ void store_int8_page(unsigned short* tile, float* scale_tile, co
         const int i = threadIdx.x + j * kPrefillThreads;
         const int key = i / H::kChunks;
         const int part = i % H::kChunks;
-        const unsigned words[4] = {held.raw[j].x, held.raw[j].y, held.raw[j].z, held.raw[j].w};
-        unsigned packed[8];
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            packed[2 * w] = int8x2_to_f16x2<false>(words[w]);
-            packed[2 * w + 1] = int8x2_to_f16x2<true>(words[w]);
-        }
-        uint4* dst = reinterpret_cast<uint4*>(tile + key * PrefillShape<D>::kStride + part * 16);
-        dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-        dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+        int8x16_to_f16(tile + key * PrefillShape<D>::kStride + part * 16, held.raw[j]);
         if (part == 0) scale_tile[key] = held.scale[j];
     }
 }
@@ -189,11 +210,11 @@ struct PrefillTile {
 };
 
 __forceinline__ bool prefill_tile(PrefillTile& t, int tile, int seq, const int* context_lens, const int* query_start,
-                                  int decode_max_queries, int num_q_heads, int num_kv_heads, int num_splits) {
+                                  int decode_max_queries, int num_q_heads, int num_kv_heads, int num_splits, int tile_rows) {
     t.row0 = query_start[seq];
     t.chunk = query_start[seq + 1] - t.row0;
     t.group = num_q_heads / num_kv_heads;
-    t.tile_queries = kTileRows / t.group;
+    t.tile_queries = tile_rows / t.group;
     t.q_begin = tile * t.tile_queries;
     if (t.chunk <= decode_max_queries || t.q_begin >= t.chunk) return false;
     t.ctx = context_lens[seq];
@@ -219,12 +240,12 @@ __forceinline__ long long tile_row_offset(const PrefillTile& t, int r, int qi, i
 
 // Row index of M row r of (split, seq, tile, kv_head) in the partial workspace.
 __forceinline__ long long partial_row(int split, int seq, int num_seqs, int tile, int num_tiles, int kv_head,
-                                      int num_kv_heads, int r) {
-    return ((((long long)split * num_seqs + seq) * num_tiles + tile) * num_kv_heads + kv_head) * kTileRows + r;
+                                      int num_kv_heads, int r, int tile_rows) {
+    return ((((long long)split * num_seqs + seq) * num_tiles + tile) * num_kv_heads + kv_head) * tile_rows + r;
 }
 
 template <int D, bool kInt8>
-__forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* partial_ml, const bf16* q,
+__forceinline__ void prefill_attention_v1(bf16* out, float* partial_acc, float* partial_ml, const bf16* q,
                                        const void* k_cache, const void* v_cache, const float* k_scale,
                                        const float* v_scale, const int* block_tables, int max_pages,
                                        const int* context_lens, const int* query_start, int decode_max_queries,
@@ -241,7 +262,7 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
     const int kv_head = blockIdx.y;
     const int seq = blockIdx.z;
     PrefillTile t;
-    if (!prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits)) return;
+    if (!prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits, kTileRows)) return;
     const int kt_begin = split * t.pages_per_split;
     const int kt_end = min(kt_begin + t.pages_per_split, t.num_key_tiles);
     if (kt_begin >= kt_end) return;  // an empty split: the combine never reads it
@@ -460,7 +481,7 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
                 *reinterpret_cast<unsigned*>(dst + dt * 8) = pack_bf16x2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
             }
         } else {
-            const long long prow = partial_row(split, seq, gridDim.z, tile, num_tiles, kv_head, num_kv_heads, r);
+            const long long prow = partial_row(split, seq, gridDim.z, tile, num_tiles, kv_head, num_kv_heads, r, kTileRows);
             float* dst = partial_acc + prow * D + 2 * c;
 #pragma unroll
             for (int dt = 0; dt < P::kDimTiles; ++dt) {
@@ -471,34 +492,447 @@ __forceinline__ void prefill_attention(bf16* out, float* partial_acc, float* par
     }
 }
 
+// ---- v2: 128 M rows per block (4 warps x 32), Q in shared memory, every fragment through ldmatrix ----------
+
+// 4-byte-word shared-memory address of a generic pointer into shared memory.
+__forceinline__ unsigned smem_address(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 16-bit matrices from shared memory (non-transposed); lanes 8i..8i+7 give matrix i's row addresses.
+__forceinline__ void ldmatrix_x4_at(unsigned (&frag)[4], unsigned address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
+                 : "r"(address)
+                 : "memory");
+}
+
+__forceinline__ void ldmatrix_x4_trans_at(unsigned (&frag)[4], unsigned address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
+                 : "r"(address)
+                 : "memory");
+}
+
+// 2^x on the SFU (ex2.approx.ftz: 2 ulp; -inf -> +0).
+__forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// The v2 kernel's dynamic shared memory (byte offsets; attention_ops.prefill_smem_bytes mirrors kBytes):
+// Q [128][D + 8] 16-bit; bf16 KV: K and V [64][D + 8] bf16; int8 KV: V [64][D + 8] f16 (converted from its
+// raw page), the raw K and V pages [64][D + 16] bytes each (cp.async targets; S reads K's int8 words
+// directly) and the 2 x 64 f32 scales.
+template <int D, bool kInt8>
+struct FlashSmem {
+    static constexpr int kStride = D + 8;      // 16-bit elements per row: +16 bytes, ldmatrix conflict-free
+    static constexpr int kRawStride = D + 16;  // bytes per raw int8 row
+    static constexpr int kQ = 0;
+    static constexpr int kK = kQ + kFlashRows * kStride * 2;
+    static constexpr int kV = kK + (kInt8 ? 0 : kKeyTile * kStride * 2);
+    static constexpr int kKRaw = kV + kKeyTile * kStride * 2;
+    static constexpr int kVRaw = kKRaw + (kInt8 ? kKeyTile * kRawStride : 0);
+    static constexpr int kKScale = kVRaw + (kInt8 ? kKeyTile * kRawStride : 0);
+    static constexpr int kVScale = kKScale + (kInt8 ? kKeyTile * 4 : 0);
+    static constexpr int kBytes = kVScale + (kInt8 ? kKeyTile * 4 : 0);
+};
+
+// Keys [0, valid_keys) of `page` for one kv head (kRowBytes per key: D * 2 for bf16, D for int8) into a
+// shared tile of `dst_stride` bytes per key at shared address `dst`, through cp.async (waited for by the
+// caller); the rest zero-filled. Thread t copies the 16-byte chunk t % chunks of keys t / chunks + j * passes.
+template <int kRowBytes>
+__forceinline__ void load_page_async(unsigned dst, int dst_stride, const void* cache, long long page, int kv_head,
+                                     int num_kv_heads, int valid_keys) {
+    constexpr int kChunks = kRowBytes / 16;
+    constexpr int kKeysPerPass = kPrefillThreads / kChunks;
+    static_assert(kKeysPerPass * kChunks == kPrefillThreads && kKeyTile % kKeysPerPass == 0, "whole passes");
+    const int key0 = threadIdx.x / kChunks;
+    const int part = threadIdx.x % kChunks;
+    const unsigned char* base = static_cast<const unsigned char*>(cache);
+    const unsigned char* src = base + ((page * kPageSize + key0) * num_kv_heads + kv_head) * kRowBytes + part * 16;
+    const long long pass_bytes = (long long)kKeysPerPass * num_kv_heads * kRowBytes;
+#pragma unroll
+    for (int j = 0; j < kKeyTile / kKeysPerPass; ++j) {
+        const bool valid = key0 + j * kKeysPerPass < valid_keys;
+        const unsigned to = dst + (key0 + j * kKeysPerPass) * dst_stride + part * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(valid ? src + j * pass_bytes : base),
+                     "r"(valid ? 16 : 0));
+    }
+}
+
+// The per-key f32 scales of keys [0, valid_keys) of an int8 `page` for one kv head into scale_tile[64]
+// (cp.async, zero-filled past valid_keys).
+__forceinline__ void load_page_scales_async(float* scale_tile, const float* scales, long long page, int kv_head,
+                                            int num_kv_heads, int valid_keys) {
+    if (threadIdx.x < kKeyTile) {
+        const int key = threadIdx.x;
+        const bool valid = key < valid_keys;
+        cp_async4(scale_tile + key, scales + (valid ? (page * kPageSize + key) * num_kv_heads + kv_head : 0), valid);
+    }
+}
+
+// A raw int8 tile (landed) into the [64][D + 8] f16 tile: exact values.
+template <int D>
+__forceinline__ void convert_int8_page(unsigned short* tile, const unsigned char* raw) {
+    constexpr int kChunks = D / 16;
+#pragma unroll
+    for (int i = threadIdx.x; i < kKeyTile * kChunks; i += kPrefillThreads) {
+        const int key = i / kChunks;
+        const int part = i % kChunks;
+        int8x16_to_f16(tile + key * (D + 8) + part * 16, *reinterpret_cast<const uint4*>(raw + key * (D + 16) + part * 16));
+    }
+}
+
+template <int D, bool kInt8>
+__forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, float* partial_ml, const bf16* q,
+                                             const void* k_cache, const void* v_cache, const float* k_scale,
+                                             const float* v_scale, const int* block_tables, int max_pages,
+                                             const int* context_lens, const int* query_start, int decode_max_queries,
+                                             int num_q_heads, int num_kv_heads, float scale, int num_splits) {
+    using S = FlashSmem<D, kInt8>;
+    constexpr int kStride = S::kStride;
+    constexpr int kKSteps = D / 16;
+    constexpr int kDimTiles = D / 8;
+    // k steps of S unrolled: not all (ptxas would hoist every step's fragments and spill on sm_120a)
+    constexpr int kSUnroll = kInt8 ? 1 : 2;
+    extern __shared__ __align__(16) unsigned char flash_smem[];
+    unsigned dynamic_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dynamic_bytes));
+    if (dynamic_bytes < S::kBytes) __trap();  // the launch's smem must match attention_ops.prefill_smem_bytes
+    unsigned short* q_tile = reinterpret_cast<unsigned short*>(flash_smem + S::kQ);
+    unsigned short* k_tile = reinterpret_cast<unsigned short*>(flash_smem + S::kK);
+    unsigned short* v_tile = reinterpret_cast<unsigned short*>(flash_smem + S::kV);
+    unsigned char* k_raw = flash_smem + S::kKRaw;
+    unsigned char* v_raw = flash_smem + S::kVRaw;
+    float* k_scale_tile = reinterpret_cast<float*>(flash_smem + S::kKScale);
+    float* v_scale_tile = reinterpret_cast<float*>(flash_smem + S::kVScale);
+    const unsigned k_at = smem_address(k_tile), v_at = smem_address(v_tile);
+    const unsigned k_raw_at = smem_address(k_raw), v_raw_at = smem_address(v_raw);
+
+    const int num_tiles = gridDim.x / num_splits;
+    const int tile = num_tiles - 1 - blockIdx.x % num_tiles;  // the longest (last) causal tiles start first
+    const int split = blockIdx.x / num_tiles;
+    const int kv_head = blockIdx.y;
+    const int seq = blockIdx.z;
+    PrefillTile t;
+    if (!prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits, kFlashRows)) return;
+    const int kt_begin = split * t.pages_per_split;
+    const int kt_end = min(kt_begin + t.pages_per_split, t.num_key_tiles);
+    if (kt_begin >= kt_end) return;  // an empty split: the combine never reads it
+    const int ctx = t.ctx;
+    const int* pages = block_tables + (long long)seq * max_pages;
+
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2;  // mma groupID: fragment row (A, C) or column (B)
+    const int c = lane & 3;   // mma threadID_in_group
+    const int warp_row = warp * 32;
+
+    // Q tile (padding rows and rows past the chunk zero-filled), then K of the first page.
+    for (int i = threadIdx.x; i < kFlashRows * (D / 8); i += kPrefillThreads) {
+        const int r = i / (D / 8);
+        const int part = i % (D / 8);
+        const int qi = tile_query(t, r);
+        const long long offset = qi >= 0 ? tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + part * 8 : 0;
+        cp_async16(q_tile + r * kStride + part * 8, q + offset, qi >= 0);
+    }
+    cp_async_commit();
+    const int first_keys = min(kKeyTile, ctx - kt_begin * kKeyTile);
+    if constexpr (kInt8) {
+        load_page_async<D>(k_raw_at, S::kRawStride, k_cache, pages[kt_begin], kv_head, num_kv_heads, first_keys);
+        load_page_scales_async(k_scale_tile, k_scale, pages[kt_begin], kv_head, num_kv_heads, first_keys);
+        load_page_scales_async(v_scale_tile, v_scale, pages[kt_begin], kv_head, num_kv_heads, first_keys);
+    } else {
+        load_page_async<2 * D>(k_at, 2 * kStride, k_cache, pages[kt_begin], kv_head, num_kv_heads, first_keys);
+    }
+    cp_async_commit();
+    if constexpr (kInt8) {
+        // int8 KV multiplies in f16 (exact int8 values): Q bf16 -> f16, and within each k step of 16 dims the
+        // dim pairs reordered 0, 2, 4, 6, 1, 3, 5, 7, so that the A fragment's k slots (2c, 2c+1 | 2c+8, 2c+9)
+        // hold dims 4c, 4c+1 | 4c+2, 4c+3: the order of the 4 int8 values of K's 32-bit word at dim 4c, which
+        // S then reads as its B fragment without a 16-bit copy of K (the dot product is the same sum).
+        cp_async_wait<1>();
+        __syncthreads();  // a k step's two 16-byte chunks were copied by two threads
+        for (int i = threadIdx.x; i < kFlashRows * kKSteps; i += kPrefillThreads) {
+            uint4* step = reinterpret_cast<uint4*>(q_tile + (i / kKSteps) * kStride + (i % kKSteps) * 16);
+            const uint4 lo = step[0], hi = step[1];
+            const unsigned in[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            unsigned f16[8];
+#pragma unroll
+            for (int w = 0; w < 8; ++w) f16[w] = pack_f16x2(bf16_lo(in[w]), bf16_hi(in[w]));
+            step[0] = make_uint4(f16[0], f16[2], f16[4], f16[6]);
+            step[1] = make_uint4(f16[1], f16[3], f16[5], f16[7]);
+        }
+    }
+
+    // Every ldmatrix.x4 here reads a 16 x 16 block: lane l gives the address of row l % 16, columns 8 (l / 16)
+    // (matrices: rows 0-7 / 8-15 x columns 0-7, then rows 0-7 / 8-15 x columns 8-15).
+    // Q (A of m tile mt): rows warp_row + 16 mt + .., dims 16 ks + ..: a0..a3 in order.
+    // K (bf16; B of n tiles 2np, 2np + 1): keys 16 np + .., dims 16 ks + ..: b0, b1 of tile 2np = regs 0, 2; of 2np + 1 = 1, 3.
+    // V (transposed: B of dim tiles 2dp, 2dp + 1): keys 16 kk + .., dims 16 dp + ..: b0, b1 of 2dp = 0, 1; of 2dp + 1 = 2, 3.
+    const unsigned lane_offset = ((lane & 15) * kStride + (lane >> 4) * 8) * 2;
+    const unsigned q_lane = smem_address(q_tile + warp_row * kStride) + lane_offset;
+    const unsigned k_lane = k_at + lane_offset;
+    const unsigned v_lane = v_at + lane_offset;
+    const unsigned char* k_raw_lane = k_raw + g * S::kRawStride + 4 * c;  // int8: this lane's K words (32-bit, conflict-free)
+
+    float o[2][kDimTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < kDimTiles; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+    }
+    float m[2][2], l[2][2];  // [m tile][rows g, g + 8]: running max (log2 domain, scaled) and this thread's share of the sum
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            m[mt][h] = neg_inf();
+            l[mt][h] = 0.0f;
+        }
+    }
+    const int min_pos = t.first_pos + t.q_begin;  // the tile's first position: earlier pages need no mask
+    const int group = t.group;
+    const float scale_log2 = scale * kLog2e;
+
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
+        cp_async_wait<0>();  // K(kt) (and Q) landed; every warp is past P.V(kt - 1), so V's tiles are free
+        __syncthreads();
+        const int keys = min(kKeyTile, ctx - kt * kKeyTile);
+        if constexpr (kInt8) load_page_async<D>(v_raw_at, S::kRawStride, v_cache, pages[kt], kv_head, num_kv_heads, keys);
+        else load_page_async<2 * D>(v_at, 2 * kStride, v_cache, pages[kt], kv_head, num_kv_heads, keys);
+        cp_async_commit();  // V(kt) flies during S and the softmax
+
+        // S = Q K^T: each K fragment feeds both m tiles.
+        float s[2][8][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+        }
+#pragma unroll kSUnroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+            unsigned qa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) ldmatrix_x4_at(qa[mt], q_lane + (16 * mt * kStride + 16 * ks) * 2);
+            if constexpr (kInt8) {
+                // B fragment of n tile nt: key 8 nt + g, int8 dims 16 ks + 4c .. 4c + 3 -> (b0, b1) (see the Q staging)
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) {
+                    const unsigned word = *reinterpret_cast<const unsigned*>(k_raw_lane + nt * 8 * S::kRawStride + 16 * ks);
+                    const unsigned b0 = int8x2_to_f16x2<false>(word), b1 = int8x2_to_f16x2<true>(word);
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) mma16<true>(s[mt][nt], qa[mt], b0, b1);
+                }
+            } else {
+#pragma unroll
+                for (int np = 0; np < 4; ++np) {
+                    unsigned kb[4];
+                    ldmatrix_x4_at(kb, k_lane + (16 * np * kStride + 16 * ks) * 2);
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        mma16<false>(s[mt][2 * np], qa[mt], kb[0], kb[2]);
+                        mma16<false>(s[mt][2 * np + 1], qa[mt], kb[1], kb[3]);
+                    }
+                }
+            }
+        }
+        if constexpr (kInt8) {  // S columns times their keys' K scales
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const float2 sc = *reinterpret_cast<const float2*>(k_scale_tile + nt * 8 + 2 * c);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    s[mt][nt][0] *= sc.x;
+                    s[mt][nt][1] *= sc.y;
+                    s[mt][nt][2] *= sc.x;
+                    s[mt][nt][3] *= sc.y;
+                }
+            }
+        }
+        // Causal mask, only on pages reaching past the tile's first position (earlier keys are visible to
+        // every row and lie inside the context).
+        if (kt * kKeyTile + kKeyTile - 1 > min_pos) {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                // the positions of rows g, g + 8 (padding rows: past the tile; zero Q keeps them finite, never stored)
+                const int pos[2] = {min_pos + (warp_row + 16 * mt + g) / group, min_pos + (warp_row + 16 * mt + 8 + g) / group};
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = kt * kKeyTile + nt * 8 + 2 * c + (e & 1);
+                        if (key > pos[e >> 1]) s[mt][nt][e] = neg_inf();
+                    }
+                }
+            }
+        }
+        // Online softmax in the log2 domain: p = 2^(s * scale * log2 e - m); O and l rescaled only when a
+        // row's max grew (a warp-uniform test).
+        float alpha[2][2];
+        bool grew = false;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float tile_max = neg_inf();
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+                const float m_new = fmaxf(m[mt][h], tile_max * scale_log2);
+                const float m_use = m_new == neg_inf() ? 0.0f : m_new;  // nothing visible yet: keep exp2 away from NaN
+                alpha[mt][h] = fast_exp2(m[mt][h] - m_use);
+                grew |= m_new > m[mt][h];
+                m[mt][h] = m_new;
+                float tile_sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                        s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -m_use));
+                        tile_sum += s[mt][nt][e];
+                    }
+                }
+                l[mt][h] = l[mt][h] * alpha[mt][h] + tile_sum;
+            }
+        }
+        if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+                for (int dt = 0; dt < kDimTiles; ++dt) {
+                    o[mt][dt][0] *= alpha[mt][0];
+                    o[mt][dt][1] *= alpha[mt][0];
+                    o[mt][dt][2] *= alpha[mt][1];
+                    o[mt][dt][3] *= alpha[mt][1];
+                }
+            }
+        }
+
+        // P as the A fragments of P.V, packed now so only half the registers stay live through the wait: the
+        // accumulator layout of S tiles 2kk, 2kk+1 is the A-fragment layout of P[:, 16kk : 16kk+16] (keys
+        // 16kk + 2c, +1 and 16kk + 8 + 2c, +1). int8: P's columns times their keys' V scales (loaded with K)
+        // before rounding to f16.
+        unsigned pa[2][kKeyTile / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+            float2 vs0 = make_float2(1.0f, 1.0f), vs1 = make_float2(1.0f, 1.0f);
+            if constexpr (kInt8) {
+                vs0 = *reinterpret_cast<const float2*>(v_scale_tile + kk * 16 + 2 * c);
+                vs1 = *reinterpret_cast<const float2*>(v_scale_tile + kk * 16 + 8 + 2 * c);
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                pa[mt][kk][0] = pack16x2<kInt8>(s[mt][2 * kk][0] * vs0.x, s[mt][2 * kk][1] * vs0.y);
+                pa[mt][kk][1] = pack16x2<kInt8>(s[mt][2 * kk][2] * vs0.x, s[mt][2 * kk][3] * vs0.y);
+                pa[mt][kk][2] = pack16x2<kInt8>(s[mt][2 * kk + 1][0] * vs1.x, s[mt][2 * kk + 1][1] * vs1.y);
+                pa[mt][kk][3] = pack16x2<kInt8>(s[mt][2 * kk + 1][2] * vs1.x, s[mt][2 * kk + 1][3] * vs1.y);
+            }
+        }
+
+        cp_async_wait<0>();  // V(kt) landed; every warp is done with K(kt) and the scales of page kt
+        __syncthreads();
+        if (kt + 1 < kt_end) {  // K(kt + 1) flies during P.V
+            const int next_keys = min(kKeyTile, ctx - (kt + 1) * kKeyTile);
+            if constexpr (kInt8) {
+                load_page_async<D>(k_raw_at, S::kRawStride, k_cache, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+                load_page_scales_async(k_scale_tile, k_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+                load_page_scales_async(v_scale_tile, v_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+            } else {
+                load_page_async<2 * D>(k_at, 2 * kStride, k_cache, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+            }
+        }
+        cp_async_commit();
+        if constexpr (kInt8) {
+            convert_int8_page<D>(v_tile, v_raw);
+            __syncthreads();  // v_tile converted
+        }
+
+        // O += P V.
+#pragma unroll
+        for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                unsigned vb[4];
+                ldmatrix_x4_trans_at(vb, v_lane + (16 * kk * kStride + 16 * dp) * 2);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    mma16<kInt8>(o[mt][2 * dp], pa[mt][kk], vb[0], vb[1]);
+                    mma16<kInt8>(o[mt][2 * dp + 1], pa[mt][kk], vb[2], vb[3]);
+                }
+            }
+        }
+    }
+
+    // The tile's geometry again (cheap loads), rather than registers held through the loop.
+    prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits, kFlashRows);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float sum = l[mt][h];  // spread over the 4 threads of the row's quad
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int r = warp_row + 16 * mt + 8 * h + g;
+            const int qi = tile_query(t, r);
+            if (qi < 0) continue;
+            if (num_splits == 1) {
+                const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+                bf16* dst = out + tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + 2 * c;
+#pragma unroll
+                for (int dt = 0; dt < kDimTiles; ++dt) {
+                    *reinterpret_cast<unsigned*>(dst + dt * 8) = pack_bf16x2(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
+                }
+            } else {
+                const long long prow = partial_row(split, seq, gridDim.z, tile, num_tiles, kv_head, num_kv_heads, r, kFlashRows);
+                float* dst = partial_acc + prow * D + 2 * c;
+#pragma unroll
+                for (int dt = 0; dt < kDimTiles; ++dt) {
+                    *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
+                }
+                if (c == 0) *reinterpret_cast<float2*>(partial_ml + prow * 2) = make_float2(m[mt][h], sum);
+            }
+        }
+    }
+}
+
 // Merges the non-empty splits of one (tile, kv head, sequence): see the header. Splits past
 // ceil(num_key_tiles / pps) were empty and never wrote their partials.
-template <int D>
+template <int D, int kRows>
 __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_acc, const float* partial_ml,
                                                const int* context_lens, const int* query_start, int decode_max_queries,
                                                int num_q_heads, int num_kv_heads, int num_splits) {
     constexpr int kPerLane = D / 32;
     static_assert(kPerLane == 2 || kPerLane == 4, "combine lanes hold 2 or 4 dims");
-    const int tile = blockIdx.x;
+    static_assert(kRows % kCombineRows == 0, "whole row groups");
+    constexpr int kRowGroups = kRows / kCombineRows;
+    const int num_tiles = gridDim.x / kRowGroups;
+    const int tile = blockIdx.x / kRowGroups;
+    const int row_begin = (blockIdx.x % kRowGroups) * kCombineRows;
     const int kv_head = blockIdx.y;
     const int seq = blockIdx.z;
     PrefillTile t;
-    if (!prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits)) return;
+    if (!prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits, kRows)) return;
     const int used = (t.num_key_tiles + t.pages_per_split - 1) / t.pages_per_split;
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    for (int r = warp; r < kTileRows; r += kPrefillThreads / 32) {
+    for (int r = row_begin + warp; r < row_begin + kCombineRows; r += kPrefillThreads / 32) {
         const int qi = tile_query(t, r);
         if (qi < 0) continue;
         float m_max = neg_inf();
+#pragma unroll 4
         for (int s = 0; s < used; ++s) {
-            m_max = fmaxf(m_max, partial_ml[partial_row(s, seq, gridDim.z, tile, gridDim.x, kv_head, num_kv_heads, r) * 2]);
+            m_max = fmaxf(m_max, partial_ml[partial_row(s, seq, gridDim.z, tile, num_tiles, kv_head, num_kv_heads, r, kRows) * 2]);
         }
         const float m_use = m_max == neg_inf() ? 0.0f : m_max;  // split 0 holds key 0, so never -inf
         float acc[kPerLane] = {};
         float sum = 0.0f;
+#pragma unroll 4
         for (int s = 0; s < used; ++s) {
-            const long long prow = partial_row(s, seq, gridDim.z, tile, gridDim.x, kv_head, num_kv_heads, r);
+            const long long prow = partial_row(s, seq, gridDim.z, tile, num_tiles, kv_head, num_kv_heads, r, kRows);
             const float2 ml = *reinterpret_cast<const float2*>(partial_ml + prow * 2);
             const float w = exp2f(ml.x - m_use);  // 0 where the row saw no key of split s (its acc is 0)
             sum += w * ml.y;
@@ -525,30 +959,39 @@ __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_a
     }
 }
 
-#define PREFILL_KERNEL(D, KIND, INT8)                                                                          \
-    extern "C" __global__ void __launch_bounds__(kPrefillThreads) prefill_attention_d##D##_##KIND(              \
+// v2 (the default): prefill_attention_d{64,128}_{bf16,int8}, prefill_attention_combine_d{64,128}.
+// v1 (A/B only, NINFER_PREFILL_ATTN_V=1; delete with its template): prefill_attention_v1_*.
+#define PREFILL_KERNEL(NAME, IMPL, D, KIND, INT8)                                                              \
+    extern "C" __global__ void __launch_bounds__(kPrefillThreads) NAME##_d##D##_##KIND(                         \
         bf16* out, float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache,                   \
         const void* v_cache, const float* k_scale, const float* v_scale, const int* block_tables,               \
         int max_pages, const int* context_lens, const int* query_start, int decode_max_queries,                 \
         int num_q_heads, int num_kv_heads, float scale, int num_splits) {                                      \
         enter_dependent_kernel();                                                                              \
-        prefill_attention<D, INT8>(out, partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale,        \
-                                   block_tables, max_pages, context_lens, query_start, decode_max_queries,     \
-                                   num_q_heads, num_kv_heads, scale, num_splits);                              \
+        IMPL<D, INT8>(out, partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale, block_tables,       \
+                      max_pages, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,     \
+                      scale, num_splits);                                                                      \
     }
 
-#define PREFILL_COMBINE(D)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(kPrefillThreads) prefill_attention_combine_d##D(              \
+#define PREFILL_COMBINE(NAME, D, ROWS)                                                                         \
+    extern "C" __global__ void __launch_bounds__(kPrefillThreads) NAME##_d##D(                                 \
         bf16* out, const float* partial_acc, const float* partial_ml, const int* context_lens,                 \
         const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, int num_splits) {   \
         enter_dependent_kernel();                                                                              \
-        prefill_attention_combine<D>(out, partial_acc, partial_ml, context_lens, query_start,                  \
-                                     decode_max_queries, num_q_heads, num_kv_heads, num_splits);               \
+        prefill_attention_combine<D, ROWS>(out, partial_acc, partial_ml, context_lens, query_start,            \
+                                           decode_max_queries, num_q_heads, num_kv_heads, num_splits);         \
     }
 
-PREFILL_KERNEL(64, bf16, false)
-PREFILL_KERNEL(128, bf16, false)
-PREFILL_KERNEL(64, int8, true)
-PREFILL_KERNEL(128, int8, true)
-PREFILL_COMBINE(64)
-PREFILL_COMBINE(128)
+PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 64, bf16, false)
+PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 128, bf16, false)
+PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 64, int8, true)
+PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 128, int8, true)
+PREFILL_COMBINE(prefill_attention_combine, 64, kFlashRows)
+PREFILL_COMBINE(prefill_attention_combine, 128, kFlashRows)
+
+PREFILL_KERNEL(prefill_attention_v1, prefill_attention_v1, 64, bf16, false)
+PREFILL_KERNEL(prefill_attention_v1, prefill_attention_v1, 128, bf16, false)
+PREFILL_KERNEL(prefill_attention_v1, prefill_attention_v1, 64, int8, true)
+PREFILL_KERNEL(prefill_attention_v1, prefill_attention_v1, 128, int8, true)
+PREFILL_COMBINE(prefill_attention_v1_combine, 64, kTileRows)
+PREFILL_COMBINE(prefill_attention_v1_combine, 128, kTileRows)

@@ -30,10 +30,12 @@ RESIDENT = 3  # decode blocks per SM on an H200 (146 registers, 16 KiB of shared
 def kernel_names() -> dict[str, set[str]]:
     """Every kernel name the wrappers can launch, by family."""
     names: dict[str, set[str]] = {"rope_kv": set(), "decode_attention": {"decode_attention_combine"}, "prefill_attention": set()}
-    names["prefill_attention"] |= {attention_ops.prefill_combine_spec(d).name for d in attention_ops.PREFILL_HEAD_DIMS}
+    for variant in (1, 2):
+        names["prefill_attention"] |= {attention_ops.prefill_combine_spec(d, variant).name for d in attention_ops.PREFILL_HEAD_DIMS}
+        for kind in attention_ops.KV_KINDS:
+            names["prefill_attention"] |= {attention_ops.prefill_spec(d, kind, variant).name for d in attention_ops.PREFILL_HEAD_DIMS}
     for kind in attention_ops.KV_KINDS:
         names["rope_kv"] |= {attention_ops.rope_kv_spec(d, kind).name for d in attention_ops.ROPE_HEAD_DIMS}
-        names["prefill_attention"] |= {attention_ops.prefill_spec(d, kind).name for d in attention_ops.PREFILL_HEAD_DIMS}
         names["decode_attention"] |= {
             attention_ops.decode_spec(d, kind).name for d in attention_ops.DECODE_HEAD_DIMS
         }
@@ -147,6 +149,7 @@ class Launch:
     args: tuple[object, ...]
     reads: tuple[object, ...]
     writes: tuple[object, ...]
+    smem: int = 0
 
 
 @dataclass
@@ -154,11 +157,21 @@ class RecordingLibrary:
     device: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(sm_count=H200_SMS))
     launches: list[Launch] = field(default_factory=list)
 
-    def kernel(self, spec: object) -> SimpleNamespace:
-        def launch(stream: object, grid: tuple[int, ...], block: int, *args: object, label: str, reads: tuple = (), writes: tuple = (), lane: object = None) -> None:
-            self.launches.append(Launch(spec.name, grid, args, tuple(reads), tuple(writes)))
+    raised: dict[str, int] = field(default_factory=dict)  # raise_dynamic_smem calls: kernel name -> bytes
 
-        return SimpleNamespace(launch=launch)
+    def kernel(self, spec: object) -> SimpleNamespace:
+        def launch(
+            stream: object, grid: tuple[int, ...], block: int, *args: object, smem: int = 0, label: str, reads: tuple = (),
+            writes: tuple = (), lane: object = None,
+        ) -> None:
+            assert smem <= max(48 * 1024, self.raised.get(spec.name, 0)), f"{spec.name}: {smem} bytes of shared memory not raised"
+            self.launches.append(Launch(spec.name, grid, args, tuple(reads), tuple(writes), smem))
+
+        return SimpleNamespace(launch=launch, max_dynamic_smem=max(48 * 1024, self.raised.get(spec.name, 0)))
+
+    def raise_dynamic_smem(self, spec: object, nbytes: int) -> SimpleNamespace:
+        self.raised[spec.name] = nbytes
+        return self.kernel(spec)
 
 
 def logical_step(query_lens: list[int], context_lens: list[int], kv_dtype: str = "bf16") -> SimpleNamespace:
@@ -188,7 +201,7 @@ def logical_step(query_lens: list[int], context_lens: list[int], kv_dtype: str =
 
 @pytest.fixture(autouse=True)
 def h200_occupancy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(attention_ops, "decode_blocks_per_sm", lambda kernel: RESIDENT)
+    monkeypatch.setattr(attention_ops, "decode_blocks_per_sm", lambda kernel, dynamic_smem=0: RESIDENT)
 
 
 def run_attention_op(lib: RecordingLibrary, step: SimpleNamespace) -> None:
@@ -223,14 +236,15 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
     splits = attention_ops.decode_num_splits(3, 4, H200_SMS, RESIDENT, row_groups=2)
     assert lib.launches[1].grid == (splits * 2, 4, 3)
     prefill, combine = lib.launches[-2:]
-    # GQA 4: 16 chunk rows x 4 q heads per tile, ceil(300 / 16) = 19 tiles per kv head; the context bound is
-    # the block table's width (16 pages), so at most 4 splits of 4 pages
-    blocks = 19 * 4 * 3
+    # GQA 4: 32 chunk rows x 4 q heads per 128-row tile, ceil(300 / 32) = 10 tiles per kv head; the context
+    # bound is the block table's width (16 pages), so at most 4 splits of 4 pages
+    blocks = 10 * 4 * 3
     splits = attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, attention_ops.prefill_workspace_blocks(H200_SMS))
     assert splits > 1
-    assert prefill.grid == (19 * splits, 4, 3) and set(step.read) <= set(prefill.reads)
+    assert prefill.grid == (10 * splits, 4, 3) and set(step.read) <= set(prefill.reads)
+    assert prefill.smem == attention_ops.prefill_smem_bytes(128, "int8") == 71_168
     assert step.out.resource not in prefill.writes and len(prefill.writes) == 2
-    assert combine.grid == (19, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
+    assert combine.grid == (10 * 128 // 16, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
     assert not any(r[0] == "kv" for r in combine.reads)
 
 
@@ -239,25 +253,35 @@ def test_prefill_only_step_launches_no_decode_kernels() -> None:
     run_attention_op(lib, step)
     # a 100-token context (a 3-page block table) is too short to split
     assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", "prefill_attention_d128_bf16"]
-    assert lib.launches[1].grid == (7, 4, 1) and lib.launches[1].writes == (step.out.resource,)
+    assert lib.launches[1].grid == (4, 4, 1) and lib.launches[1].writes == (step.out.resource,)
+    assert lib.launches[1].smem == attention_ops.prefill_smem_bytes(128, "bf16") == 69_632
 
 
 def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_long_chunk() -> None:
-    # qwen3-8b: 32 q heads, 8 kv heads -> 16 chunk rows per tile
+    # qwen3-8b: 32 q heads, 8 kv heads -> 32 chunk rows per 128-row tile; 2 blocks per SM on an H200 (255
+    # registers, 69.5 KiB of shared memory; registers decide)
     capacity = attention_ops.prefill_workspace_blocks(H200_SMS)
     blocks = attention_ops.prefill_grid_blocks(531, 1, 32, 8)
-    assert blocks == 34 * 8
-    splits = attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 114_812, capacity)
+    assert blocks == 17 * 8
+    splits = attention_ops.prefill_num_splits(blocks, H200_SMS, 2, 114_812, capacity)
     assert 4 <= splits and blocks * splits <= capacity
-    waves = blocks * splits / (H200_SMS * RESIDENT)
-    assert waves / np.ceil(waves) > 0.9
+    waves = blocks * splits / (H200_SMS * 2)
+    assert waves / np.ceil(waves) > 0.85
+    # v1 (64-row tiles) keeps its own geometry and its split choices (the same workspace blocks, half the bytes)
+    assert attention_ops.prefill_grid_blocks(531, 1, 32, 8, variant=1) == 34 * 8
+    assert attention_ops.prefill_workspace_blocks(H200_SMS, variant=1) == capacity
+    acc, ml = attention_ops.prefill_workspace_bytes(capacity, 128)
+    assert (acc, ml) == tuple(2 * n for n in attention_ops.prefill_workspace_bytes(capacity, 128, variant=1))
     long_chunk = attention_ops.prefill_grid_blocks(4096, 1, 32, 8)
     assert attention_ops.prefill_num_splits(long_chunk, H200_SMS, RESIDENT, 32768, capacity) == 1
     # a short context keeps 4 pages per split
     assert attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 531, capacity) <= 2
-    assert attention_ops.prefill_tile_queries(40, 8) == 12  # GQA 5: 60 of 64 rows used
+    assert attention_ops.prefill_tile_queries(40, 8) == 25  # GQA 5: 125 of 128 rows used
+    assert attention_ops.prefill_tile_queries(40, 8, variant=1) == 12  # v1: 60 of 64
     with pytest.raises(ValueError, match="exceeds"):
-        attention_ops.prefill_tile_queries(128, 1)
+        attention_ops.prefill_tile_queries(256, 1)
+    with pytest.raises(ValueError, match="exceeds"):
+        attention_ops.prefill_tile_queries(128, 1, variant=1)
 
 
 def test_the_scratch_of_a_shape_is_allocated_once_and_reused() -> None:

@@ -10,6 +10,12 @@ Bytes moved = KV bytes read (K and V values, plus the f32 scales for int8); the 
 4.28 TB/s. Prints a table and appends JSON lines to bench/results/attention.jsonl.
 
     python tools/bench_attention.py [--contexts 256,8192,114812] [--kv bf16,int8]
+
+--prefill times prefill attention instead (ninfer_rt.kernel_benches.bench_prefill_attention, the split count as
+the executor picks it): the agent turn (531 new rows over 114,812 keys) and an 8192-token causal chunk, the
+current kernel (v2) and the previous one (v1), in TFLOP/s counting 4 * attended pairs * head_dim * q heads:
+
+    python tools/bench_attention.py --prefill [--cases 531x114812,8192x8192] [--kv int8,bf16] [--variants 2,1]
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import argparse
 from bench_decode import append_results, print_table, run_info
 from ninfer_rt.cuda.benchmark import BenchSession
 from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.kernel_benches import SHAPES, bench_decode_attention
+from ninfer_rt.kernel_benches import SHAPES, bench_decode_attention, bench_prefill_attention
 
 H200_BYTES_PER_S = 4.28e12
 
@@ -30,10 +36,26 @@ def main() -> None:
     parser.add_argument("--kv", default="bf16,int8")
     parser.add_argument("--reps", type=int, default=20, help="launches per graph replay")
     parser.add_argument("--repeats", type=int, default=30, help="timed replays (median)")
+    parser.add_argument("--prefill", action="store_true", help="prefill attention (see the module doc) instead of decode")
+    parser.add_argument("--cases", default="531x114812,8192x8192", help="--prefill: CHUNKxCONTEXT,...")
+    parser.add_argument("--variants", default="2,1", help="--prefill: kernel generations (2: current, 1: previous)")
     args = parser.parse_args()
 
     session = BenchSession.open(open_device(0), args.reps, args.repeats)
     info = run_info(session.device)
+    if args.prefill:
+        cases = tuple(tuple(int(n) for n in case.split("x")) for case in args.cases.split(","))
+        variants = tuple(int(v) for v in args.variants.split(","))
+        measured = bench_prefill_attention(session, SHAPES["qwen3-8b"], cases, tuple(args.kv.split(",")), variants, unsplit=False)
+        rows = [
+            {**info, **m.params, "us": m.seconds * 1e6, "TFLOP/s": m.flops / m.seconds / 1e12, "GB/s": m.bytes / m.seconds / 1e9}
+            for m in measured
+        ]
+        print(f"{session.device.name}, {session.device.sm_count} SMs, commit {info['commit']}")
+        print_table(rows, ["kernel", "kv", "chunk", "context", "blocks_per_sm", "num_splits", "us", "TFLOP/s", "GB/s"])
+        print(f"appended to {append_results('attention_prefill', rows)}")
+        session.close()
+        return
     contexts = tuple(int(c) for c in args.contexts.split(","))
     measured = bench_decode_attention(session, SHAPES["qwen3-8b"], contexts, tuple(args.kv.split(",")))
     rows = [
