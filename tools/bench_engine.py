@@ -51,23 +51,25 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--kv-dtype", default="bf16")
     parser.add_argument("--profile-host", action="store_true")
+    parser.add_argument("--no-overlap", action="store_true", help="read each step's samples before the next step")
     args = parser.parse_args()
 
     contexts = [int(c) for c in args.context.split(",")]
     engine = Engine.load(args.model, EngineConfig(
-        device=args.device, kv_dtype=args.kv_dtype, max_concurrency=1, max_context=max(contexts) + args.max_tokens + 64))
+        device=args.device, kv_dtype=args.kv_dtype, max_concurrency=1, max_context=max(contexts) + args.max_tokens + 64,
+        overlap=not args.no_overlap))
     decode_request(engine, 16, 8, None)  # warm-up: first launches, the prefill path
     info = run_info(open_device(0)) if args.device == "cuda" else {"gpu": "none"}
     rows = []
     for context in contexts:
         profiler = cProfile.Profile() if args.profile_host else None
         tok_s = decode_request(engine, context, args.max_tokens, profiler)
-        rows.append(info | {"model": args.model, "context": context, "kv_dtype": args.kv_dtype,
+        rows.append(info | {"model": args.model, "context": context, "kv_dtype": args.kv_dtype, "overlap": not args.no_overlap,
                             "decode_tok_s": tok_s, "ms_per_token": 1e3 / tok_s})
         if profiler is not None:
             print(f"host profile of the decode steps at context {context}:")
             pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
-    print_table(rows, ["context", "kv_dtype", "decode_tok_s", "ms_per_token"])
+    print_table(rows, ["context", "kv_dtype", "overlap", "decode_tok_s", "ms_per_token"])
     print(f"appended to {append_results('engine', rows)}")
 
 
