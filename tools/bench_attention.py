@@ -25,7 +25,8 @@ import argparse
 from bench_decode import append_results, print_table, run_info
 from ninfer_rt.cuda.benchmark import BenchSession
 from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.kernel_benches import SHAPES, bench_decode_attention, bench_prefill_attention
+from ninfer_rt.kernel_benches import bench_decode_attention, bench_prefill_attention
+from ninfer_rt.model.shapes import SHAPES
 
 H200_BYTES_PER_S = 4.28e12
 

@@ -18,7 +18,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM, StaticCach
 
 from bench_decode import append_results, kv_bytes_read, print_table, run_info, shape_config
 from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.kernel_benches import SHAPES
+from ninfer_rt.model.shapes import SHAPES
 
 
 def torch_copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 5) -> float:
