@@ -17,7 +17,7 @@
 // context_lens int32 [B]; query_start int32 [B+1]; out bf16 [T, Hq, D]. Sequences with C <= decode_max_queries
 // are skipped (decode_attention's in a mixed step).
 //
-// Tiles (GQA sharing): a block owns one kv head and a tile of R = 128 M rows (v1: 64) = Qt = R / G chunk rows
+// Tiles (GQA sharing): a block owns one kv head and a tile of R = 128 M rows = Qt = R / G chunk rows
 // x the G q heads of that kv head (row r: chunk row q_begin + r / G, q head kv_head * G + r % G; when G does
 // not divide R the last R - Qt * G rows are padding). Each K/V page is staged (and int8-dequantized) once for
 // all G heads. G <= R.
@@ -44,28 +44,14 @@
 // -> two exact f16x2 words; Q's dims are permuted within each k step to match, once, when it is staged),
 // V is converted to an f16 tile by all threads after the middle barrier (then another barrier); both pages'
 // scales arrive with K. Rows of every 16-bit tile are padded by 16 bytes (int8 rows too), so ldmatrix, the
-// K words and the cp.async stores are conflict-free.
-//
-// v1 (prefill_attention_v1_*, prefill_attention_v1_combine_*; NINFER_PREFILL_ATTN_V=1, kept for A/B only):
-// R = 64, 4 warps x 16 M rows, Q in registers, K fragments by 32-bit shared loads; bf16: K of the next page
-// loads (cp.async) during softmax and P.V, V of the next page during the next S; int8: the next page's K
-// is loaded into registers during S and V during softmax and P.V, each stored to shared memory (as f16) after
-// the barrier that frees its tile. Static shared memory (34 KiB at D = 128). D = 256 is not instantiated.
+// K words and the cp.async stores are conflict-free. D = 256 is not instantiated.
 #include "attention_common.cuh"
 
 constexpr int kPrefillThreads = 128;
-constexpr int kTileRows = 64;  // v1: 4 warps x 16 M rows of (chunk row, q head)
-constexpr int kFlashRows = 128;  // v2: 4 warps x 32 M rows
+constexpr int kFlashRows = 128;  // 4 warps x 32 M rows of (chunk row, q head)
 constexpr int kCombineRows = 16;  // M rows per combine block (4 per warp): many blocks keep many loads in flight
 constexpr int kKeyTile = kPageSize;
 constexpr float kLog2e = 1.4426950408889634f;
-
-template <int D>
-struct PrefillShape {
-    static constexpr int kStride = D + 8;  // bf16 elements per shared row
-    static constexpr int kKSteps = D / 16;  // k16 slices of the head dim in S = Q K^T
-    static constexpr int kDimTiles = D / 8;  // n8 tiles of the head dim in O
-};
 
 // D = A(16x16, row) . B(16x8, col) + C with 16-bit float inputs (bf16: bf16 KV; f16: int8 KV) and f32 accumulators.
 template <bool kF16>
@@ -120,82 +106,6 @@ __forceinline__ void int8x16_to_f16(unsigned short* dst, uint4 raw) {
     out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
 }
 
-// Four transposed 8x8 16-bit matrices; lanes 8i..8i+7 give the row addresses of matrix i.
-__forceinline__ void ldmatrix_x4_trans(unsigned (&frag)[4], const unsigned short* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
-                 : "r"(address)
-                 : "memory");
-}
-
-__forceinline__ unsigned shared_word(const unsigned short* p) {
-    return *reinterpret_cast<const unsigned*>(p);
-}
-
-// An int8 page for one kv head held in registers between its global loads and its store to shared memory:
-// thread t holds 16-byte chunks t, t + 128, ... of the [64 keys][D / 16 chunks] page and their keys' scales.
-template <int D>
-struct Int8Page {
-    static constexpr int kChunks = D / 16;
-    static constexpr int kPerThread = kKeyTile * kChunks / kPrefillThreads;
-    uint4 raw[kPerThread];
-    float scale[kPerThread];
-};
-
-// Issue the global loads of keys [0, valid_keys) of `page` (zeros past them); nothing waits on them here.
-template <int D>
-__forceinline__ void fetch_int8_page(Int8Page<D>& held, const void* cache, const float* scales, long long page,
-                                     int kv_head, int num_kv_heads, int valid_keys) {
-    using H = Int8Page<D>;
-#pragma unroll
-    for (int j = 0; j < H::kPerThread; ++j) {
-        const int i = threadIdx.x + j * kPrefillThreads;
-        const int key = i / H::kChunks;
-        const int part = i % H::kChunks;
-        held.raw[j] = make_uint4(0, 0, 0, 0);
-        held.scale[j] = 0.0f;
-        if (key < valid_keys) {
-            const long long slot = page * kPageSize + key;
-            held.raw[j] = *reinterpret_cast<const uint4*>(static_cast<const signed char*>(cache) +
-                                                          kv_row_offset(slot, kv_head, num_kv_heads, D) + part * 16);
-            held.scale[j] = scales[slot * num_kv_heads + kv_head];
-        }
-    }
-}
-
-// A fetched page into shared memory: the int8 values as exact f16 into a [64][kStride] tile, the per-key
-// scales into scale_tile[64] (applied to S's columns and P's columns, never to the values).
-template <int D>
-__forceinline__ void store_int8_page(unsigned short* tile, float* scale_tile, const Int8Page<D>& held) {
-    using H = Int8Page<D>;
-#pragma unroll
-    for (int j = 0; j < H::kPerThread; ++j) {
-        const int i = threadIdx.x + j * kPrefillThreads;
-        const int key = i / H::kChunks;
-        const int part = i % H::kChunks;
-        int8x16_to_f16(tile + key * PrefillShape<D>::kStride + part * 16, held.raw[j]);
-        if (part == 0) scale_tile[key] = held.scale[j];
-    }
-}
-
-// Keys [0, valid_keys) of a bf16 `page` for one kv head into a [64][kStride] tile through cp.async (waited
-// for by the caller); the rest zero-filled.
-template <int D>
-__forceinline__ void load_bf16_page(unsigned short* tile, const void* cache, long long page, int kv_head,
-                                    int num_kv_heads, int valid_keys) {
-    using P = PrefillShape<D>;
-    constexpr int kChunks = D / 8;  // one 16-byte global load of 8 dims
-    for (int i = threadIdx.x; i < kKeyTile * kChunks; i += kPrefillThreads) {
-        const int key = i / kChunks;
-        const int part = i % kChunks;
-        const bool valid = key < valid_keys;
-        const long long slot = page * kPageSize + key;
-        const long long offset = valid ? kv_row_offset(slot, kv_head, num_kv_heads, D) + part * 8 : 0;
-        cp_async16(tile + key * P::kStride + part * 8, static_cast<const bf16*>(cache) + offset, valid);
-    }
-}
-
 // Which rows and pages a block (or a combine block) works on; false when the block has nothing to do.
 struct PrefillTile {
     int row0;             // the sequence's first row in q / out
@@ -203,7 +113,7 @@ struct PrefillTile {
     int ctx;              // L
     int first_pos;        // L - C: position of chunk row 0
     int group;            // G
-    int tile_queries;     // Qt = 64 / G chunk rows per tile
+    int tile_queries;     // Qt = R / G chunk rows per tile
     int q_begin;          // first chunk row of the tile
     int num_key_tiles;    // pages the tile sees: its last row's keys
     int pages_per_split;  // pps
@@ -244,255 +154,7 @@ __forceinline__ long long partial_row(int split, int seq, int num_seqs, int tile
     return ((((long long)split * num_seqs + seq) * num_tiles + tile) * num_kv_heads + kv_head) * tile_rows + r;
 }
 
-template <int D, bool kInt8>
-__forceinline__ void prefill_attention_v1(bf16* out, float* partial_acc, float* partial_ml, const bf16* q,
-                                       const void* k_cache, const void* v_cache, const float* k_scale,
-                                       const float* v_scale, const int* block_tables, int max_pages,
-                                       const int* context_lens, const int* query_start, int decode_max_queries,
-                                       int num_q_heads, int num_kv_heads, float scale, int num_splits) {
-    using P = PrefillShape<D>;
-    __shared__ alignas(16) unsigned short k_tile[kKeyTile * P::kStride];
-    __shared__ alignas(16) unsigned short v_tile[kKeyTile * P::kStride];
-    __shared__ alignas(16) float k_scale_tile[kInt8 ? kKeyTile : 2];  // int8: the staged pages' per-key scales
-    __shared__ alignas(16) float v_scale_tile[kInt8 ? kKeyTile : 2];
-
-    const int num_tiles = gridDim.x / num_splits;
-    const int tile = blockIdx.x % num_tiles;
-    const int split = blockIdx.x / num_tiles;
-    const int kv_head = blockIdx.y;
-    const int seq = blockIdx.z;
-    PrefillTile t;
-    if (!prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits, kTileRows)) return;
-    const int kt_begin = split * t.pages_per_split;
-    const int kt_end = min(kt_begin + t.pages_per_split, t.num_key_tiles);
-    if (kt_begin >= kt_end) return;  // an empty split: the combine never reads it
-    const int ctx = t.ctx;
-    const int* pages = block_tables + (long long)seq * max_pages;
-
-    const int warp = threadIdx.x >> 5;
-    const int lane = threadIdx.x & 31;
-    const int g = lane >> 2;  // mma groupID: fragment row (A, C) or column (B)
-    const int c = lane & 3;   // mma threadID_in_group
-    const int warp_row = warp * 16;
-
-    // Q tile (padding rows and rows past the chunk zero-filled) staged through k_tile into A fragments.
-    for (int i = threadIdx.x; i < kTileRows * (D / 8); i += kPrefillThreads) {
-        const int r = i / (D / 8);
-        const int part = i % (D / 8);
-        const int qi = tile_query(t, r);
-        const long long offset = qi >= 0 ? tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + part * 8 : 0;
-        cp_async16(k_tile + r * P::kStride + part * 8, q + offset, qi >= 0);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    unsigned qa[P::kKSteps][4];
-#pragma unroll
-    for (int ks = 0; ks < P::kKSteps; ++ks) {
-        const unsigned short* base = k_tile + (warp_row + g) * P::kStride + ks * 16 + 2 * c;
-        qa[ks][0] = shared_word(base);
-        qa[ks][1] = shared_word(base + 8 * P::kStride);
-        qa[ks][2] = shared_word(base + 8);
-        qa[ks][3] = shared_word(base + 8 * P::kStride + 8);
-        if constexpr (kInt8) {  // int8 KV multiplies in f16 (exact int8 values): Q bf16 -> f16
-#pragma unroll
-            for (int w = 0; w < 4; ++w) qa[ks][w] = pack_f16x2(bf16_lo(qa[ks][w]), bf16_hi(qa[ks][w]));
-        }
-    }
-    __syncthreads();  // k_tile is overwritten by the first K page next
-
-    const int first_keys = min(kKeyTile, ctx - kt_begin * kKeyTile);
-    if constexpr (kInt8) {
-        Int8Page<D> first;
-        fetch_int8_page<D>(first, k_cache, k_scale, pages[kt_begin], kv_head, num_kv_heads, first_keys);
-        store_int8_page<D>(k_tile, k_scale_tile, first);
-        fetch_int8_page<D>(first, v_cache, v_scale, pages[kt_begin], kv_head, num_kv_heads, first_keys);
-        store_int8_page<D>(v_tile, v_scale_tile, first);
-        cp_async_commit();  // empty groups: the int8 loop keeps the bf16 loop's group count
-        cp_async_commit();
-    } else {
-        load_bf16_page<D>(k_tile, k_cache, pages[kt_begin], kv_head, num_kv_heads, first_keys);
-        cp_async_commit();
-        load_bf16_page<D>(v_tile, v_cache, pages[kt_begin], kv_head, num_kv_heads, first_keys);
-        cp_async_commit();
-    }
-
-    float o[P::kDimTiles][4];
-#pragma unroll
-    for (int dt = 0; dt < P::kDimTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-    float m[2] = {neg_inf(), neg_inf()};  // rows g and g + 8 of this warp
-    float l[2] = {0.0f, 0.0f};            // this thread's share of the row sums (reduced over the quad at the end)
-    // Positions of this thread's rows (padding rows get positions past the tile: their Q is zero, their
-    // keys past the context zero-filled, so they stay finite and are never stored).
-    const int pos[2] = {t.first_pos + t.q_begin + (warp_row + g) / t.group, t.first_pos + t.q_begin + (warp_row + g + 8) / t.group};
-    const int min_pos = t.first_pos + t.q_begin;  // the tile's first position: earlier pages need no mask
-    const float scale_log2 = scale * kLog2e;
-
-    for (int kt = kt_begin; kt < kt_end; ++kt) {
-        // Groups in flight here: K(kt), V(kt). Wait for K(kt).
-        cp_async_wait<1>();
-        __syncthreads();
-        const bool more = kt + 1 < kt_end;
-        const int next_keys = min(kKeyTile, ctx - (kt + 1) * kKeyTile);
-        // int8: the next K page's global loads fly during S (its dequantized store follows S).
-        Int8Page<D> next_k;
-        if constexpr (kInt8) {
-            if (more) fetch_int8_page<D>(next_k, k_cache, k_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
-        }
-        float s[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < P::kKSteps; ++ks) {
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const unsigned short* k_row = k_tile + (nt * 8 + g) * P::kStride + ks * 16 + 2 * c;
-                mma16<kInt8>(s[nt], qa[ks], shared_word(k_row), shared_word(k_row + 8));
-            }
-        }
-        if constexpr (kInt8) {  // S columns times their keys' K scales (read before k_scale_tile is rewritten)
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const float2 ks = *reinterpret_cast<const float2*>(k_scale_tile + nt * 8 + 2 * c);
-                s[nt][0] *= ks.x;
-                s[nt][1] *= ks.y;
-                s[nt][2] *= ks.x;
-                s[nt][3] *= ks.y;
-            }
-        }
-        __syncthreads();  // every warp is done with k_tile
-        // int8: the next V page's global loads fly during softmax and P.V (stored after P.V).
-        Int8Page<D> next_v;
-        if constexpr (kInt8) {
-            if (more) {
-                store_int8_page<D>(k_tile, k_scale_tile, next_k);
-                fetch_int8_page<D>(next_v, v_cache, v_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
-            }
-        } else {
-            if (more) load_bf16_page<D>(k_tile, k_cache, pages[kt + 1], kv_head, num_kv_heads, next_keys);
-        }
-        cp_async_commit();  // possibly empty, so the group count stays in step
-
-        // Causal mask (only on pages reaching past the tile's first position; earlier keys are visible to
-        // every row and lie inside the context) and online softmax.
-        if (kt * kKeyTile + kKeyTile - 1 > min_pos) {
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = kt * kKeyTile + nt * 8 + 2 * c + (e & 1);
-                    s[nt][e] = key <= pos[e >> 1] ? s[nt][e] * scale_log2 : neg_inf();
-                }
-            }
-        } else {
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
-            }
-        }
-        float tile_max[2] = {neg_inf(), neg_inf()};
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
-        }
-        float alpha[2], m_use[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-            tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-            const float m_new = fmaxf(m[h], tile_max[h]);
-            m_use[h] = m_new == neg_inf() ? 0.0f : m_new;  // nothing visible yet: keep exp2 away from NaN
-            alpha[h] = exp2f(m[h] - m_use[h]);
-            m[h] = m_new;
-        }
-        float tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[nt][e] = exp2f(s[nt][e] - m_use[e >> 1]);
-                tile_sum[e >> 1] += s[nt][e];
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + tile_sum[h];
-#pragma unroll
-        for (int dt = 0; dt < P::kDimTiles; ++dt) {
-            o[dt][0] *= alpha[0];
-            o[dt][1] *= alpha[0];
-            o[dt][2] *= alpha[1];
-            o[dt][3] *= alpha[1];
-        }
-
-        // Groups in flight: V(kt), K(kt+1). Wait for V(kt).
-        cp_async_wait<1>();
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-            // The accumulator layout of S tiles 2kk, 2kk+1 is the A-fragment layout of P[:, 16kk : 16kk+16]
-            // (keys 16kk + 2c, +1 and 16kk + 8 + 2c, +1). int8: P's columns times their keys' V scales.
-            float2 vs0 = make_float2(1.0f, 1.0f), vs1 = make_float2(1.0f, 1.0f);
-            if constexpr (kInt8) {
-                vs0 = *reinterpret_cast<const float2*>(v_scale_tile + kk * 16 + 2 * c);
-                vs1 = *reinterpret_cast<const float2*>(v_scale_tile + kk * 16 + 8 + 2 * c);
-            }
-            const unsigned pa[4] = {pack16x2<kInt8>(s[2 * kk][0] * vs0.x, s[2 * kk][1] * vs0.y),
-                                    pack16x2<kInt8>(s[2 * kk][2] * vs0.x, s[2 * kk][3] * vs0.y),
-                                    pack16x2<kInt8>(s[2 * kk + 1][0] * vs1.x, s[2 * kk + 1][1] * vs1.y),
-                                    pack16x2<kInt8>(s[2 * kk + 1][2] * vs1.x, s[2 * kk + 1][3] * vs1.y)};
-            // ldmatrix.trans matrices: (keys +0..7, dims +0..7), (keys +8..15, dims +0..7), (keys +0..7,
-            // dims +8..15), (keys +8..15, dims +8..15) = B fragments (b0, b1) of dim tiles 2dp and 2dp+1.
-            const unsigned short* v_rows = v_tile + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P::kStride + (lane >> 4) * 8;
-#pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-                unsigned vb[4];
-                ldmatrix_x4_trans(vb, v_rows + dp * 16);
-                mma16<kInt8>(o[2 * dp], pa, vb[0], vb[1]);
-                mma16<kInt8>(o[2 * dp + 1], pa, vb[2], vb[3]);
-            }
-        }
-        __syncthreads();  // every warp is done with v_tile
-        if constexpr (kInt8) {
-            if (more) store_int8_page<D>(v_tile, v_scale_tile, next_v);
-        } else {
-            if (more) load_bf16_page<D>(v_tile, v_cache, pages[kt + 1], kv_head, num_kv_heads, next_keys);
-        }
-        cp_async_commit();
-    }
-
-    // Each row's sum is spread over the 4 threads of its quad.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = warp_row + g + 8 * h;
-        const int qi = tile_query(t, r);
-        if (qi < 0) continue;
-        if (num_splits == 1) {
-            const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-            bf16* dst = out + tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + 2 * c;
-#pragma unroll
-            for (int dt = 0; dt < P::kDimTiles; ++dt) {
-                *reinterpret_cast<unsigned*>(dst + dt * 8) = pack_bf16x2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
-            }
-        } else {
-            const long long prow = partial_row(split, seq, gridDim.z, tile, num_tiles, kv_head, num_kv_heads, r, kTileRows);
-            float* dst = partial_acc + prow * D + 2 * c;
-#pragma unroll
-            for (int dt = 0; dt < P::kDimTiles; ++dt) {
-                *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
-            }
-            if (c == 0) *reinterpret_cast<float2*>(partial_ml + prow * 2) = make_float2(m[h], l[h]);
-        }
-    }
-}
-
-// ---- v2: 128 M rows per block (4 warps x 32), Q in shared memory, every fragment through ldmatrix ----------
+// ---- The kernel: 128 M rows per block (4 warps x 32), Q in shared memory, every fragment through ldmatrix --
 
 // 4-byte-word shared-memory address of a generic pointer into shared memory.
 __forceinline__ unsigned smem_address(const void* p) {
@@ -521,7 +183,7 @@ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-// The v2 kernel's dynamic shared memory (byte offsets; attention_ops.prefill_smem_bytes mirrors kBytes):
+// The kernel's dynamic shared memory (byte offsets; attention_ops.prefill_smem_bytes mirrors kBytes):
 // Q [128][D + 8] 16-bit; bf16 KV: K and V [64][D + 8] bf16; int8 KV: V [64][D + 8] f16 (converted from its
 // raw page), the raw K and V pages [64][D + 16] bytes each (cp.async targets; S reads K's int8 words
 // directly) and the 2 x 64 f32 scales.
@@ -959,8 +621,6 @@ __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_a
     }
 }
 
-// v2 (the default): prefill_attention_d{64,128}_{bf16,int8}, prefill_attention_combine_d{64,128}.
-// v1 (A/B only, NINFER_PREFILL_ATTN_V=1; delete with its template): prefill_attention_v1_*.
 #define PREFILL_KERNEL(NAME, IMPL, D, KIND, INT8)                                                              \
     extern "C" __global__ void __launch_bounds__(kPrefillThreads) NAME##_d##D##_##KIND(                         \
         bf16* out, float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache,                   \
@@ -988,10 +648,3 @@ PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 64, int8, true)
 PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 128, int8, true)
 PREFILL_COMBINE(prefill_attention_combine, 64, kFlashRows)
 PREFILL_COMBINE(prefill_attention_combine, 128, kFlashRows)
-
-PREFILL_KERNEL(prefill_attention_v1, prefill_attention_v1, 64, bf16, false)
-PREFILL_KERNEL(prefill_attention_v1, prefill_attention_v1, 128, bf16, false)
-PREFILL_KERNEL(prefill_attention_v1, prefill_attention_v1, 64, int8, true)
-PREFILL_KERNEL(prefill_attention_v1, prefill_attention_v1, 128, int8, true)
-PREFILL_COMBINE(prefill_attention_v1_combine, 64, kTileRows)
-PREFILL_COMBINE(prefill_attention_v1_combine, 128, kTileRows)

@@ -283,12 +283,10 @@ def bench_prefill_attention(
     shape: Shape,
     cases: tuple[tuple[int, int], ...] = PREFILL_CASES,
     kv_kinds: tuple[str, ...] = KV_KINDS,
-    variants: tuple[int | None, ...] = (None,),
     unsplit: bool = True,
 ) -> list[Measurement]:
     """One sequence of `chunk` new rows over `context` keys per case; the split count as the executor picks
-    it, split cases also timed unsplit (`unsplit`). `variants`: prefill kernel generations (None: the
-    default; 1: the previous kernel, for A/B)."""
+    it, split cases also timed unsplit (`unsplit`)."""
     attn = attention_shape(shape)
     hq, d = attn.num_heads, attn.head_dim
     results = []
@@ -298,35 +296,34 @@ def bench_prefill_attention(
             layers = _kv_layers(s, attn, pages, kv_dtype)
             inputs = _step_inputs(s, [chunk], context, pages)
             q, out = s.filled(chunk * hq * d * BF16, "q"), s.filled(chunk * hq * d * BF16, "out")
-            for variant in variants:
-                # the split count as the executor picks it (graph capture must not allocate: the workspace is made here)
-                blocks = attention_ops.prefill_grid_blocks(chunk, 1, hq, attn.num_kv_heads, variant)
-                resident = attention_ops.prefill_blocks_per_sm(s.lib, d, kv_dtype, variant)
-                splits = attention_ops.prefill_num_splits(
-                    blocks, s.device.sm_count, resident, context, attention_ops.prefill_workspace_blocks(s.device.sm_count, variant)
-                )
-                for num_splits in (splits, 1) if splits > 1 and unsplit else (splits,):  # split cases are timed unsplit too
-                    acc, ml = attention_ops.prefill_workspace_bytes(blocks * num_splits, d, variant)
-                    workspace = PrefillWorkspace(s.filled(acc, "partial_acc"), s.filled(ml, "partial_ml")) if num_splits > 1 else None
+            # the split count as the executor picks it (graph capture must not allocate: the workspace is made here)
+            blocks = attention_ops.prefill_grid_blocks(chunk, 1, hq, attn.num_kv_heads)
+            resident = attention_ops.prefill_blocks_per_sm(s.lib, d, kv_dtype)
+            splits = attention_ops.prefill_num_splits(
+                blocks, s.device.sm_count, resident, context, attention_ops.prefill_workspace_blocks(s.device.sm_count)
+            )
+            for num_splits in (splits, 1) if splits > 1 and unsplit else (splits,):  # split cases are timed unsplit too
+                acc, ml = attention_ops.prefill_workspace_bytes(blocks * num_splits, d)
+                workspace = PrefillWorkspace(s.filled(acc, "partial_acc"), s.filled(ml, "partial_ml")) if num_splits > 1 else None
 
-                    def launch(i: int, num_splits: int = num_splits, workspace: PrefillWorkspace | None = workspace, variant: int | None = variant) -> None:
-                        attention_ops.prefill_attention(
-                            s.lib, s.stream, q, out, layers[i % len(layers)], attn, inputs, [chunk], pages, kv_dtype=kv_dtype,
-                            pages_read=(), num_splits=num_splits, workspace=workspace, variant=variant,
-                        )
+                def launch(i: int, num_splits: int = num_splits, workspace: PrefillWorkspace | None = workspace) -> None:
+                    attention_ops.prefill_attention(
+                        s.lib, s.stream, q, out, layers[i % len(layers)], attn, inputs, [chunk], pages, kv_dtype=kv_dtype,
+                        pages_read=(), num_splits=num_splits, workspace=workspace,
+                    )
 
-                    seconds = s.time(launch, len(layers))
-                    attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
-                    moved = 2 * chunk * hq * d * BF16 + kv_bytes(attn, context, kv_dtype)
-                    spec = attention_ops.prefill_spec(d, kv_dtype, variant)
-                    name = spec.name + (" (split+combine)" if num_splits > 1 else "")
-                    case = f"chunk={chunk} context={context} kv={kv_dtype} splits={num_splits}"
-                    params = {
-                        "kernel": spec.name, "chunk": chunk, "context": context, "kv": kv_dtype, "q_heads": hq,
-                        "kv_heads": attn.num_kv_heads, "head_dim": d, "blocks_per_sm": resident, "num_splits": num_splits,
-                        "kv_copies": len(layers),
-                    }
-                    results.append(Measurement(name, case, seconds, moved, 4 * hq * d * attended, params))
+                seconds = s.time(launch, len(layers))
+                attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
+                moved = 2 * chunk * hq * d * BF16 + kv_bytes(attn, context, kv_dtype)
+                spec = attention_ops.prefill_spec(d, kv_dtype)
+                name = spec.name + (" (split+combine)" if num_splits > 1 else "")
+                case = f"chunk={chunk} context={context} kv={kv_dtype} splits={num_splits}"
+                params = {
+                    "kernel": spec.name, "chunk": chunk, "context": context, "kv": kv_dtype, "q_heads": hq,
+                    "kv_heads": attn.num_kv_heads, "head_dim": d, "blocks_per_sm": resident, "num_splits": num_splits,
+                    "kv_copies": len(layers),
+                }
+                results.append(Measurement(name, case, seconds, moved, 4 * hq * d * attended, params))
             s.release()
     return results
 

@@ -69,22 +69,13 @@ def paged_attention_ref(
     return out
 
 
-def p_rounding_slack(
-    q: np.ndarray,
-    k_pages: np.ndarray,
-    v_pages: np.ndarray,
-    block_tables: np.ndarray,
-    context_lens: np.ndarray,
-    query_start: np.ndarray,
-    scale: float,
-    unit: float,
-) -> np.ndarray:
+def p_rounding_slack(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray, *tables: np.ndarray | float, unit: float) -> np.ndarray:
     """unit * sum_k p_k |v_k| per output element: the worst-case effect of rounding each softmax weight to a
     16-bit float of unit roundoff `unit` (bf16 2^-8, f16 2^-11) before P.V, as the prefill kernel does (its row
-    sums stay f32). Where the weighted values cancel (|out| << sum_k p_k |v_k|: few keys, large |v|) this
-    exceeds any bound relative to |out|: e.g. 3 keys with v = -2.1, -2.2, 4.3 and out = -0.056 give
-    0.0037 of honest bf16 rounding."""
-    return unit * paged_attention_ref(q, k_pages, np.abs(v_pages), block_tables, context_lens, query_start, scale)
+    sums stay f32). `tables`: paged_attention_ref's block_tables, context_lens, query_start and scale. Where the
+    weighted values cancel (|out| << sum_k p_k |v_k|: few keys, large |v|) this exceeds any bound relative to
+    |out|: e.g. 3 keys with v = -2.1, -2.2, 4.3 and out = -0.056 give 0.0037 of honest bf16 rounding."""
+    return unit * paged_attention_ref(q, k_pages, np.abs(v_pages), *tables)
 
 
 @dataclass

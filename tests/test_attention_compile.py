@@ -30,12 +30,10 @@ RESIDENT = 3  # decode blocks per SM on an H200 (146 registers, 16 KiB of shared
 def kernel_names() -> dict[str, set[str]]:
     """Every kernel name the wrappers can launch, by family."""
     names: dict[str, set[str]] = {"rope_kv": set(), "decode_attention": {"decode_attention_combine"}, "prefill_attention": set()}
-    for variant in (1, 2):
-        names["prefill_attention"] |= {attention_ops.prefill_combine_spec(d, variant).name for d in attention_ops.PREFILL_HEAD_DIMS}
-        for kind in attention_ops.KV_KINDS:
-            names["prefill_attention"] |= {attention_ops.prefill_spec(d, kind, variant).name for d in attention_ops.PREFILL_HEAD_DIMS}
+    names["prefill_attention"] |= {attention_ops.prefill_combine_spec(d).name for d in attention_ops.PREFILL_HEAD_DIMS}
     for kind in attention_ops.KV_KINDS:
         names["rope_kv"] |= {attention_ops.rope_kv_spec(d, kind).name for d in attention_ops.ROPE_HEAD_DIMS}
+        names["prefill_attention"] |= {attention_ops.prefill_spec(d, kind).name for d in attention_ops.PREFILL_HEAD_DIMS}
         names["decode_attention"] |= {
             attention_ops.decode_spec(d, kind).name for d in attention_ops.DECODE_HEAD_DIMS
         }
@@ -267,21 +265,15 @@ def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_
     assert 4 <= splits and blocks * splits <= capacity
     waves = blocks * splits / (H200_SMS * 2)
     assert waves / np.ceil(waves) > 0.85
-    # v1 (64-row tiles) keeps its own geometry and its split choices (the same workspace blocks, half the bytes)
-    assert attention_ops.prefill_grid_blocks(531, 1, 32, 8, variant=1) == 34 * 8
-    assert attention_ops.prefill_workspace_blocks(H200_SMS, variant=1) == capacity
-    acc, ml = attention_ops.prefill_workspace_bytes(capacity, 128)
-    assert (acc, ml) == tuple(2 * n for n in attention_ops.prefill_workspace_bytes(capacity, 128, variant=1))
+    # the workspace: capacity blocks of 128 rows (138 MB at head_dim 128 on an H200)
+    assert attention_ops.prefill_workspace_bytes(capacity, 128) == (capacity * 128 * 128 * 4, capacity * 128 * 2 * 4)
     long_chunk = attention_ops.prefill_grid_blocks(4096, 1, 32, 8)
     assert attention_ops.prefill_num_splits(long_chunk, H200_SMS, RESIDENT, 32768, capacity) == 1
     # a short context keeps 4 pages per split
     assert attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 531, capacity) <= 2
     assert attention_ops.prefill_tile_queries(40, 8) == 25  # GQA 5: 125 of 128 rows used
-    assert attention_ops.prefill_tile_queries(40, 8, variant=1) == 12  # v1: 60 of 64
     with pytest.raises(ValueError, match="exceeds"):
         attention_ops.prefill_tile_queries(256, 1)
-    with pytest.raises(ValueError, match="exceeds"):
-        attention_ops.prefill_tile_queries(128, 1, variant=1)
 
 
 def test_the_scratch_of_a_shape_is_allocated_once_and_reused() -> None:

@@ -239,18 +239,18 @@ def test_decode_attention_long_context_fills_many_splits(gpu: Gpu) -> None:
 # -- prefill attention ----------------------------------------------------------------------------------
 
 
-def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, variant: int | None = None) -> int:
+def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str) -> int:
     """The split count prefill_attention picks for this batch on this GPU (its default path)."""
-    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv, variant)
-    resident = attention_ops.prefill_blocks_per_sm(gpu.lib, d, kv_dtype, variant)
+    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv)
+    resident = attention_ops.prefill_blocks_per_sm(gpu.lib, d, kv_dtype)
     sm_count = gpu.lib.device.sm_count
     return attention_ops.prefill_num_splits(
-        blocks, sm_count, resident, int(batch.context_lens.max()), attention_ops.prefill_workspace_blocks(sm_count, variant)
+        blocks, sm_count, resident, int(batch.context_lens.max()), attention_ops.prefill_workspace_blocks(sm_count)
     )
 
 
 def run_prefill(
-    gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None, variant: int | None = None
+    gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kernel output, float64 reference, P-rounding slack per element: p_rounding_slack for the kernel's P, bf16
     for bf16 KV, f16 for int8); the split partials live in a poisoned workspace of exactly the
@@ -260,14 +260,14 @@ def run_prefill(
     k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
     q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
-    splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kv_dtype, variant)
-    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv, variant) * splits
-    workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in attention_ops.prefill_workspace_bytes(blocks, d, variant)))
-    print(f"prefill: {attention_ops.prefill_spec(d, kv_dtype, variant).name}, {splits} split(s), {blocks} blocks")
+    splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kv_dtype)
+    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv) * splits
+    workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in attention_ops.prefill_workspace_bytes(blocks, d)))
+    print(f"prefill: {attention_ops.prefill_spec(d, kv_dtype).name}, {splits} split(s), {blocks} blocks")
     attention_ops.prefill_attention(
         gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),
         batch.query_lens.tolist(), batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
-        num_splits=splits, workspace=workspace, variant=variant,
+        num_splits=splits, workspace=workspace,
     )
     # int8: prefill_attention multiplies the exact int8 values and applies the scales in f32 (its header), so the
     # reference is the dequantized values themselves.
@@ -278,7 +278,7 @@ def run_prefill(
 
 
 # (chunk, context): fresh prompts and chunks after a cached prefix, aligned and not; GQA 4 puts 32 chunk rows
-# in a 128-row tile (v1: 16 in 64), so 300 and 1000 rows make many causal tiles, 9 a mostly-padding one
+# in a 128-row tile, so 300 and 1000 rows make many causal tiles, 9 a mostly-padding one
 PREFILL_CASES = [(9, 9), (64, 64), (100, 100), (65, 1000), (130, 4097), (300, 300), (9, 4097), (1000, 1000), (257, 2113)]
 
 
@@ -358,17 +358,6 @@ def test_prefill_attention_agent_turn_shape_scaled_down(gpu: Gpu, kv_dtype: str,
     batch = make_batch(np.random.default_rng(531), [531], [531 + 4_700])
     out, expected, slack = run_prefill(gpu, batch, 32, 8, 128, kv_dtype, num_splits=num_splits)
     assert_close(out, expected, f"prefill {kv_dtype} C=531 L=5231 splits={num_splits or 'auto'}", slack=slack)
-
-
-@pytest.mark.parametrize("num_splits", [None, 1, 3])
-@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
-@pytest.mark.parametrize("d", [64, 128])
-def test_prefill_attention_v1_kernel_still_matches(gpu: Gpu, d: int, kv_dtype: str, num_splits: int | None) -> None:
-    # the previous kernel (A/B benchmarks only: NINFER_PREFILL_ATTN_V=1) keeps its own 64-row tiles and combine
-    batch = make_batch(np.random.default_rng(d + 11), [150, 3, 77], [2000, 40, 77])
-    out, expected, slack = run_prefill(gpu, batch, 16, 4, d, kv_dtype, num_splits=num_splits, variant=1)
-    rows = np.setdiff1d(np.arange(batch.num_rows), np.arange(150, 153))
-    assert_close(out[rows], expected[rows], f"prefill v1 d={d} {kv_dtype} splits={num_splits or 'auto'}", slack=slack[rows])
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])

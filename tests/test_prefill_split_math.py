@@ -1,6 +1,6 @@
 """prefill_attention.cu's tiling, split and merge math emulated in float64 numpy, on the CPU.
 
-The emulation follows the kernel's index math (128-row tiles of chunk rows x GQA heads, 64 for v1; pages per split,
+The emulation follows the kernel's index math (128-row tiles of chunk rows x GQA heads, pages per split,
 empty splits, the mask only on pages past the tile's first position) and its online softmax in the log2
 domain, then merges the splits as prefill_attention_combine does; the result must equal the unsplit
 reference for every split count. It checks the math the kernel implements, not the kernel (the GPU tests
@@ -10,7 +10,6 @@ do that).
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from attention_refs import PAGE, make_batch, make_pages, paged_attention_ref
 from ninfer_rt.cuda import attention_ops
 
-TILE_ROWS = attention_ops.PREFILL_TILE_ROWS  # rebound per test: both kernel generations' tiles
+TILE_ROWS = attention_ops.PREFILL_TILE_ROWS
 LOG2E = 1.4426950408889634
 
 
@@ -110,11 +109,9 @@ def emulate(q, k_pages, v_pages, batch, scale, num_splits):
     return out
 
 
-@pytest.mark.parametrize("tile_rows", [attention_ops.PREFILL_TILE_ROWS, attention_ops.PREFILL_V1_TILE_ROWS], ids=["v2", "v1"])
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 32])
 @pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (8, 2), (10, 2), (16, 2)], ids=["gqa1", "gqa4", "gqa5", "gqa8"])
-def test_split_and_merge_equal_unsplit_attention(hq: int, hkv: int, num_splits: int, tile_rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys.modules[__name__], "TILE_ROWS", tile_rows)
+def test_split_and_merge_equal_unsplit_attention(hq: int, hkv: int, num_splits: int) -> None:
     rng = np.random.default_rng(hq * 100 + num_splits)
     batch = make_batch(rng, [70, 3, 130, 20], [70, 500, 1100, 700])
     slots = batch.all_slots()

@@ -12,10 +12,10 @@ Bytes moved = KV bytes read (K and V values, plus the f32 scales for int8); the 
     python tools/bench_attention.py [--contexts 256,8192,114812] [--kv bf16,int8]
 
 --prefill times prefill attention instead (ninfer_rt.kernel_benches.bench_prefill_attention, the split count as
-the executor picks it): the agent turn (531 new rows over 114,812 keys) and an 8192-token causal chunk, the
-current kernel (v2) and the previous one (v1), in TFLOP/s counting 4 * attended pairs * head_dim * q heads:
+the executor picks it): the agent turn (531 new rows over 114,812 keys) and an 8192-token causal chunk, in
+TFLOP/s counting 4 * attended pairs * head_dim * q heads:
 
-    python tools/bench_attention.py --prefill [--cases 531x114812,8192x8192] [--kv int8,bf16] [--variants 2,1]
+    python tools/bench_attention.py --prefill [--cases 531x114812,8192x8192] [--kv int8,bf16]
 """
 
 from __future__ import annotations
@@ -39,15 +39,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="timed replays (median)")
     parser.add_argument("--prefill", action="store_true", help="prefill attention (see the module doc) instead of decode")
     parser.add_argument("--cases", default="531x114812,8192x8192", help="--prefill: CHUNKxCONTEXT,...")
-    parser.add_argument("--variants", default="2,1", help="--prefill: kernel generations (2: current, 1: previous)")
     args = parser.parse_args()
 
     session = BenchSession.open(open_device(0), args.reps, args.repeats)
     info = run_info(session.device)
     if args.prefill:
         cases = tuple(tuple(int(n) for n in case.split("x")) for case in args.cases.split(","))
-        variants = tuple(int(v) for v in args.variants.split(","))
-        measured = bench_prefill_attention(session, SHAPES["qwen3-8b"], cases, tuple(args.kv.split(",")), variants, unsplit=False)
+        measured = bench_prefill_attention(session, SHAPES["qwen3-8b"], cases, tuple(args.kv.split(",")), unsplit=False)
         rows = [
             {**info, **m.params, "us": m.seconds * 1e6, "TFLOP/s": m.flops / m.seconds / 1e12, "GB/s": m.bytes / m.seconds / 1e9}
             for m in measured

@@ -14,7 +14,6 @@ declaring costs nothing per launch. The math of each kernel is documented at the
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,13 +46,6 @@ _THREADS = 128  # every attention kernel runs 4 warps
 _MAX_BLOCKS_PER_SM = 2048 // _THREADS  # the hardware's resident-thread limit, for sizing scratch
 _ROPE_HEADS_PER_BLOCK = 4  # kRopeWarps
 PREFILL_TILE_ROWS = 128  # kFlashRows in prefill_attention.cu: M rows (chunk rows x GQA group) per block
-# The kernel generation prefill_attention launches: 2 (the default, 128-row tiles) or 1 (the previous 64-row
-# kernel, prefill_attention_v1_*, kept for A/B benchmarks only; delete it, this switch and PREFILL_V1_TILE_ROWS
-# together). NINFER_PREFILL_ATTN_V=1 selects it process-wide; the wrappers also take `variant=`.
-PREFILL_VARIANT = int(os.environ.get("NINFER_PREFILL_ATTN_V", "2"))
-PREFILL_V1_TILE_ROWS = 64  # kTileRows
-if PREFILL_VARIANT not in (1, 2):
-    raise ValueError(f"NINFER_PREFILL_ATTN_V must be 1 or 2, got {PREFILL_VARIANT}")
 PREFILL_MAX_SPLITS = 32  # key-range splits of one prefill tile, at most
 PREFILL_MIN_PAGES_PER_SPLIT = 4  # below this a split's Q load and partial write outweigh its keys
 PREFILL_COMBINE_ROWS = 16  # kCombineRows in prefill_attention.cu: M rows per combine block
@@ -172,47 +164,38 @@ def decode_workspace_bytes(num_splits: int, num_seqs: int, max_queries: int, n_q
     return rows * head_dim * _F32, rows * 2 * _F32
 
 
-def _prefill_variant(variant: int | None) -> int:
-    variant = PREFILL_VARIANT if variant is None else variant
-    if variant not in (1, 2):
-        raise ValueError(f"prefill_attention: variant must be 1 or 2, got {variant}")
-    return variant
+def prefill_tile_rows() -> int:
+    """M rows (chunk rows x GQA group) of one prefill block: 128."""
+    return PREFILL_TILE_ROWS
 
 
-def prefill_tile_rows(variant: int | None = None) -> int:
-    """M rows (chunk rows x GQA group) of one prefill block: 128 (v1: 64)."""
-    return PREFILL_TILE_ROWS if _prefill_variant(variant) == 2 else PREFILL_V1_TILE_ROWS
-
-
-def prefill_tile_queries(n_q_heads: int, n_kv_heads: int, variant: int | None = None) -> int:
+def prefill_tile_queries(n_q_heads: int, n_kv_heads: int) -> int:
     """Chunk rows per prefill tile: R M rows hold all G q heads of a kv head for R // G rows."""
     group = _gqa_group(n_q_heads, n_kv_heads)
-    rows = prefill_tile_rows(variant)
+    rows = prefill_tile_rows()
     if group > rows:
         raise ValueError(f"prefill_attention: a GQA group of {group} q heads exceeds the {rows}-row tile")
     return rows // group
 
 
-def prefill_grid_blocks(longest: int, num_seqs: int, n_q_heads: int, n_kv_heads: int, variant: int | None = None) -> int:
+def prefill_grid_blocks(longest: int, num_seqs: int, n_q_heads: int, n_kv_heads: int) -> int:
     """Blocks of one split of the prefill grid: tiles of the longest chunk x kv heads x sequences."""
-    return math.ceil(longest / prefill_tile_queries(n_q_heads, n_kv_heads, variant)) * n_kv_heads * num_seqs
+    return math.ceil(longest / prefill_tile_queries(n_q_heads, n_kv_heads)) * n_kv_heads * num_seqs
 
 
-def prefill_smem_bytes(head_dim: int, kv_dtype: str, variant: int | None = None) -> int:
+def prefill_smem_bytes(head_dim: int, kv_dtype: str) -> int:
     """Dynamic shared memory of a prefill block (FlashSmem<D, int8>::kBytes in prefill_attention.cu): Q
     [128][D + 8] and V [64][D + 8] 16-bit tiles, K [64][D + 8] bf16 (bf16 KV) or, for int8 KV, the raw K and
-    V pages [64][D + 16] bytes x 2 and 2 x 64 f32 scales. v1 uses static shared memory only (0)."""
-    if _prefill_variant(variant) == 1:
-        return 0
+    V pages [64][D + 16] bytes x 2 and 2 x 64 f32 scales."""
     if kv_dtype == "int8":
         return (PREFILL_TILE_ROWS + PAGE_SIZE) * (head_dim + 8) * _BF16 + 2 * PAGE_SIZE * (head_dim + 16) + 2 * PAGE_SIZE * _F32
     return (PREFILL_TILE_ROWS + 2 * PAGE_SIZE) * (head_dim + 8) * _BF16
 
 
-def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str, variant: int | None = None) -> int:
+def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str) -> int:
     """Blocks of a prefill kernel resident per SM (registers and shared memory decide, per arch)."""
-    spec = prefill_spec(head_dim, kv_dtype, variant)
-    smem = prefill_smem_bytes(head_dim, kv_dtype, variant)
+    spec = prefill_spec(head_dim, kv_dtype)
+    smem = prefill_smem_bytes(head_dim, kv_dtype)
     return decode_blocks_per_sm(_prefill_kernel(lib, spec, smem), smem)
 
 
@@ -240,17 +223,15 @@ def prefill_num_splits(
     return best
 
 
-def prefill_workspace_blocks(sm_count: int, variant: int | None = None) -> int:
-    """Split blocks a PrefillWorkspace holds (the executor's, sized once per device; its bytes follow the
-    variant's tile rows: 138 MB for 132 SMs at head_dim 128, v1 half that). `variant` is unused: the block
-    count is the same for both, so v1 keeps its own split choices for A/B."""
-    _prefill_variant(variant)
+def prefill_workspace_blocks(sm_count: int) -> int:
+    """Split blocks a PrefillWorkspace holds (the executor's, sized once per device: 138 MB for 132 SMs at
+    head_dim 128)."""
     return sm_count * PREFILL_WORKSPACE_BLOCKS_PER_SM
 
 
-def prefill_workspace_bytes(blocks: int, head_dim: int, variant: int | None = None) -> tuple[int, int]:
+def prefill_workspace_bytes(blocks: int, head_dim: int) -> tuple[int, int]:
     """(acc bytes, ml bytes) of a PrefillWorkspace of `blocks` split blocks."""
-    rows = blocks * prefill_tile_rows(variant)
+    rows = blocks * prefill_tile_rows()
     return rows * head_dim * _F32, rows * 2 * _F32
 
 
@@ -288,14 +269,12 @@ def decode_spec(head_dim: int, kv_dtype: str) -> KernelSpec:
     return KernelSpec("decode_attention", f"decode_attention_d{head_dim}_{kv_dtype}", _DECODE_SIGNATURE)
 
 
-def prefill_spec(head_dim: int, kv_dtype: str, variant: int | None = None) -> KernelSpec:
-    prefix = "prefill_attention" if _prefill_variant(variant) == 2 else "prefill_attention_v1"
-    return KernelSpec("prefill_attention", f"{prefix}_d{head_dim}_{kv_dtype}", _PREFILL_SIGNATURE)
+def prefill_spec(head_dim: int, kv_dtype: str) -> KernelSpec:
+    return KernelSpec("prefill_attention", f"prefill_attention_d{head_dim}_{kv_dtype}", _PREFILL_SIGNATURE)
 
 
-def prefill_combine_spec(head_dim: int, variant: int | None = None) -> KernelSpec:
-    prefix = "prefill_attention" if _prefill_variant(variant) == 2 else "prefill_attention_v1"
-    return KernelSpec("prefill_attention", f"{prefix}_combine_d{head_dim}", _PREFILL_COMBINE_SIGNATURE)
+def prefill_combine_spec(head_dim: int) -> KernelSpec:
+    return KernelSpec("prefill_attention", f"prefill_attention_combine_d{head_dim}", _PREFILL_COMBINE_SIGNATURE)
 
 
 def _prefill_kernel(lib: KernelLibrary, spec: KernelSpec, smem: int) -> Kernel:
@@ -425,7 +404,6 @@ def prefill_attention(
     num_splits: int | None = None,
     workspace: PrefillWorkspace | None = None,
     max_context_len: int | None = None,
-    variant: int | None = None,
 ) -> None:
     """out rows of every sequence with more than decode_max_queries new rows = causal attention of the
     chunk over the cached prefix and itself (prefill_attention.cu). Other sequences' rows are untouched.
@@ -434,12 +412,10 @@ def prefill_attention(
     sequences), this device's SMs and the kernel's occupancy, the context bounded by `max_context_len`
     (else by the block table's width). More than one split writes partials to `workspace` (default: one
     per library and geometry, sized for prefill_workspace_blocks) and adds the combine launch. Prefill
-    steps are never captured, so the launch sequence may depend on the chunk and context lengths. `variant`
-    (default PREFILL_VARIANT) picks the kernel generation (A/B only)."""
+    steps are never captured, so the launch sequence may depend on the chunk and context lengths."""
     stream = require_stream(stream)
     hq, hkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
-    variant = _prefill_variant(variant)
-    tile_queries = prefill_tile_queries(hq, hkv, variant)
+    tile_queries = prefill_tile_queries(hq, hkv)
     _check_head_dim("prefill_attention", d, PREFILL_HEAD_DIMS)
     _check_kv("prefill_attention", kv_dtype, cache)
     max_queries = decode_max_queries(hq, hkv)
@@ -454,14 +430,14 @@ def prefill_attention(
         **inputs.table_sizes(num_seqs, max_pages_per_seq),
     )
     tiles = math.ceil(longest / tile_queries)
-    spec = prefill_spec(d, kv_dtype, variant)
-    smem = prefill_smem_bytes(d, kv_dtype, variant)
+    spec = prefill_spec(d, kv_dtype)
+    smem = prefill_smem_bytes(d, kv_dtype)
     kernel = _prefill_kernel(lib, spec, smem)
     grid_blocks = tiles * hkv * num_seqs
     if num_splits is None:
-        capacity = prefill_workspace_blocks(lib.device.sm_count, variant)
+        capacity = prefill_workspace_blocks(lib.device.sm_count)
         if workspace is not None:
-            one_acc, one_ml = prefill_workspace_bytes(1, d, variant)
+            one_acc, one_ml = prefill_workspace_bytes(1, d)
             capacity = min(capacity, workspace.acc.nbytes // one_acc, workspace.ml.nbytes // one_ml)
         context = max_context_len if max_context_len is not None else max_pages_per_seq * PAGE_SIZE
         num_splits = prefill_num_splits(grid_blocks, lib.device.sm_count, _occupancy(lib, spec, smem), context, capacity)
@@ -478,15 +454,15 @@ def prefill_attention(
         return
     if workspace is None:
         workspace = _prefill_workspace_for(lib, q, d)
-    acc_bytes, ml_bytes = prefill_workspace_bytes(grid_blocks * num_splits, d, variant)
+    acc_bytes, ml_bytes = prefill_workspace_bytes(grid_blocks * num_splits, d)
     _require_bytes("prefill_attention", partial_acc=(workspace.acc, acc_bytes), partial_ml=(workspace.ml, ml_bytes))
     partials = (workspace.acc.resource, workspace.ml.resource)
     kernel.launch(
         stream, (tiles * num_splits, hkv, num_seqs), _THREADS, 0, workspace.acc, workspace.ml, *args, smem=smem,
         label="prefill_attention", reads=reads, writes=partials, lane=lane,
     )
-    lib.kernel(prefill_combine_spec(d, variant)).launch(
-        stream, (tiles * prefill_tile_rows(variant) // PREFILL_COMBINE_ROWS, hkv, num_seqs), _THREADS,
+    lib.kernel(prefill_combine_spec(d)).launch(
+        stream, (tiles * prefill_tile_rows() // PREFILL_COMBINE_ROWS, hkv, num_seqs), _THREADS,
         out, workspace.acc, workspace.ml, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, num_splits,
         label="prefill_attention_combine",
         reads=(*partials, inputs.context_lens.resource, inputs.query_start.resource), writes=(out.resource,), lane=lane,
@@ -501,8 +477,7 @@ def _prefill_workspace_for(lib: KernelLibrary, owner_buffer: Buffer, head_dim: i
     owner = owner_buffer.owner
     key = (id(lib), head_dim, id(owner))
     if key not in _prefill_workspaces:
-        # sized for the larger (v2) tiles, so an explicit `variant=` never outgrows it
-        acc_bytes, ml_bytes = prefill_workspace_bytes(prefill_workspace_blocks(lib.device.sm_count), head_dim, variant=2)
+        acc_bytes, ml_bytes = prefill_workspace_bytes(prefill_workspace_blocks(lib.device.sm_count), head_dim)
         workspace = PrefillWorkspace(
             DeviceBuffer(owner, acc_bytes, f"attention.prefill_partial_acc[d{head_dim}]"),
             DeviceBuffer(owner, ml_bytes, f"attention.prefill_partial_ml[d{head_dim}]"),
