@@ -13,7 +13,7 @@ from ninfer_rt.engine import sampling
 from ninfer_rt.engine.request import Request, SamplingParams
 from ninfer_rt.exec.numpy_exec import ReadyRead
 from ninfer_rt.engine.sampling import (
-    GREEDY, MIN_P, TOP_K, TOP_P, inverse_cdf, on_device, pack_device_params, restrict_support, sample, sample_rows, softmax,
+    GREEDY, MIN_P, TOP_K, TOP_P, inverse_cdf, on_device, pack_device_params, restrict_support, sample, softmax, start_sampling,
 )
 
 
@@ -150,6 +150,10 @@ class FakeDeviceExecutor:
 
 class HostOnlyExecutor(FakeDeviceExecutor):
     sample_tokens = None  # the numpy executor has no device sampler
+
+
+def sample_rows(executor: object, logits: HostTensor, batch: list[Request]) -> list:
+    return start_sampling(executor, logits, batch, feed=False).result()
 
 
 def requests(params: list[SamplingParams]) -> list[Request]:

@@ -1,5 +1,5 @@
 """Next-token sampling, one logits row per request: on the device where the executor can
-(`sample_rows`), else on the host (numpy) from the full logits row.
+(`start_sampling`), else on the host (numpy) from the full logits row.
 
 Order, as in vLLM: penalties on the raw logits (repetition over prompt + output; presence and frequency
 over the output only, as OpenAI defines them), then temperature, then top-k, top-p and min-p restrict the
@@ -208,11 +208,6 @@ def pack_device_params(rows: Sequence[tuple[SamplingParams | None, float]], voca
         floats[i, 3] = params.min_p
         floats[i, 4] = u
     return packed
-
-
-def sample_rows(executor: Any, logits: Any, requests: Sequence[Request]) -> list[Sample]:
-    """One Sample per request, request i drawing from logits row i (start_sampling, then its result)."""
-    return start_sampling(executor, logits, requests, feed=False).result()
 
 
 @dataclass
