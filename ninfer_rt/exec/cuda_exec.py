@@ -384,17 +384,14 @@ class CudaExecutor:
         return slot
 
     def feed(self, ids: DeviceTensor | np.ndarray) -> None:
-        if isinstance(ids, np.ndarray):
-            host = np.ascontiguousarray(ids, np.int32).reshape(-1)
-            rows = host.size
-            if rows <= self.max_logit_rows:
-                self._staging.publish(self.compute, self._feed, host, label="feed host ids", lane=self._lane)
-        else:
-            rows = ids.rows
-            if rows <= self.max_logit_rows:
-                self.compute.copy(self._feed, ids.buffer, 4 * rows, label="feed sampled ids", lane=self._lane)
+        rows = ids.size if isinstance(ids, np.ndarray) else ids.rows
         if rows > self.max_logit_rows:
             raise ValueError(f"feed: {rows} ids exceed the executor's {self.max_logit_rows} logit rows")
+        if isinstance(ids, np.ndarray):
+            host = np.ascontiguousarray(ids, np.int32).reshape(-1)
+            self._staging.publish(self.compute, self._feed, host, label="feed host ids", lane=self._lane)
+        else:
+            self.compute.copy(self._feed, ids.buffer, 4 * rows, label="feed sampled ids", lane=self._lane)
         self._fed_rows = rows
 
     # -- internals ---------------------------------------------------------------------------------------
