@@ -260,7 +260,8 @@ class Engine:
         self.scheduler.complete(plan)
         self._inflight = InFlight(sampling, self.runner.sample(output, sampling, feed=True))
         for row, request in enumerate(sampling):
-            if not request.finished and not self._ends_by_length_next(request):
+            # the token that ends a request by length is its last: nothing is scheduled after it
+            if not request.finished and not self._requests[request.request_id].length_reached(more=1):
                 request.pending_row = row
         return outputs
 
@@ -302,13 +303,6 @@ class Engine:
             not self.scheduler.waiting
             and all(request.num_remaining <= 1 for request in running)
             and self.kv_manager.pool.can_allocate(len(running))
-        )
-
-    def _ends_by_length_next(self, request: Request) -> bool:
-        """Whether the token being sampled ends the request by length (OutputStream.accept's rule)."""
-        return (
-            len(request.output_ids) + 1 >= request.params.max_tokens
-            or request.num_tokens + 1 >= self.kv_manager.context_limit
         )
 
     def generate(

@@ -80,12 +80,20 @@ class OutputStream:
             if stopped_on_string:
                 reason = FinishReason.STOP
                 break
-            if len(request.output_ids) >= request.params.max_tokens or request.num_tokens >= self._context_limit:
+            if self.length_reached():
                 reason = FinishReason.LENGTH
                 break
         if reason is not None and not stopped_on_string:  # after a stop string everything held is cut
             text += self._flush()
         return self._output(tokens, text, logprobs, reason)
+
+    def length_reached(self, more: int = 0) -> bool:
+        """Whether the request has reached max_tokens or the context limit (`more` tokens from now)."""
+        request = self.request
+        return (
+            len(request.output_ids) + more >= request.params.max_tokens
+            or request.num_tokens + more >= self._context_limit
+        )
 
     def close(self, reason: FinishReason) -> RequestOutput:
         """The final output of a request ended from outside (abort, or no room to grow)."""

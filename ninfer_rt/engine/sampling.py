@@ -93,8 +93,7 @@ def final_logits(
 def argmax_decides(params: SamplingParams) -> bool:
     """Whether the token is the argmax of the raw logits: greedy with no penalties and no logprobs (which
     describe the whole distribution). Such a request needs only the executor's argmax on the host."""
-    penalised = params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
-    return params.greedy and not params.logprobs and not penalised
+    return params.greedy and on_device(params)
 
 
 def sample(
@@ -234,7 +233,6 @@ def start_sampling(executor: Any, logits: Any, requests: Sequence[Request], feed
     device = getattr(executor, "sample_tokens", None)
     routed = [device is not None and on_device(r.params) for r in requests]
     samples: list[Sample | None] = [None] * len(requests)
-    device_ids = None
     if any(routed):
         vocab = int(logits.cols)
         rows = [

@@ -110,10 +110,10 @@ class GraphedMTPSteps:
     ) -> tuple[MTPOutput, DeviceTensor | None]:
         """The step's scored logits, and the rows the next draft step reads (None without logit rows)."""
         out = mtp_forward(self.executor, self.model, self.mtp, batch, hidden, self.kv, lm_head)
+        logits = scored(self.executor, out.logits, batch)
         if not len(batch.logit_rows):
-            return scored(self.executor, out.logits, batch), None
-        carried = self.executor.select_rows(out.hidden) if phase == "catch-up" else out.hidden
-        return scored(self.executor, out.logits, batch), carried
+            return logits, None
+        return logits, self.executor.select_rows(out.hidden) if phase == "catch-up" else out.hidden
 
     def _carry(self, rows: DeviceTensor | None) -> None:
         if rows is not None:
