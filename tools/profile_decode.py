@@ -1,0 +1,174 @@
+"""Where a graphed batch-1 decode step's GPU time goes, kernel by kernel, from a CUPTI timeline.
+
+Replays the decode graph of a random-weight model of a named shape (bench_decode's) under torch.profiler
+(CUPTI activity records: one per kernel node of the replayed graph) and splits each step into the
+kernels' *marginal* times: from the end of the previous kernel to the end of this one. With programmatic
+dependent launch a kernel starts before its predecessor ends (its duration includes the wait), so
+durations overlap, while marginal times add up to the step. Kernels are grouped by name and by their
+place in the layer (a name used twice per layer, like the residual GEMV of o_proj and down, gets two
+rows); the GEMVs' rows also show their weight bytes and the fraction of the copy bandwidth their marginal
+time reaches. torch is used for the profiler only (a tool on the GPU machine, not a runtime dependency).
+
+    python tools/profile_decode.py --shape qwen3-8b --context 256 --kv bf16 --weights bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench_decode import (
+    PAGE_SIZE, QUANT_GROUP, WEIGHT_BITS, append_results, build_random_model, decode_batch, make_kv, print_table,
+    run_info, shape_config,
+)
+from ninfer_rt.cuda.benchmark import copy_bandwidth
+from ninfer_rt.cuda.driver import open_device
+from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.exec.cuda_exec import CudaExecutor, GraphedForward
+from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.shapes import SHAPES
+
+GEMV_ORDER = ("qkv", "o_proj", "gate_up", "down")  # the decoder layer's projections, in launch order
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    start_us: float
+    end_us: float
+
+
+def kernel_timeline(trace_path: Path) -> list[Kernel]:
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    kernels = [Kernel(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+               for e in events if e.get("cat") == "kernel"]
+    return sorted(kernels, key=lambda k: k.start_us)
+
+
+def split_steps(kernels: list[Kernel], steps: int) -> list[list[Kernel]]:
+    """Every replay of the graph launches the same kernels."""
+    if len(kernels) % steps:
+        raise SystemExit(f"{len(kernels)} kernels recorded over {steps} steps: the timeline is incomplete")
+    per_step = len(kernels) // steps
+    return [kernels[i:i + per_step] for i in range(0, len(kernels), per_step)]
+
+
+def projection_bytes(cfg: ModelConfig, weights: str) -> dict[str, int]:
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    shapes = {"qkv": (q + 2 * kv, h), "o_proj": (h, q), "gate_up": (2 * i, h), "down": (h, i)}
+    bits = WEIGHT_BITS[weights]
+    scale_bytes = 0 if bits == 16 else 2
+    return {op: n * k * bits // 8 + n * (k // QUANT_GROUP) * scale_bytes for op, (n, k) in shapes.items()} | {
+        "lm_head": cfg.vocab_size * h * 2}
+
+
+def label_step(step: list[Kernel], layers: int) -> list[str]:
+    """A kernel's row: its name, plus its place among the layer's GEMVs (or among the layer's launches of
+    the same name) where a name occurs more than once per layer."""
+    counts: dict[str, int] = defaultdict(int)
+    for kernel in step:
+        counts[kernel.name] += 1
+    gemvs_per_layer = sum(c for n, c in counts.items() if n.startswith("gemv")) // layers
+    seen: dict[str, int] = defaultdict(int)
+    gemv_seen = 0
+    labels = []
+    for kernel in step:
+        per_layer = counts[kernel.name] // layers
+        if kernel.name.startswith("gemv"):
+            ordinal = gemv_seen
+            gemv_seen += 1
+            is_head = ordinal >= gemvs_per_layer * layers
+            labels.append(f"{kernel.name} [{'lm_head' if is_head else GEMV_ORDER[ordinal % gemvs_per_layer]}]")
+        elif per_layer > 1:
+            labels.append(f"{kernel.name} #{seen[kernel.name] % per_layer}")
+        else:
+            labels.append(kernel.name)
+        seen[kernel.name] += 1
+    return labels
+
+
+def summarize(steps: list[list[Kernel]], cfg: ModelConfig, weights: str, bandwidth: float) -> list[dict[str, object]]:
+    marginal: dict[str, list[float]] = defaultdict(list)
+    duration: dict[str, list[float]] = defaultdict(list)
+    last_end = None
+    for step in steps:
+        if last_end is not None:  # the graph launch: replays do not overlap
+            marginal["(between steps)"].append(step[0].start_us - last_end)
+            duration["(between steps)"].append(0.0)
+        previous_end = step[0].start_us
+        for kernel, label in zip(step, label_step(step, cfg.num_hidden_layers)):
+            marginal[label].append(max(kernel.end_us, previous_end) - previous_end)
+            duration[label].append(kernel.end_us - kernel.start_us)
+            previous_end = max(previous_end, kernel.end_us)
+        last_end = previous_end
+    nbytes = projection_bytes(cfg, weights)
+    rows = []
+    for label, times in marginal.items():
+        per_step = len(times) / (len(steps) - 1 if label == "(between steps)" else len(steps))
+        mean = sum(times) / len(times)
+        op = label.rsplit("[", 1)[1].rstrip("]") if "[" in label else None
+        row = {"kernel": label, "per_step": per_step, "marginal_us": mean, "duration_us": sum(duration[label]) / len(times),
+               "ms_per_step": mean * per_step / 1e3, "weight_MB": nbytes[op] / 1e6 if op else 0.0,
+               "roofline_fraction": nbytes[op] / (mean * 1e-6) / bandwidth if op else 0.0}
+        rows.append(row)
+    return sorted(rows, key=lambda r: -r["ms_per_step"])
+
+
+def profile_steps(graphed: GraphedForward, context: int, steps: int) -> list[list[Kernel]]:
+    import torch  # the profiler only
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.init()
+    batch = decode_batch(context)
+    for _ in range(3):
+        graphed(batch)
+    graphed.executor.compute.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            graphed(batch)
+        graphed.executor.compute.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        kernels = kernel_timeline(trace)
+    return split_steps(kernels, steps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--kv", choices=("bf16", "int8"), default="bf16")
+    parser.add_argument("--weights", choices=sorted(WEIGHT_BITS), default="bf16")
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+
+    device = open_device(0)
+    streams = StreamSet(device, verify=False)
+    cfg = shape_config(args.shape)
+    executor = CudaExecutor(streams, max_tokens=8, max_seqs=1, max_pages_per_seq=-(-args.context // PAGE_SIZE),
+                            max_positions=args.context + 1, max_logit_rows=8)
+    bandwidth = copy_bandwidth(streams)
+    random = build_random_model(executor, cfg, weight_bits=WEIGHT_BITS[args.weights])
+    kv = make_kv(streams, cfg, args.context, args.kv, executor)
+    graphed = GraphedForward(executor, random.model, kv)
+    steps = profile_steps(graphed, args.context, args.steps)
+    rows = summarize(steps, cfg, args.weights, bandwidth)
+    step_ms = sum(r["ms_per_step"] for r in rows)
+    print(f"{len(steps)} steps profiled; {step_ms:.3f} ms per step from the first kernel's start to the last's end; "
+          f"copy bandwidth {bandwidth / 1e12:.3f} TB/s")
+    print_table(rows, ["kernel", "per_step", "marginal_us", "duration_us", "ms_per_step", "weight_MB", "roofline_fraction"])
+    info = run_info(device) | {"shape": args.shape, "context": args.context, "kv_dtype": args.kv, "weights": args.weights,
+                               "step_ms": step_ms, "copy_bw_TBs": bandwidth / 1e12}
+    print(f"appended to {append_results('decode_profile', [info | r for r in rows])}")
+    graphed.destroy()
+    kv.free()
+
+
+if __name__ == "__main__":
+    main()
