@@ -18,6 +18,7 @@ import argparse
 import json
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from ninfer_rt.exec.cuda_exec import CudaExecutor, GraphedForward
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.shapes import SHAPES
 
+GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")  # what the device does, in CUPTI's trace categories
 GEMV_ORDER = ("qkv", "o_proj", "gate_up", "down")  # the decoder layer's projections, in launch order
 
 
@@ -45,7 +47,7 @@ class Kernel:
 def kernel_timeline(trace_path: Path) -> list[Kernel]:
     events = json.loads(trace_path.read_text())["traceEvents"]
     kernels = [Kernel(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-               for e in events if e.get("cat") == "kernel"]
+               for e in events if e.get("cat") in GPU_EVENTS]
     return sorted(kernels, key=lambda k: k.start_us)
 
 
@@ -119,24 +121,41 @@ def summarize(steps: list[list[Kernel]], cfg: ModelConfig, weights: str, bandwid
     return sorted(rows, key=lambda r: -r["ms_per_step"])
 
 
-def profile_steps(graphed: GraphedForward, context: int, steps: int) -> list[list[Kernel]]:
+def profile_steps(step: Callable[[], object], synchronize: Callable[[], None], steps: int) -> list[list[Kernel]]:
     import torch  # the profiler only
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.init()
-    batch = decode_batch(context)
     for _ in range(3):
-        graphed(batch)
-    graphed.executor.compute.synchronize()
+        step()
+    synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            graphed(batch)
-        graphed.executor.compute.synchronize()
+            step()
+        synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
         kernels = kernel_timeline(trace)
     return split_steps(kernels, steps)
+
+
+def overlapped_step(executor: CudaExecutor, graphed: GraphedForward, context: int) -> Callable[[], object]:
+    """bench_decode.time_overlapped's loop body: the forward fed from the device, then the previous step's
+    token read, then this step's argmax, feed and read-back started."""
+    fed = decode_batch(context, token=-1)
+    ids = executor.argmax(graphed(decode_batch(context)).logits)
+    executor.feed(ids)
+    pending = [executor.read_later(ids)]
+
+    def step() -> None:
+        logits = graphed(fed).logits
+        pending[0].result()
+        ids = executor.argmax(logits)
+        executor.feed(ids)
+        pending[0] = executor.read_later(ids)
+
+    return step
 
 
 def main() -> None:
@@ -146,6 +165,8 @@ def main() -> None:
     parser.add_argument("--kv", choices=("bf16", "int8"), default="bf16")
     parser.add_argument("--weights", choices=sorted(WEIGHT_BITS), default="bf16")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--loop", choices=("replay", "overlap"), default="replay",
+                        help="graph replays back to back, or the engine's overlapped loop (argmax, feed, read-back)")
     args = parser.parse_args()
 
     device = open_device(0)
@@ -157,13 +178,15 @@ def main() -> None:
     random = build_random_model(executor, cfg, weight_bits=WEIGHT_BITS[args.weights])
     kv = make_kv(streams, cfg, args.context, args.kv, executor)
     graphed = GraphedForward(executor, random.model, kv)
-    steps = profile_steps(graphed, args.context, args.steps)
+    batch = decode_batch(args.context)
+    step = overlapped_step(executor, graphed, args.context) if args.loop == "overlap" else lambda: graphed(batch)
+    steps = profile_steps(step, executor.compute.synchronize, args.steps)
     rows = summarize(steps, cfg, args.weights, bandwidth)
     step_ms = sum(r["ms_per_step"] for r in rows)
     print(f"{len(steps)} steps profiled; {step_ms:.3f} ms per step from the first kernel's start to the last's end; "
           f"copy bandwidth {bandwidth / 1e12:.3f} TB/s")
     print_table(rows, ["kernel", "per_step", "marginal_us", "duration_us", "ms_per_step", "weight_MB", "roofline_fraction"])
-    info = run_info(device) | {"shape": args.shape, "context": args.context, "kv_dtype": args.kv, "weights": args.weights,
+    info = run_info(device) | {"loop": args.loop, "shape": args.shape, "context": args.context, "kv_dtype": args.kv, "weights": args.weights,
                                "step_ms": step_ms, "copy_bw_TBs": bandwidth / 1e12}
     print(f"appended to {append_results('decode_profile', [info | r for r in rows])}")
     graphed.destroy()
