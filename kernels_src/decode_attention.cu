@@ -37,7 +37,7 @@
 // Layout: q bf16 [T, Hq, D]; K, V [num_pages, 64, Hkv, D] bf16 or int8; k_scale, v_scale f32
 // [num_pages, 64, Hkv] (int8 only, else null); block_tables int32 [B, max_pages]; context_lens int32 [B];
 // query_start int32 [B+1]; out bf16 [T, Hq, D]. Static shared memory: the warps' merge buffer (16 KiB at
-// D = 128). Host contract: row_groups * 8 >= max_queries * Hq/Hkv, Hq % Hkv == 0.
+// D = 128). Host contract: row_groups * 8 >= max_queries * Hq/Hkv, num_splits <= kMaxSplits, Hq % Hkv == 0.
 #include <cuda_fp16.h>
 
 #include "attention_common.cuh"
@@ -46,6 +46,8 @@ constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kRowsPerBlock = 8;   // n of the P.V mma
 constexpr int kKeysPerWarp = 16;   // per page: two n8 key tiles of S, the k16 of P.V
+constexpr int kMaxSplits = 256;     // MAX_SPLITS in attention_ops.py: the combine's weight table
+constexpr int kCombineBatch = 16;   // acc loads in flight per thread in the combine
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kInt8PScale = 256.0f;
 constexpr unsigned kF16Magic = 0x64646464u;  // high bytes of f16 1024 + u, u a byte
@@ -390,32 +392,65 @@ __forceinline__ void merge_and_store(MergeSmem<D>& sm, const float (&acc)[D / 16
     }
 }
 
-// The block's rows of out from the partials of splits 0 .. splits_used - 1 (the last block to arrive runs it).
+// The block's rows of out from the partials of splits 0 .. splits_used - 1 (the last block to arrive runs
+// it). Its L2 reads are on the step's critical path, so both passes keep many in flight: a warp per row
+// loads every split's (m, l) at once and leaves normalized weights in shared memory; then each thread sums
+// its (row, 4 dims) over the splits, kCombineBatch acc loads at a time (at 114k keys: 49 splits).
 template <int D>
-__forceinline__ void combine_rows(bf16* out, const float* partial_acc, const float* partial_ml, const DecodeWork& w,
+__noinline__ void combine_rows(bf16* out, const float* partial_acc, const float* partial_ml, const DecodeWork& w,
                                   int splits_used, int num_q_heads) {
+    __shared__ float weight[kRowsPerBlock][kMaxSplits];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rows_here = min(kRowsPerBlock, w.rows - w.row_base);
-    for (int i = threadIdx.x; i < rows_here * (D / 4); i += kDecodeThreads) {
-        const int r = w.row_base + i / (D / 4), d = 4 * (i % (D / 4));
-        const int slot = w.slot0 + r / w.group, head = w.kv_head * w.group + r % w.group;
+    auto first_index = [&](int r) {  // partial index of split 0 for block row r
+        const int row = w.row_base + r;
+        return partial_index(0, w.num_slots, w.slot0 + row / w.group, num_q_heads, w.kv_head * w.group + row % w.group);
+    };
+    const long long split_stride = (long long)w.num_slots * num_q_heads;  // partial rows per split
+    for (int r = warp; r < rows_here; r += kDecodeWarps) {
+        float m[kMaxSplits / 32], l[kMaxSplits / 32];
         float m_max = neg_inf();
-        for (int s = 0; s < splits_used; ++s) m_max = fmaxf(m_max, __ldcg(partial_ml + 2 * partial_index(s, w.num_slots, slot, num_q_heads, head)));
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float denominator = 0.0f;
-#pragma unroll 4
-        for (int s = 0; s < splits_used; ++s) {
-            const long long index = partial_index(s, w.num_slots, slot, num_q_heads, head);
-            const float m = __ldcg(partial_ml + 2 * index);
-            if (m == neg_inf()) continue;  // nothing visible in this split for this row
-            const float weight = exp2f(m - m_max);
-            denominator += weight * __ldcg(partial_ml + 2 * index + 1);
-            const float4 v = __ldcg(reinterpret_cast<const float4*>(partial_acc + index * D + d));
-            sum.x += weight * v.x, sum.y += weight * v.y, sum.z += weight * v.z, sum.w += weight * v.w;
+#pragma unroll
+        for (int j = 0; j < kMaxSplits / 32; ++j) {
+            const int s = lane + 32 * j;
+            const long long index = first_index(r) + s * split_stride;
+            m[j] = s < splits_used ? __ldcg(partial_ml + 2 * index) : neg_inf();
+            l[j] = s < splits_used ? __ldcg(partial_ml + 2 * index + 1) : 0.0f;
+            m_max = fmaxf(m_max, m[j]);
         }
-        const float scale = denominator > 0.0f ? 1.0f / denominator : 0.0f;
-        const long long out_row = (long long)(w.row0 + r / w.group) * num_q_heads + head;
-        *reinterpret_cast<uint2*>(out + out_row * D + d) =
-            make_uint2(pack_bf16x2(sum.x * scale, sum.y * scale), pack_bf16x2(sum.z * scale, sum.w * scale));
+        m_max = warp_max(m_max);
+        float denominator = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kMaxSplits / 32; ++j) {
+            m[j] = m[j] == neg_inf() ? 0.0f : exp2f(m[j] - m_max);  // a split that saw nothing weighs 0
+            denominator += m[j] * l[j];
+        }
+        denominator = warp_sum(denominator);
+        const float inv_denominator = denominator > 0.0f ? 1.0f / denominator : 0.0f;
+#pragma unroll
+        for (int j = 0; j < kMaxSplits / 32; ++j) weight[r][lane + 32 * j] = m[j] * inv_denominator;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < rows_here * (D / 4); i += kDecodeThreads) {
+        const int r = i / (D / 4), d = 4 * (i % (D / 4));
+        const float* acc = partial_acc + first_index(r) * D + d;
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int s0 = 0; s0 < splits_used; s0 += kCombineBatch) {
+            float4 v[kCombineBatch];
+#pragma unroll
+            for (int j = 0; j < kCombineBatch; ++j) {  // a split of weight 0 may have no acc written: not read
+                const bool used = s0 + j < splits_used && weight[r][s0 + j] > 0.0f;
+                v[j] = used ? __ldcg(reinterpret_cast<const float4*>(acc + (s0 + j) * split_stride * D)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < kCombineBatch; ++j) {
+                const float e = s0 + j < splits_used ? weight[r][s0 + j] : 0.0f;
+                sum.x += e * v[j].x, sum.y += e * v[j].y, sum.z += e * v[j].z, sum.w += e * v[j].w;
+            }
+        }
+        const int row = w.row_base + r;
+        const long long out_row = (long long)(w.row0 + row / w.group) * num_q_heads + w.kv_head * w.group + row % w.group;
+        *reinterpret_cast<uint2*>(out + out_row * D + d) = make_uint2(pack_bf16x2(sum.x, sum.y), pack_bf16x2(sum.z, sum.w));
     }
 }
 
