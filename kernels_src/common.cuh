@@ -49,22 +49,6 @@ __forceinline__ float block_sum(float value) {
     return value;
 }
 
-// The last of `arrivals` blocks (of this launch) to call it with `counter` gets true in every thread, with
-// the counter reset to 0 for the next launch. Call it after writing the block's results: once it returns
-// true, the other blocks' writes are visible (read them with __ldcg: their lines were never in this SM's L1).
-__forceinline__ bool last_arrival(unsigned* counter, unsigned arrivals) {
-    __shared__ bool last;
-    __threadfence();  // this thread's writes are visible device-wide before the block counts itself
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(counter, 1u) == arrivals - 1;
-        if (last) atomicExch(counter, 0u);
-    }
-    __syncthreads();
-    if (last) __threadfence();
-    return last;
-}
-
 // Programmatic dependent launch (sm_90 and later; no-ops below, where launches are plain). Kernels are
 // launched with the programmatic-stream-serialization attribute, so a kernel's blocks may start while the
 // previous kernel on its stream is still running: its launch latency and prologue hide behind that

@@ -6,33 +6,31 @@
 //   out[row, h] = sum_k softmax_k(scale * q[row, h] . K[k]) V[k]
 // with K/V bf16, or int8 values times scale[page, slot, kv_head].
 //
-// One kernel, decode_attention_d{D}_{bf16,int8}, D in {64, 128, 256}: grid (num_splits * row_groups, Hkv, B),
-//   block 128 (4 warps). Block (split * row_groups + rg, g, b) takes rows rg*8 .. rg*8+7 of the
-//   Q * (Hq/Hkv) rows of sequence b that share kv head g (row r: query r / group, head g*group + r % group)
-//   and split `split` of b's pages (pages_per_split = ceil(ceil(L/64) / num_splits), page-aligned).
-//   Warp w takes keys w*16 .. w*16+15 of every page of the split: it loads them from global memory
-//   straight into registers (16-byte loads; a step's K and V loads are in flight together), in the
-//   layouts of mma.sync.m16n8k16 fragments, and keeps its own online softmax. The 4 warps merge in
-//   shared memory once at the end: the main loop has no block-wide barrier.
-//     S = Q K^T      A = q (8 real rows of 16), B = K (k = dims, n = 8 keys). A lane's 16-byte chunk of
-//                    a K row is its B fragment as loaded: dims are permuted alike in q and K, which a
-//                    dot product does not see.
-//     O^T += V^T P^T A = V^T (m = 16 dims, k = 16 keys), B = P^T (k = keys, n = 8 rows): S's C fragment
-//                    is P's B fragment as it lies; V words are re-paired by key with byte permutes.
-//   bf16 KV: bf16 mma; P rounded to bf16 (as in prefill_attention). int8 KV: f16 mma on the exact
-//   integer values (int8 -> f16 through the 0x6400 exponent trick, no conversion instructions); q
-//   rounded to f16 (exact for bf16 values of magnitude 6.1e-5 .. 65504); P * v_scale * 256 rounded to
-//   f16 (the 256 keeps small products out of f16's subnormals; it is divided out at the end, so v_scale
-//   must stay below 255). Softmax in f32, log2 domain. Each block writes its split's unnormalized
-//   partials: acc f32 [num_splits, B * max_queries, Hq, D] and (max, sum) f32 [num_splits, B * max_queries,
-//   Hq, 2], row slot b * max_queries + j. A split with no pages writes (-inf, 0) and no acc.
-//   The combine: the last of the num_splits blocks of a (sequence, kv head, row group) to finish (counted
-//   in arrivals u32 [B, Hkv, row_groups], zero before the first launch and left zero by every launch)
-//   merges the splits that have pages, in split order: out = sum_s w_s acc_s / sum_s w_s l_s,
-//   w_s = exp2(m_s - max_s m_s); a split whose m is -inf (nothing visible) is never read. One launch per
-//   step instead of two: the second launch's wait and start cost more than one block's reads of the
-//   partials from L2 (at 256 keys, a split count chosen for 114k and 4 splits with pages).
-//   Sequences with Q > max_queries (or Q = 0) are skipped: they belong to prefill_attention in a mixed step.
+// Two kernels:
+//   decode_attention_d{D}_{bf16,int8}, D in {64, 128, 256}: grid (num_splits * row_groups, Hkv, B),
+//     block 128 (4 warps). Block (split * row_groups + rg, g, b) takes rows rg*8 .. rg*8+7 of the
+//     Q * (Hq/Hkv) rows of sequence b that share kv head g (row r: query r / group, head g*group + r % group)
+//     and split `split` of b's pages (pages_per_split = ceil(ceil(L/64) / num_splits), page-aligned).
+//     Warp w takes keys w*16 .. w*16+15 of every page of the split: it loads them from global memory
+//     straight into registers (16-byte loads; a step's K and V loads are in flight together), in the
+//     layouts of mma.sync.m16n8k16 fragments, and keeps its own online softmax. The 4 warps merge in
+//     shared memory once at the end: the main loop has no block-wide barrier.
+//       S = Q K^T      A = q (8 real rows of 16), B = K (k = dims, n = 8 keys). A lane's 16-byte chunk of
+//                      a K row is its B fragment as loaded: dims are permuted alike in q and K, which a
+//                      dot product does not see.
+//       O^T += V^T P^T A = V^T (m = 16 dims, k = 16 keys), B = P^T (k = keys, n = 8 rows): S's C fragment
+//                      is P's B fragment as it lies; V words are re-paired by key with byte permutes.
+//     bf16 KV: bf16 mma; P rounded to bf16 (as in prefill_attention). int8 KV: f16 mma on the exact
+//     integer values (int8 -> f16 through the 0x6400 exponent trick, no conversion instructions); q
+//     rounded to f16 (exact for bf16 values of magnitude 6.1e-5 .. 65504); P * v_scale * 256 rounded to
+//     f16 (the 256 keeps small products out of f16's subnormals; it is divided out at the end, so v_scale
+//     must stay below 255). Softmax in f32, log2 domain. Writes unnormalized partials: acc f32
+//     [num_splits, B * max_queries, Hq, D] and (max, sum) f32 [num_splits, B * max_queries, Hq, 2], row slot
+//     b * max_queries + j. A split with no pages (or no visible key) writes (-inf, 0). Sequences with
+//     Q > max_queries (or Q = 0) are skipped: they belong to prefill_attention in a mixed step.
+//   decode_attention_combine: grid (B * max_queries, Hq), block 128: for the slots of decoded rows,
+//     out = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp2(m_s - max_s m_s); splits with w_s = 0 are never
+//     read (their acc may be unwritten). Thread (split group, 4 dims): 128 / (D/4) groups of splits.
 //
 // Layout: q bf16 [T, Hq, D]; K, V [num_pages, 64, Hkv, D] bf16 or int8; k_scale, v_scale f32
 // [num_pages, 64, Hkv] (int8 only, else null); block_tables int32 [B, max_pages]; context_lens int32 [B];
@@ -46,8 +44,7 @@ constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kRowsPerBlock = 8;   // n of the P.V mma
 constexpr int kKeysPerWarp = 16;   // per page: two n8 key tiles of S, the k16 of P.V
-constexpr int kMaxSplits = 256;     // MAX_SPLITS in attention_ops.py: the combine's weight table
-constexpr int kCombineBatch = 16;   // acc loads in flight per thread in the combine
+constexpr int kMaxSplits = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kInt8PScale = 256.0f;
 constexpr unsigned kF16Magic = 0x64646464u;  // high bytes of f16 1024 + u, u a byte
@@ -392,75 +389,41 @@ __forceinline__ void merge_and_store(MergeSmem<D>& sm, const float (&acc)[D / 16
     }
 }
 
-// The block's rows of out from the partials of splits 0 .. splits_used - 1 (the last block to arrive runs
-// it). Its L2 reads are on the step's critical path, so both passes keep many in flight: a warp per row
-// loads every split's (m, l) at once and leaves normalized weights in shared memory; then each thread sums
-// its (row, 4 dims) over the splits, kCombineBatch acc loads at a time (at 114k keys: 49 splits).
-template <int D>
-__noinline__ void combine_rows(bf16* out, const float* partial_acc, const float* partial_ml, const DecodeWork& w,
-                                  int splits_used, int num_q_heads) {
-    __shared__ float weight[kRowsPerBlock][kMaxSplits];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int rows_here = min(kRowsPerBlock, w.rows - w.row_base);
-    auto first_index = [&](int r) {  // partial index of split 0 for block row r
-        const int row = w.row_base + r;
-        return partial_index(0, w.num_slots, w.slot0 + row / w.group, num_q_heads, w.kv_head * w.group + row % w.group);
-    };
-    const long long split_stride = (long long)w.num_slots * num_q_heads;  // partial rows per split
-    for (int r = warp; r < rows_here; r += kDecodeWarps) {
-        float m[kMaxSplits / 32], l[kMaxSplits / 32];
-        float m_max = neg_inf();
-#pragma unroll
-        for (int j = 0; j < kMaxSplits / 32; ++j) {
-            const int s = lane + 32 * j;
-            const long long index = first_index(r) + s * split_stride;
-            m[j] = s < splits_used ? __ldcg(partial_ml + 2 * index) : neg_inf();
-            l[j] = s < splits_used ? __ldcg(partial_ml + 2 * index + 1) : 0.0f;
-            m_max = fmaxf(m_max, m[j]);
-        }
-        m_max = warp_max(m_max);
-        float denominator = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kMaxSplits / 32; ++j) {
-            m[j] = m[j] == neg_inf() ? 0.0f : exp2f(m[j] - m_max);  // a split that saw nothing weighs 0
-            denominator += m[j] * l[j];
-        }
-        denominator = warp_sum(denominator);
-        const float inv_denominator = denominator > 0.0f ? 1.0f / denominator : 0.0f;
-#pragma unroll
-        for (int j = 0; j < kMaxSplits / 32; ++j) weight[r][lane + 32 * j] = m[j] * inv_denominator;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < rows_here * (D / 4); i += kDecodeThreads) {
-        const int r = i / (D / 4), d = 4 * (i % (D / 4));
-        const float* acc = partial_acc + first_index(r) * D + d;
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int s0 = 0; s0 < splits_used; s0 += kCombineBatch) {
-            float4 v[kCombineBatch];
-#pragma unroll
-            for (int j = 0; j < kCombineBatch; ++j) {  // a split of weight 0 may have no acc written: not read
-                const bool used = s0 + j < splits_used && weight[r][s0 + j] > 0.0f;
-                v[j] = used ? __ldcg(reinterpret_cast<const float4*>(acc + (s0 + j) * split_stride * D)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-#pragma unroll
-            for (int j = 0; j < kCombineBatch; ++j) {
-                const float e = s0 + j < splits_used ? weight[r][s0 + j] : 0.0f;
-                sum.x += e * v[j].x, sum.y += e * v[j].y, sum.z += e * v[j].z, sum.w += e * v[j].w;
-            }
-        }
-        const int row = w.row_base + r;
-        const long long out_row = (long long)(w.row0 + row / w.group) * num_q_heads + w.kv_head * w.group + row % w.group;
-        *reinterpret_cast<uint2*>(out + out_row * D + d) = make_uint2(pack_bf16x2(sum.x, sum.y), pack_bf16x2(sum.z, sum.w));
-    }
-}
-
-// Split `w.split` (pages page_begin .. page_end - 1) of the block's rows -> its partials.
 template <int D, bool kInt8>
-__forceinline__ void attend_split(const DecodeWork& w, int page_begin, int page_end, float* partial_acc, float* partial_ml,
-                                  const bf16* q, const void* k_cache, const void* v_cache, const float* k_scale,
-                                  const float* v_scale, const int* block_tables, int max_pages, int num_q_heads,
-                                  int num_kv_heads, float scale) {
+__forceinline__ void decode_split(float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache,
+                                  const void* v_cache, const float* k_scale, const float* v_scale,
+                                  const int* block_tables, int max_pages, const int* context_lens,
+                                  const int* query_start, int max_queries, int num_q_heads, int num_kv_heads, float scale,
+                                  int row_groups) {
     __shared__ MergeSmem<D> smem;
+    DecodeWork w;
+    w.seq = blockIdx.z;
+    w.kv_head = blockIdx.y;
+    w.group = num_q_heads / num_kv_heads;
+    w.row0 = query_start[w.seq];
+    w.queries = query_start[w.seq + 1] - w.row0;
+    w.rows = w.queries * w.group;
+    w.ctx = context_lens[w.seq];
+    w.split = blockIdx.x / row_groups;
+    w.row_base = (blockIdx.x % row_groups) * kRowsPerBlock;
+    w.slot0 = w.seq * max_queries;
+    w.num_slots = gridDim.z * max_queries;
+    if (w.queries == 0 || w.queries > max_queries || w.row_base >= w.rows) return;  // prefill's, or no rows here
+    const int num_splits = gridDim.x / row_groups;
+    const int pages = (w.ctx + kPageSize - 1) / kPageSize;
+    const int pages_per_split = (pages + num_splits - 1) / num_splits;
+    const int page_begin = w.split * pages_per_split;
+    const int page_end = min(page_begin + pages_per_split, pages);
+
+    if (page_begin >= page_end) {  // more splits than this sequence has pages: an empty partial
+        const int rows_here = min(kRowsPerBlock, w.rows - w.row_base);
+        if (threadIdx.x < rows_here) {
+            const long long index = partial_row(w, w.row_base + threadIdx.x, num_q_heads);
+            partial_ml[2 * index] = neg_inf();
+            partial_ml[2 * index + 1] = 0.0f;
+        }
+        return;
+    }
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int r = w.row_base + (lane >> 2);
@@ -489,40 +452,6 @@ __forceinline__ void attend_split(const DecodeWork& w, int page_begin, int page_
     merge_and_store<D, kInt8>(smem, acc, state, w, partial_acc, partial_ml, num_q_heads);
 }
 
-template <int D, bool kInt8>
-__forceinline__ void decode_split(bf16* out, float* partial_acc, float* partial_ml, unsigned* arrivals, const bf16* q,
-                                  const void* k_cache, const void* v_cache, const float* k_scale, const float* v_scale,
-                                  const int* block_tables, int max_pages, const int* context_lens,
-                                  const int* query_start, int max_queries, int num_q_heads, int num_kv_heads, float scale,
-                                  int row_groups) {
-    DecodeWork w;
-    w.seq = blockIdx.z;
-    w.kv_head = blockIdx.y;
-    w.group = num_q_heads / num_kv_heads;
-    w.row0 = query_start[w.seq];
-    w.queries = query_start[w.seq + 1] - w.row0;
-    w.rows = w.queries * w.group;
-    w.ctx = context_lens[w.seq];
-    w.split = blockIdx.x / row_groups;
-    w.row_base = (blockIdx.x % row_groups) * kRowsPerBlock;
-    w.slot0 = w.seq * max_queries;
-    w.num_slots = gridDim.z * max_queries;
-    if (w.queries == 0 || w.queries > max_queries || w.row_base >= w.rows) return;  // prefill's, or no rows here
-    const int num_splits = gridDim.x / row_groups;
-    const int pages = (w.ctx + kPageSize - 1) / kPageSize;
-    const int pages_per_split = (pages + num_splits - 1) / num_splits;
-    const int page_begin = w.split * pages_per_split;
-    const int page_end = min(page_begin + pages_per_split, pages);
-    if (page_begin < page_end) {
-        attend_split<D, kInt8>(w, page_begin, page_end, partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale,
-                               block_tables, max_pages, num_q_heads, num_kv_heads, scale);
-    }  // else more splits than this sequence has pages: nothing to write, the combine never reads it
-    unsigned* counter = arrivals + ((long long)w.seq * gridDim.y + w.kv_head) * row_groups + blockIdx.x % row_groups;
-    if (last_arrival(counter, num_splits)) {
-        combine_rows<D>(out, partial_acc, partial_ml, w, (pages + pages_per_split - 1) / pages_per_split, num_q_heads);
-    }
-}
-
 // int8 steps hold half the bytes of bf16 ones: 4 resident blocks (16 warps) instead of 3 keep as many bytes
 // in flight (register cap 128).
 template <int D, bool kInt8>
@@ -530,14 +459,14 @@ constexpr int kMinBlocks = kInt8 && D <= 128 ? 4 : 1;
 
 #define DECODE_KERNEL(D, KIND, INT8)                                                                           \
     extern "C" __global__ void __launch_bounds__(kDecodeThreads, kMinBlocks<D, INT8>) decode_attention_d##D##_##KIND(             \
-        bf16* out, float* partial_acc, float* partial_ml, unsigned* arrivals, const bf16* q, const void* k_cache, \
-        const void* v_cache, const float* k_scale, const float* v_scale, const int* block_tables, int max_pages, \
+        float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache, const void* v_cache,        \
+        const float* k_scale, const float* v_scale, const int* block_tables, int max_pages,                    \
         const int* context_lens, const int* query_start, int max_queries, int num_q_heads, int num_kv_heads,   \
         float scale, int row_groups) {                                                                         \
         enter_dependent_kernel();                                                                          \
-        decode_split<D, INT8>(out, partial_acc, partial_ml, arrivals, q, k_cache, v_cache, k_scale, v_scale,   \
-                              block_tables, max_pages, context_lens, query_start, max_queries, num_q_heads,    \
-                              num_kv_heads, scale, row_groups);                                                \
+        decode_split<D, INT8>(partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale, block_tables,    \
+                              max_pages, context_lens, query_start, max_queries, num_q_heads, num_kv_heads,    \
+                              scale, row_groups);                                                              \
     }
 
 DECODE_KERNEL(64, bf16, false)
@@ -546,3 +475,62 @@ DECODE_KERNEL(256, bf16, false)
 DECODE_KERNEL(64, int8, true)
 DECODE_KERNEL(128, int8, true)
 DECODE_KERNEL(256, int8, true)
+
+extern "C" __global__ void __launch_bounds__(kDecodeThreads)
+    decode_attention_combine(bf16* out, const float* partial_acc, const float* partial_ml, const int* query_start,
+                             int num_splits, int num_seqs, int max_queries, int num_q_heads, int head_dim) {
+    enter_dependent_kernel();
+    __shared__ float weight[kMaxSplits];
+    __shared__ float inv_denominator;
+    __shared__ float4 part[kDecodeThreads];
+    const int slot = blockIdx.x;
+    const int head = blockIdx.y;
+    const int seq = slot / max_queries;
+    const int query = slot % max_queries;
+    const int queries = query_start[seq + 1] - query_start[seq];
+    if (queries > max_queries || query >= queries) return;  // a prefill sequence, or an unused slot
+    const int num_slots = num_seqs * max_queries;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        float m_max = neg_inf();
+        for (int s = lane; s < num_splits; s += 32) m_max = fmaxf(m_max, partial_ml[2 * partial_index(s, num_slots, slot, num_q_heads, head)]);
+        m_max = warp_max(m_max);
+        float denominator = 0.0f;
+        for (int s = lane; s < num_splits; s += 32) {
+            const long long index = partial_index(s, num_slots, slot, num_q_heads, head);
+            const float m = partial_ml[2 * index];
+            const float w = m == neg_inf() ? 0.0f : exp2f(m - m_max);
+            weight[s] = w;
+            if (w > 0.0f) denominator += w * partial_ml[2 * index + 1];
+        }
+        denominator = warp_sum(denominator);
+        if (lane == 0) inv_denominator = denominator > 0.0f ? 1.0f / denominator : 0.0f;
+    }
+    __syncthreads();
+    // Thread (group, column): 4 dims, splits group, group + groups, ...: the splits' loads are independent
+    // and several are in flight per thread (a serial loop over 100 splits was ~100 dependent L2 round trips).
+    const int columns = head_dim / 4;
+    const int groups = kDecodeThreads / columns;
+    const int column = threadIdx.x % columns;
+    const int group = threadIdx.x / columns;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+    for (int s = group; s < num_splits; s += groups) {
+        const float w = weight[s];
+        if (w > 0.0f) {  // a split with weight 0 may have no acc written: never read it
+            const float4 v = *reinterpret_cast<const float4*>(partial_acc + partial_index(s, num_slots, slot, num_q_heads, head) * head_dim + 4 * column);
+            sum.x += w * v.x, sum.y += w * v.y, sum.z += w * v.z, sum.w += w * v.w;
+        }
+    }
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    if (group != 0) return;
+    for (int g = 1; g < groups; ++g) {
+        const float4 v = part[g * columns + column];
+        sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const float scale = inv_denominator;
+    const long long out_row = (long long)(query_start[seq] + query) * num_q_heads + head;
+    const uint2 packed = make_uint2(pack_bf16x2(sum.x * scale, sum.y * scale), pack_bf16x2(sum.z * scale, sum.w * scale));
+    *reinterpret_cast<uint2*>(out + out_row * head_dim + 4 * column) = packed;
+}

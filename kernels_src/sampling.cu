@@ -216,6 +216,21 @@ __forceinline__ void for_each_in_slice(const float* row, int begin, int end, boo
     }
 }
 
+// Publishes nothing itself: call after writing this block's partials. True in every thread of the last
+// block of the row to arrive, which has reset the counter; partials written by the others are then visible.
+__forceinline__ bool last_block_of_row(unsigned* counter) {
+    __shared__ bool last;
+    __threadfence();  // this thread's partial writes are visible device-wide before the block counts itself
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+        if (last) atomicExch(counter, 0u);
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 struct Slice {
     int begin, end;
     bool vec;
@@ -243,7 +258,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) argmax_f32(
     for_each_in_slice(row, s.begin, s.end, s.vec, [&](float x, int i) { best = better(best, Best{x, i}); });
     best = block_best(best);
     if (threadIdx.x == 0) partials[blockIdx.x] = best;
-    if (!last_arrival(counter, gridDim.x)) return;
+    if (!last_block_of_row(counter)) return;
     best = Best{neg_inf(), vocab};
     if (threadIdx.x < gridDim.x) {
         const Best* p = partials + threadIdx.x;
@@ -384,7 +399,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) sample_begin(
     Best* partials = reinterpret_cast<Best*>(g.partials);
     if (threadIdx.x == 0) partials[blockIdx.x] = best;
     if (topk) flush_bins(g, false);
-    if (!last_arrival(&g.state->counter, gridDim.x)) return;
+    if (!last_block_of_row(&g.state->counter)) return;
     best = Best{neg_inf(), vocab};
     if (threadIdx.x < gridDim.x) {
         const Best* q = partials + threadIdx.x;
@@ -450,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) sample_radix(
         z = block_sum_u64(z);
         if (threadIdx.x == 0 && z) atomicAdd(&g.state->z_k, z);
     }
-    if (!last_arrival(&g.state->counter, gridDim.x)) return;
+    if (!last_block_of_row(&g.state->counter)) return;
     if (by_mass && level == 0 && threadIdx.x == 0) {
         g.state->prefix = 0;
         g.state->above = 0;
@@ -489,7 +504,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) sample_draw(
     for_each_in_slice(row, s.begin, s.end, s.vec, [&](float x, int) { mass += kept_weight(x); });
     mass = block_sum_u64(mass);
     if (threadIdx.x == 0) g.partials[blockIdx.x] = mass;
-    if (!last_arrival(&g.state->counter, gridDim.x)) return;
+    if (!last_block_of_row(&g.state->counter)) return;
 
     // Which slice holds the token: partial sums in block order.
     unsigned long long total;

@@ -257,8 +257,7 @@ def bench_decode_attention(
             resident = attention_ops.decode_blocks_per_sm(s.lib.kernel(attention_ops.decode_spec(d, kv_dtype)))
             splits = attention_ops.decode_num_splits(1, hkv, s.device.sm_count, resident, context)
             acc, ml = attention_ops.decode_workspace_bytes(splits, 1, attention_ops.decode_max_queries(hq, hkv), hq, d)
-            arrivals = s.upload(np.zeros(attention_ops.decode_arrivals_bytes(1, hkv), np.uint8), "arrivals")
-            workspace = DecodeWorkspace(s.filled(acc, "acc"), s.filled(ml, "ml"), arrivals)
+            workspace = DecodeWorkspace(s.filled(acc, "acc"), s.filled(ml, "ml"))
             q, out = s.filled(hq * d * BF16, "q"), s.filled(hq * d * BF16, "out")
 
             def launch(i: int) -> None:
@@ -274,7 +273,7 @@ def bench_decode_attention(
                 "context": context, "kv": kv_dtype, "q_heads": hq, "kv_heads": hkv, "head_dim": d,
                 "blocks_per_sm": resident, "num_splits": splits, "kv_copies": len(layers),
             }
-            results.append(Measurement("decode_attention", case, seconds, kv_bytes(attn, context, kv_dtype), flops, params))
+            results.append(Measurement("decode_attention (split+combine)", case, seconds, kv_bytes(attn, context, kv_dtype), flops, params))
             s.release()
     return results
 

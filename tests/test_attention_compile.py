@@ -29,7 +29,7 @@ RESIDENT = 3  # decode blocks per SM on an H200 (146 registers, 16 KiB of shared
 
 def kernel_names() -> dict[str, set[str]]:
     """Every kernel name the wrappers can launch, by family."""
-    names: dict[str, set[str]] = {"rope_kv": set(), "decode_attention": set(), "prefill_attention": set()}
+    names: dict[str, set[str]] = {"rope_kv": set(), "decode_attention": {"decode_attention_combine"}, "prefill_attention": set()}
     names["prefill_attention"] |= {attention_ops.prefill_combine_spec(d).name for d in attention_ops.PREFILL_HEAD_DIMS}
     for kind in attention_ops.KV_KINDS:
         names["rope_kv"] |= {attention_ops.rope_kv_spec(d, kind).name for d in attention_ops.ROPE_HEAD_DIMS}
@@ -210,16 +210,16 @@ def run_attention_op(lib: RecordingLibrary, step: SimpleNamespace) -> None:
     )
 
 
-def test_decode_step_is_rope_then_one_split_launch_with_a_context_free_grid() -> None:
+def test_decode_step_is_rope_then_split_then_combine_with_a_context_free_grid() -> None:
     lib, step = RecordingLibrary(), logical_step([1, 2], [5000, 70])
     run_attention_op(lib, step)
     names = [launch.name for launch in lib.launches]
-    assert names == ["rope_kv_d128_bf16", "decode_attention_d128_bf16"]
-    rope, split = lib.launches
+    assert names == ["rope_kv_d128_bf16", "decode_attention_d128_bf16", "decode_attention_combine"]
+    rope, split, combine = lib.launches
     splits = attention_ops.decode_num_splits(2, 4, H200_SMS, RESIDENT)
-    assert rope.grid == (5, 3) and split.grid == (splits, 4, 2)
+    assert rope.grid == (5, 3) and split.grid == (splits, 4, 2) and combine.grid == (2 * 8, 16)
     assert set(step.written) <= set(rope.writes) and set(step.read) <= set(split.reads)
-    assert step.out.resource in split.writes and not any(r[0] == "kv" for r in split.writes)
+    assert step.out.resource in combine.writes and not any(r[0] == "kv" for r in combine.reads)
 
 
 def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups() -> None:
@@ -227,7 +227,7 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
     run_attention_op(lib, step)
     names = [launch.name for launch in lib.launches]
     assert names == [
-        "rope_kv_d128_int8", "decode_attention_d128_int8", "prefill_attention_d128_int8",
+        "rope_kv_d128_int8", "decode_attention_d128_int8", "decode_attention_combine", "prefill_attention_d128_int8",
         "prefill_attention_combine_d128",
     ]
     # 4 verify rows x GQA group 4 = 16 rows per kv head: two row groups of 8 per split
@@ -294,7 +294,7 @@ def test_wrappers_refuse_bad_geometry_before_launching() -> None:
     with pytest.raises(ValueError, match="head_dim 256"):
         attention_ops.prefill_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [100], 2, kv_dtype="bf16", pages_read=())
     shape = AttentionShape(num_heads=16, num_kv_heads=4, head_dim=128, norm_eps=1e-6)
-    workspace = DecodeWorkspace(step.out, step.out, step.out)
+    workspace = DecodeWorkspace(step.out, step.out)
     with pytest.raises(ValueError, match="num_splits"):
         attention_ops.decode_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [1], 2, workspace, 0, kv_dtype="bf16", pages_read=())
     with pytest.raises(ValueError, match="int8 KV needs"):

@@ -32,7 +32,7 @@ from gpu_session import POISON, OneStream
 
 from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda.attention_ops import DecodeWorkspace, PrefillWorkspace, StepInputs
-from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
+from ninfer_rt.cuda.memory import StagingRing
 from ninfer_rt.exec.base import AttentionParams, AttentionShape
 from ninfer_rt.kv.cache import KVCache, KVLayer, KVSpec, page_resource
 
@@ -162,12 +162,8 @@ def test_rope_kv_int8_zero_row_stores_zeros_with_scale_one(gpu: Gpu) -> None:
 # -- decode attention -----------------------------------------------------------------------------------
 
 
-def run_decode(
-    gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None,
-    arrivals: DeviceBuffer | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel output, float64 reference) over random K/V at every cached position. `arrivals`: the
-    combine's counters (default: fresh zeros)."""
+def run_decode(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel output, float64 reference) over random K/V at every cached position."""
     rng = np.random.default_rng(int(batch.context_lens.sum()) + hq + d)
     slots = batch.all_slots()
     k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
@@ -179,12 +175,10 @@ def run_decode(
         len(batch.query_lens), hkv, gpu.lib.device.sm_count, resident, int(batch.context_lens.max()), row_groups
     )
     acc_bytes, ml_bytes = attention_ops.decode_workspace_bytes(splits, len(batch.query_lens), max_queries, hq, d)
-    if arrivals is None:
-        arrivals = gpu.upload(np.zeros(attention_ops.decode_arrivals_bytes(len(batch.query_lens), hkv), np.uint8))
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
     attention_ops.decode_attention(
         gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),
-        batch.query_lens.tolist(), batch.block_tables.shape[1], DecodeWorkspace(gpu.poisoned(acc_bytes), gpu.poisoned(ml_bytes), arrivals),
+        batch.query_lens.tolist(), batch.block_tables.shape[1], DecodeWorkspace(gpu.poisoned(acc_bytes), gpu.poisoned(ml_bytes)),
         splits, kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
     )
     expected = paged_attention_ref(q, k.values, v.values, batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
@@ -228,17 +222,6 @@ def test_decode_attention_any_split_count_gives_the_same_result(gpu: Gpu, num_sp
     batch = make_batch(np.random.default_rng(num_splits), [2, 1, 4], [1000, 1, 130])
     out, expected = run_decode(gpu, batch, 8, 2, 128, "bf16", num_splits=num_splits)
     assert_close(out, expected, f"decode with {num_splits} splits")
-
-
-def test_decode_attention_leaves_its_arrival_counters_zero_for_the_next_launch(gpu: Gpu) -> None:
-    # The last split block of each (sequence, kv head, row group) combines and resets its counter: launches
-    # sharing the counters (as every layer of a step does) each combine exactly once.
-    arrivals = gpu.upload(np.zeros(attention_ops.decode_arrivals_bytes(3, 2), np.uint8))
-    for seed, (queries, contexts) in enumerate([([2, 1, 4], [1000, 1, 130]), ([1, 8, 1], [64, 4097, 300])]):
-        batch = make_batch(np.random.default_rng(seed), queries, contexts)
-        out, expected = run_decode(gpu, batch, 16, 2, 128, "int8", num_splits=7, arrivals=arrivals)
-        assert_close(out, expected, f"decode launch {seed} on shared counters")
-    assert not gpu.download(arrivals, np.uint32, (arrivals.nbytes // 4,)).any()
 
 
 def test_decode_attention_batch_of_mixed_contexts_and_widths(gpu: Gpu) -> None:

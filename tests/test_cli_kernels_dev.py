@@ -66,7 +66,7 @@ def family_blocks(output: str) -> dict[str, str]:
 def kernels_loaded_by_the_launch_wrappers() -> dict[str, set[str]]:
     """family -> every kernel name the ops modules ask KernelLibrary for."""
     specs = [
-        ops.RMSNORM, ops.RMSNORM_RESIDUAL, ops.SILU_MUL, linear_ops.GATHER_ROWS,
+        ops.RMSNORM, ops.RMSNORM_RESIDUAL, ops.SILU_MUL, linear_ops.GATHER_ROWS, attention_ops.DECODE_COMBINE,
         sampling_ops.ARGMAX, sampling_ops.SAMPLE_BEGIN, sampling_ops.SAMPLE_RADIX, sampling_ops.SAMPLE_DRAW,
         *(linear_ops.gemv_spec(e, rows) for e in linear_ops.Epilogue for rows in linear_ops.GEMV_BUCKETS),
         *(quant_ops.gemv_spec(bits, rows) for bits in (4, 8) for rows in linear_ops.GEMV_BUCKETS),

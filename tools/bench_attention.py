@@ -1,9 +1,9 @@
-"""Decode attention bandwidth: flash-decoding (splits, the last of which combines) at batch 1 over a paged KV cache.
+"""Decode attention bandwidth: flash-decoding (split + combine) at batch 1 over a paged KV cache.
 
 Qwen3-8B attention shape (32 q heads, 8 kv heads, head_dim 128), one new token, contexts 256 / 8192 /
 114812, bf16 and int8 KV; the cases and their timing are ninfer_rt.kernel_benches.bench_decode_attention's
 (also `ninfer-rt kernels bench decode_attention`). Each measurement replays a CUDA graph of at least `--reps`
-back-to-back launches of the kernel, so Python launch overhead is not timed; the median over `--repeats`
+back-to-back launches of the two kernels, so Python launch overhead is not timed; the median over `--repeats`
 replays (after warm-up) is reported per launch. Launches rotate over copies of the KV cache (at least
 ninfer_rt.cuda.benchmark.ROTATE_BYTES in all), so a context that fits in the 60 MB L2 is still read from HBM.
 Bytes moved = KV bytes read (K and V values, plus the f32 scales for int8); the fraction is of the H200's

@@ -40,7 +40,7 @@ PREFILL_HEAD_DIMS = (64, 128)
 DECODE_ROWS_PER_BLOCK = 8  # kRowsPerBlock in decode_attention.cu: q rows (queries x GQA group) per block
 DECODE_MAX_ROWS = 64  # rows per (sequence, kv head) the decode path takes: 8 row groups
 DECODE_MAX_QUERIES = 8  # new rows per sequence up to which decode attention is used (spec verify width)
-MAX_SPLITS = 256  # kMaxSplits in decode_attention.cu (the combine's weight table)
+MAX_SPLITS = 256  # kMaxSplits in decode_attention.cu
 MIN_PAGES_PER_SPLIT = 2  # below this a split's fixed cost outweighs the parallelism it adds
 _THREADS = 128  # every attention kernel runs 4 warps
 _MAX_BLOCKS_PER_SM = 2048 // _THREADS  # the hardware's resident-thread limit, for sizing scratch
@@ -55,9 +55,10 @@ _BF16 = 2
 _F32 = 4
 
 _ROPE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.F32, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32)
-_DECODE_SIGNATURE = (Arg.PTR,) * 10 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
+_DECODE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_SIGNATURE = (Arg.PTR,) * 9 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_COMBINE_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) * 4
+DECODE_COMBINE = KernelSpec("decode_attention", "decode_attention_combine", (Arg.PTR,) * 4 + (Arg.I32,) * 5)
 
 STEP_INPUT_NAMES = ("positions", "query_start", "context_lens", "block_tables", "slot_mapping")
 
@@ -90,12 +91,10 @@ class StepInputs:
 @dataclass(frozen=True)
 class DecodeWorkspace:
     """Flash-decoding partials: acc f32 [num_splits, B * max_queries, Hq, D], (max, sum) f32 [..., 2].
-    Row slot b * max_queries + j holds query j of sequence b. `arrivals` u32 [B, Hkv, row groups] counts
-    the splits that finished (the last one combines); zeroed once, every launch leaves it zero."""
+    Row slot b * max_queries + j holds query j of sequence b."""
 
     acc: Buffer
     ml: Buffer
-    arrivals: Buffer
 
 
 @dataclass(frozen=True)
@@ -163,11 +162,6 @@ def decode_workspace_bytes(num_splits: int, num_seqs: int, max_queries: int, n_q
     """(acc bytes, ml bytes) of a DecodeWorkspace."""
     rows = num_splits * num_seqs * max_queries * n_q_heads
     return rows * head_dim * _F32, rows * 2 * _F32
-
-
-def decode_arrivals_bytes(num_seqs: int, n_kv_heads: int) -> int:
-    """Bytes of a DecodeWorkspace's arrival counters: one per (sequence, kv head, row group)."""
-    return num_seqs * n_kv_heads * (DECODE_MAX_ROWS // DECODE_ROWS_PER_BLOCK) * 4
 
 
 def prefill_tile_rows() -> int:
@@ -356,7 +350,7 @@ def decode_attention(
     lane: object = None,
 ) -> None:
     """out rows of every sequence with 1..decode_max_queries new rows = paged causal attention
-    (decode_attention.cu: splits, the last of which combines). Other sequences' rows are left untouched."""
+    (decode_attention.cu: split kernel, then combine). Other sequences' rows are left untouched."""
     stream = require_stream(stream)
     hq, hkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
     group = _gqa_group(hq, hkv)
@@ -376,18 +370,20 @@ def decode_attention(
         out=(out, num_rows * hq * d * _BF16),
         partial_acc=(workspace.acc, acc_bytes),
         partial_ml=(workspace.ml, ml_bytes),
-        arrivals=(workspace.arrivals, decode_arrivals_bytes(num_seqs, hkv)),
         **inputs.table_sizes(num_seqs, max_pages_per_seq),
     )
     row_groups = decode_row_groups(max(decode_lens) * group)
-    scratch = (workspace.acc.resource, workspace.ml.resource, workspace.arrivals.resource)
+    partials = (workspace.acc.resource, workspace.ml.resource)
     lib.kernel(decode_spec(d, kv_dtype)).launch(
         stream, (num_splits * row_groups, hkv, num_seqs), _THREADS,
-        out, workspace.acc, workspace.ml, workspace.arrivals, q, cache.k, cache.v, *_scale_ptrs(cache),
-        inputs.block_tables, max_pages_per_seq, inputs.context_lens, inputs.query_start, max_queries, hq, hkv,
-        shape.scale, row_groups,
-        label="decode_attention", reads=(q.resource, *inputs.tables, *pages_read, *scratch),
-        writes=(out.resource, *scratch), lane=lane,
+        workspace.acc, workspace.ml, q, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables,
+        max_pages_per_seq, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale, row_groups,
+        label="decode_attention", reads=(q.resource, *inputs.tables, *pages_read), writes=partials, lane=lane,
+    )
+    lib.kernel(DECODE_COMBINE).launch(
+        stream, (num_seqs * max_queries, hq), _THREADS,
+        out, workspace.acc, workspace.ml, inputs.query_start, num_splits, num_seqs, max_queries, hq, d,
+        label="decode_attention_combine", reads=(*partials, inputs.query_start.resource), writes=(out.resource,), lane=lane,
     )
 
 
@@ -504,9 +500,7 @@ class _Scratch:
 _scratch: dict[tuple[Any, ...], tuple[KernelLibrary, _Scratch]] = {}
 
 
-def _scratch_for(
-    lib: KernelLibrary, stream: object, owner_buffer: Buffer, shape: AttentionShape, max_rows: int, max_seqs: int
-) -> _Scratch:
+def _scratch_for(lib: KernelLibrary, owner_buffer: Buffer, shape: AttentionShape, max_rows: int, max_seqs: int) -> _Scratch:
     hq, hkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
     key = (id(lib), hq, hkv, d, max_rows, max_seqs)
     if key not in _scratch:
@@ -516,14 +510,11 @@ def _scratch_for(
         wave = lib.device.sm_count * _MAX_BLOCKS_PER_SM // hkv
         acc_bytes, ml_bytes = decode_workspace_bytes(max(wave, max_seqs), 1, max_queries, hq, d)
         owner = owner_buffer.owner
-        arrivals = DeviceBuffer(owner, decode_arrivals_bytes(max_seqs, hkv), f"attention.arrivals[{hkv}]")
-        require_stream(stream).memset(arrivals, 0, label="zero attention.arrivals")  # the only zeroing it needs
         scratch = _Scratch(
             q=DeviceBuffer(owner, max_rows * hq * d * _BF16, f"attention.q[{hq}x{d}]"),
             workspace=DecodeWorkspace(
                 DeviceBuffer(owner, acc_bytes, f"attention.partial_acc[{hq}x{d}]"),
                 DeviceBuffer(owner, ml_bytes, f"attention.partial_ml[{hq}x{d}]"),
-                arrivals,
             ),
         )
         _scratch[key] = (lib, scratch)  # holding lib keeps id(lib) from being reused
@@ -568,7 +559,7 @@ def attention(
     cache = kv.layers[kv_layer]
     num_rows = sum(query_lens)
     qkv_row_bytes = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim * _BF16
-    scratch = _scratch_for(lib, stream, qkv, shape, qkv.nbytes // qkv_row_bytes, inputs.context_lens.nbytes // 4)
+    scratch = _scratch_for(lib, qkv, shape, qkv.nbytes // qkv_row_bytes, inputs.context_lens.nbytes // 4)
     rope_kv(
         lib, stream, qkv, scratch.q, cache, shape, inputs, num_rows, params.rope.buffer,
         params.q_norm.buffer if params.q_norm is not None else None,
