@@ -10,14 +10,6 @@
 //   gemv_swiglu_bf16_b*:   y[b, i] = silu(g) * u with g = bf16((x @ W^T)[b, i]), u = bf16((x @ W^T)[b, N + i])
 //                          for the fused gate_up matrix (N_w = 2N): bit-identical to gemv_bf16 followed by
 //                          activation.cu's silu_mul_bf16, one pass and one launch fewer.
-//   gemv_norm_bf16_b*, gemv_norm_swiglu_bf16_b*: as gemv_bf16 / gemv_swiglu_bf16 with x replaced by
-//                          RMSNorm(x) = gamma * x * rsqrt(mean(x^2) + eps), computed on the fly: each warp
-//                          walks all of K anyway, so it adds up x^2 as it goes, multiplies x by gamma as it
-//                          loads it, and scales the finished sums by rsqrt. The normalized rows never exist
-//                          (no RMSNorm launch before the GEMV, no bf16 rounding of them); sums of squares in
-//                          f32, in this kernel's order.
-// Every kernel takes (y, x, w, residual, gamma, eps, rows, n, k); residual only with the residual epilogue,
-// gamma and eps only in the norm kernels.
 // rows (1..B) is a kernel argument: a bucket serves every width up to B at the cost of B.
 // Launch: block (128) = 4 warps, grid (ceil(groups / 4)); no shared memory. A warp owns a group of two
 // weight rows (n, n+1, or i and N+i for SwiGLU) and walks K with 16-byte loads, lane-interleaved so each
@@ -57,32 +49,21 @@ __forceinline__ void load_batch(uint4 (&wv)[kU][kRowsPerWarp], const uint4* cons
         for (int j = 0; j < kRowsPerWarp; ++j) wv[u][j] = load_streaming_in_order(w_row[j] + c + 32 * u);
 }
 
-// Rows b >= `rows` of a bucket re-read row rows-1 (an L1 hit) and are never stored. NORM: sum_squares[b]
-// gathers x^2 and x is multiplied by gamma before the dot products.
-template <int B, bool NORM>
-__forceinline__ void accumulate(float (&acc)[kRowsPerWarp][B], float (&sum_squares)[B], const uint4 (&w)[kRowsPerWarp],
-                                const uint4* x, const uint4* gamma, int rows, int kc, int chunk) {
-    float g[8];
-    if (NORM) unpack8(__ldg(gamma + chunk), g);
+// Rows b >= `rows` of a bucket re-read row rows-1 (an L1 hit) and are never stored.
+template <int B>
+__forceinline__ void accumulate(float (&acc)[kRowsPerWarp][B], const uint4 (&w)[kRowsPerWarp], const uint4* x,
+                                int rows, int kc, int chunk) {
 #pragma unroll
     for (int b = 0; b < B; ++b) {
         float xf[8];
         unpack8(__ldg(x + (long long)min(b, rows - 1) * kc + chunk), xf);
-        if (NORM) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                sum_squares[b] = fmaf(xf[i], xf[i], sum_squares[b]);
-                xf[i] *= g[i];
-            }
-        }
 #pragma unroll
         for (int j = 0; j < kRowsPerWarp; ++j) dot8(acc[j][b], w[j], xf);
     }
 }
 
-template <int B, int EPI, bool NORM, typename OutT>
-__forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* residual, const bf16* gamma, float eps,
-                          int rows, int n, int k) {
+template <int B, int EPI, typename OutT>
+__forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* residual, int rows, int n, int k) {
     const int lane = threadIdx.x & 31;
     const long long group = (long long)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
     const long long w_rows = EPI == kSwiglu ? 2ll * n : n;
@@ -102,15 +83,12 @@ __forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* res
         w_row[j] = reinterpret_cast<const uint4*>(w) + min(w_index[j], w_rows - 1) * kc;
     }
     const uint4* x4 = reinterpret_cast<const uint4*>(x);
-    const uint4* gamma4 = reinterpret_cast<const uint4*>(gamma);
 
-    float acc[kRowsPerWarp][B], sum_squares[B];
+    float acc[kRowsPerWarp][B];
 #pragma unroll
-    for (int b = 0; b < B; ++b) {
-        sum_squares[b] = 0.0f;
+    for (int j = 0; j < kRowsPerWarp; ++j)
 #pragma unroll
-        for (int j = 0; j < kRowsPerWarp; ++j) acc[j][b] = 0.0f;
-    }
+        for (int b = 0; b < B; ++b) acc[j][b] = 0.0f;
 
     int c = lane;
     constexpr int kU = kUnroll<B>;
@@ -123,7 +101,7 @@ __forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* res
     enter_dependent_kernel();
     while (full) {
 #pragma unroll
-        for (int u = 0; u < kU; ++u) accumulate<B, NORM>(acc, sum_squares, wv[u], x4, gamma4, rows, kc, c + 32 * u);
+        for (int u = 0; u < kU; ++u) accumulate<B>(acc, wv[u], x4, rows, kc, c + 32 * u);
         c += 32 * kU;
         full = c + 32 * (kU - 1) < kc;
         if (full) load_batch<kU>(wv, w_row, c);
@@ -132,19 +110,10 @@ __forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* res
         uint4 tail[kRowsPerWarp];
 #pragma unroll
         for (int j = 0; j < kRowsPerWarp; ++j) tail[j] = load_streaming(w_row[j] + c);
-        accumulate<B, NORM>(acc, sum_squares, tail, x4, gamma4, rows, kc, c);
+        accumulate<B>(acc, tail, x4, rows, kc, c);
     }
 
     warp_sum(acc);
-    if (NORM) {
-        warp_sum(sum_squares);
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-            const float inv_rms = rsqrtf(sum_squares[b] / k + eps);
-#pragma unroll
-            for (int j = 0; j < kRowsPerWarp; ++j) acc[j][b] *= inv_rms;
-        }
-    }
     if (lane != 0) return;
 
 #pragma unroll
@@ -166,18 +135,16 @@ __forceinline__ void gemv(OutT* y, const bf16* x, const bf16* w, const bf16* res
     }
 }
 
-#define GEMV_KERNEL(NAME, B, EPI, NORM, OUT)                                                                 \
-    extern "C" __global__ void NAME##_b##B(OUT* y, const bf16* x, const bf16* w, const bf16* residual,           \
-                                           const bf16* gamma, float eps, int rows, int n, int k) {               \
-        gemv<B, EPI, NORM>(y, x, w, residual, gamma, eps, rows, n, k);                                         \
+#define GEMV_KERNEL(NAME, B, EPI, OUT)                                                                 \
+    extern "C" __global__ void NAME##_b##B(OUT* y, const bf16* x, const bf16* w, const bf16* residual,     \
+                                           int rows, int n, int k) {                                     \
+        gemv<B, EPI>(y, x, w, residual, rows, n, k);                                                     \
     }
-#define GEMV_KERNELS(B)                                         \
-    GEMV_KERNEL(gemv_bf16, B, kStore, false, bf16)              \
-    GEMV_KERNEL(gemv_f32, B, kStore, false, float)              \
-    GEMV_KERNEL(gemv_residual_bf16, B, kResidual, false, bf16)  \
-    GEMV_KERNEL(gemv_swiglu_bf16, B, kSwiglu, false, bf16)      \
-    GEMV_KERNEL(gemv_norm_bf16, B, kStore, true, bf16)          \
-    GEMV_KERNEL(gemv_norm_swiglu_bf16, B, kSwiglu, true, bf16)
+#define GEMV_KERNELS(B)                              \
+    GEMV_KERNEL(gemv_bf16, B, kStore, bf16)          \
+    GEMV_KERNEL(gemv_f32, B, kStore, float)          \
+    GEMV_KERNEL(gemv_residual_bf16, B, kResidual, bf16) \
+    GEMV_KERNEL(gemv_swiglu_bf16, B, kSwiglu, bf16)
 
 GEMV_KERNELS(1)
 GEMV_KERNELS(2)

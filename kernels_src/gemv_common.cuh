@@ -37,16 +37,12 @@ __forceinline__ void store(bf16* y, long long i, float v) { y[i] = __float2bfloa
 __forceinline__ void store(float* y, long long i, float v) { y[i] = v; }
 
 // Sum over the warp, every lane gets it.
-template <int B>
-__forceinline__ void warp_sum(float (&values)[B]) {
-#pragma unroll
-    for (int b = 0; b < B; ++b)
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) values[b] += __shfl_xor_sync(0xffffffffu, values[b], offset);
-}
-
 template <int R, int B>
 __forceinline__ void warp_sum(float (&acc)[R][B]) {
 #pragma unroll
-    for (int j = 0; j < R; ++j) warp_sum(acc[j]);
+    for (int j = 0; j < R; ++j)
+#pragma unroll
+        for (int b = 0; b < B; ++b)
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1) acc[j][b] += __shfl_xor_sync(0xffffffffu, acc[j][b], offset);
 }

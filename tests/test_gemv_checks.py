@@ -39,22 +39,6 @@ def test_residual_epilogue_needs_a_residual_and_others_refuse_one() -> None:
         linear_ops.gemv(None, stream, buf, buf, buf, 1, 8, 8, Epilogue.STORE, residual=buf)  # type: ignore[arg-type]
 
 
-def test_norm_kernels_exist_for_store_and_swiglu_only() -> None:
-    assert gemv_spec(Epilogue.STORE, 1, norm=True).name == "gemv_norm_bf16_b1"
-    assert gemv_spec(Epilogue.SWIGLU, 3, norm=True).name == "gemv_norm_swiglu_bf16_b4"
-    for epilogue in (Epilogue.RESIDUAL, Epilogue.STORE_F32):
-        with pytest.raises(ValueError, match="no RMSNorm kernel"):
-            gemv_spec(epilogue, 1, norm=True)
-
-
-def test_norm_gamma_shorter_than_k_is_refused_before_launch() -> None:
-    streams = StreamSet()
-    stream, buf, gamma = streams.create("compute"), DeviceBuffer(streams, 4096, "b"), DeviceBuffer(streams, 16, "gamma")
-    with pytest.raises(ValueError, match="gamma"):
-        linear_ops.gemv(None, stream, buf, buf, buf, 1, 8, 16, norm=linear_ops.RowNorm(gamma, 1e-6))  # type: ignore[arg-type]
-    assert stream.ring.seq == 0
-
-
 def test_too_small_output_is_named() -> None:
     streams = StreamSet()
     stream = streams.create("compute")

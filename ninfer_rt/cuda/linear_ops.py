@@ -19,7 +19,7 @@ GEMV_MAX_ROWS = 8
 GEMV_BUCKETS = (1, 2, 4, 8)  # a width of 3 runs the 4-row kernel with rows=3
 _GEMV_ROWS_PER_WARP = 2  # kRowsPerWarp in gemv.cu
 _GEMV_WARPS_PER_BLOCK = 4  # kWarpsPerBlock in gemv.cu
-_GEMV_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.F32, Arg.I32, Arg.I32, Arg.I32)
+_GEMV_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32)
 GATHER_ROWS = KernelSpec("embedding", "gather_rows_bf16", (Arg.PTR, Arg.I32, Arg.PTR, Arg.I32, Arg.PTR, Arg.I32, Arg.PTR))
 
 
@@ -36,18 +36,6 @@ class Epilogue(enum.Enum):
         return 4 if self is Epilogue.STORE_F32 else 2
 
 
-@dataclass(frozen=True)
-class RowNorm:
-    """RMSNorm of x's rows done inside the GEMV (gemv.cu's norm kernels): x @ W^T is computed as
-    RMSNorm(x) @ W^T with RMSNorm(x) = gamma * x * rsqrt(mean(x^2) + eps); gamma is bf16 [k]."""
-
-    gamma: Buffer
-    eps: float
-
-
-NORM_EPILOGUES = (Epilogue.STORE, Epilogue.SWIGLU)
-
-
 def gemv_bucket(op: str, rows: int, above: str) -> int:
     """The smallest kernel width in GEMV_BUCKETS that takes `rows`; `above` says what to use for more rows."""
     bucket = next((b for b in GEMV_BUCKETS if rows <= b), None)
@@ -56,12 +44,9 @@ def gemv_bucket(op: str, rows: int, above: str) -> int:
     return bucket
 
 
-def gemv_spec(epilogue: Epilogue, rows: int, norm: bool = False) -> KernelSpec:
+def gemv_spec(epilogue: Epilogue, rows: int) -> KernelSpec:
     bucket = gemv_bucket("gemv", rows, "use the cuBLASLt GEMM above")
-    if norm and epilogue not in NORM_EPILOGUES:
-        raise ValueError(f"gemv: the {epilogue.name} epilogue has no RMSNorm kernel (only {[e.name for e in NORM_EPILOGUES]})")
-    name = epilogue.value.replace("gemv_", "gemv_norm_", 1) if norm else epilogue.value
-    return KernelSpec("gemv", f"{name}_b{bucket}", _GEMV_SIGNATURE)
+    return KernelSpec("gemv", f"{epilogue.value}_b{bucket}", _GEMV_SIGNATURE)
 
 
 def residual_entry(op: str, epilogue: Epilogue, residual: Buffer | None, nbytes: int) -> dict[str, tuple[Buffer, int]]:
@@ -87,12 +72,10 @@ def gemv(
     epilogue: Epilogue = Epilogue.STORE,
     residual: Buffer | None = None,
     *,
-    norm: RowNorm | None = None,
     label: str = "gemv",
     lane: object = None,
 ) -> None:
-    """y[rows, n] = epilogue(x[rows, k] @ W^T); W is [n, k], or [2n, k] (gate rows, then up rows) for SWIGLU.
-    With `norm`, x's rows are RMS-normalized first (inside the kernel)."""
+    """y[rows, n] = epilogue(x[rows, k] @ W^T); W is [n, k], or [2n, k] (gate rows, then up rows) for SWIGLU."""
     stream = require_stream(stream)
     _require_positive("gemv", rows=rows, n=n, k=k)
     if k % 8:
@@ -101,16 +84,13 @@ def gemv(
     _require_device_bytes(
         "gemv", x=(x, rows * k * 2), w=(w, w_rows * k * 2), y=(y, rows * n * epilogue.out_bytes),
         **residual_entry("gemv", epilogue, residual, rows * n * 2),
-        **({"gamma": (norm.gamma, k * 2)} if norm is not None else {}),
     )
-    spec = gemv_spec(epilogue, rows, norm is not None)
     groups = n if epilogue is Epilogue.SWIGLU else -(-n // _GEMV_ROWS_PER_WARP)
-    extra = tuple(b.resource for b in (residual, norm.gamma if norm is not None else None) if b is not None)
-    lib.kernel(spec).launch(
+    reads = (x.resource, w.resource) + ((residual.resource,) if residual is not None else ())
+    lib.kernel(gemv_spec(epilogue, rows)).launch(
         stream, -(-groups // _GEMV_WARPS_PER_BLOCK), 32 * _GEMV_WARPS_PER_BLOCK,
-        y, x, w, residual.ptr if residual is not None else 0, norm.gamma.ptr if norm is not None else 0,
-        norm.eps if norm is not None else 0.0, rows, n, k,
-        label=label, reads=(x.resource, w.resource, *extra), writes=(y.resource,), lane=lane,
+        y, x, w, residual.ptr if residual is not None else 0, rows, n, k,
+        label=label, reads=reads, writes=(y.resource,), lane=lane,
     )
 
 

@@ -10,10 +10,6 @@ Per op: linear is the decode GEMV for <= 8 rows (gemv.cu; gemv_quant.cu for int4
 wider steps dequantize into one bf16 scratch matrix first) and cuBLASLt above; a GEMV into gate_up is
 deferred and fused with the SwiGLU that consumes it (one pass over the weights, no gate_up round trip);
 attention is attention_ops.attention (rope_kv, then the decode or prefill kernel per sequence).
-At decode widths the RMSNorms launch nothing of their own: the GEMV before one (o_proj, down) is deferred
-and run with the residual epilogue into the residual stream, and the norm itself is deferred into the bf16
-GEMV after it (qkv, gate_up), which normalizes its input rows on the fly (gemv.cu's norm kernels). A
-deferred value consumed by anything else is computed plainly (`_ready`).
 
 Step inputs (rule 3) are published by `begin_step` through a StagingRing on the compute stream: all seven
 int32 arrays packed into one staging slot and one copy, at offsets that depend only on their lengths
@@ -51,9 +47,6 @@ _ITEMSIZE = {"bf16": 2, "f32": 4, "i32": 4}
 _HOST_DTYPE = {"bf16": BF16, "f32": np.dtype(np.float32), "i32": np.dtype(np.int32)}
 STEP_INPUTS = ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows")
 UPLOAD_CHUNK_BYTES = 64 << 20
-# A decoder layer's norms (layers.py): their output only feeds the projection after them, so at decode widths
-# that GEMV normalizes its input itself. The final norm and MTP's norms also feed the hidden-state output.
-PROJECTED_NORMS = (".input_norm", ".post_norm")
 MAX_INPUT_LAYOUTS = 1024
 
 
@@ -97,40 +90,11 @@ class DeviceTensor:
 
 
 @dataclass(eq=False)
-class DeferredNorm:
-    """rmsnorm(x, weight, eps) of a decode-width x, not yet run: a bf16 GEMV reading it normalizes x's rows
-    itself. Consumed by the layer's next linear, before anything writes x (the residual stream) again."""
-
-    x: DeviceTensor
-    weight: DeviceTensor
-    eps: float
-
-
-@dataclass(eq=False)
-class DeferredLinear:
-    """linear(x, weight) for a decode-width x, not yet run: an rmsnorm that adds it to the residual runs it
-    with the residual epilogue, in place (no separate add)."""
-
-    x: DeviceTensor | DeferredNorm
-    weight: DeviceTensor | QuantizedDeviceWeight
-
-
-@dataclass(eq=False)
 class DeferredSwiglu:
     """linear(x, gate_up) for a decode-width x, not yet run: silu_mul fuses it into one GEMV."""
 
-    x: DeviceTensor | DeferredNorm
+    x: DeviceTensor
     gate_up: DeviceTensor | QuantizedDeviceWeight
-
-
-Deferred = DeferredNorm | DeferredLinear | DeferredSwiglu
-
-
-def _rows(x: DeviceTensor | Deferred) -> int:
-    """Rows of a tensor, or of the value a deferred op stands for."""
-    while not isinstance(x, DeviceTensor):
-        x = x.x
-    return x.rows
 
 
 @dataclass(frozen=True)
@@ -310,26 +274,21 @@ class CudaExecutor:
         return out
 
     def rmsnorm(
-        self, x: DeviceTensor | Deferred, weight: DeviceTensor, eps: float, residual: DeviceTensor | None = None
-    ) -> tuple[DeviceTensor | DeferredNorm, DeviceTensor]:
-        if _rows(x) <= linear_ops.GEMV_MAX_ROWS and (residual is None or isinstance(x, DeferredLinear)):
-            if residual is None:
-                residual = self._ready(x)
-            else:  # residual += x, by x's GEMV
-                self._gemv(x.x, x.weight, residual, Epilogue.RESIDUAL, f"linear {x.weight.buffer.name} + residual", residual)
-            if weight.buffer.name.endswith(PROJECTED_NORMS):
-                return DeferredNorm(residual, weight, eps), residual
-            return self._normalized(residual, weight, eps), residual
+        self, x: DeviceTensor, weight: DeviceTensor, eps: float, residual: DeviceTensor | None = None
+    ) -> tuple[DeviceTensor, DeviceTensor]:
         x = self._ready(x)
-        return self._normalized(x, weight, eps, residual), (x if residual is None else residual)
+        out = self._tensor(x.rows, x.cols)
+        ops.rmsnorm(
+            self.library, self.compute, x.buffer, weight.buffer, out.buffer, x.rows, x.cols, eps,
+            residual.buffer if residual is not None else None, lane=self._lane,
+        )
+        return out, (x if residual is None else residual)
 
-    def linear(self, x: DeviceTensor | Deferred, weight: DeviceTensor) -> DeviceTensor | Deferred:
-        if _rows(x) > linear_ops.GEMV_MAX_ROWS:
-            return self._matmul(self._ready(x), weight, "bf16")
-        x = x if isinstance(x, DeferredNorm) else self._ready(x)
-        if weight.buffer.name.endswith(".gate_up"):
+    def linear(self, x: DeviceTensor, weight: DeviceTensor) -> DeviceTensor | DeferredSwiglu:
+        x = self._ready(x)
+        if weight.buffer.name.endswith(".gate_up") and x.rows <= linear_ops.GEMV_MAX_ROWS:
             return DeferredSwiglu(x, weight)
-        return DeferredLinear(x, weight)
+        return self._matmul(x, weight, "bf16")
 
     def concat(self, parts: Sequence[DeviceTensor]) -> DeviceTensor:
         parts = [self._ready(p) for p in parts]
@@ -343,13 +302,12 @@ class CudaExecutor:
             column += part.cols
         return out
 
-    def silu_mul(self, gate_up: DeviceTensor | Deferred) -> DeviceTensor:
+    def silu_mul(self, gate_up: DeviceTensor | DeferredSwiglu) -> DeviceTensor:
         if isinstance(gate_up, DeferredSwiglu):
             x, w = gate_up.x, gate_up.gate_up
-            out = self._tensor(_rows(x), w.rows // 2)
+            out = self._tensor(x.rows, w.rows // 2)
             self._gemv(x, w, out, Epilogue.SWIGLU, "gate_up+swiglu")
             return out
-        gate_up = self._ready(gate_up)
         out = self._tensor(gate_up.rows, gate_up.cols // 2)
         ops.silu_mul(self.library, self.compute, gate_up.buffer, out.buffer, gate_up.rows, out.cols, lane=self._lane)
         return out
@@ -457,38 +415,15 @@ class CudaExecutor:
         return out
 
     def _gemv(
-        self, x: DeviceTensor | DeferredNorm, weight: DeviceTensor | QuantizedDeviceWeight, out: DeviceTensor,
-        epilogue: Epilogue, label: str, residual: DeviceTensor | None = None,
+        self, x: DeviceTensor, weight: DeviceTensor | QuantizedDeviceWeight, out: DeviceTensor, epilogue: Epilogue, label: str
     ) -> None:
-        """out = epilogue(x @ weight^T); a DeferredNorm x is normalized by the bf16 kernel itself (the
-        quantized kernels take it normalized)."""
-        norm = None
-        if isinstance(x, DeferredNorm):
-            if isinstance(weight, QuantizedDeviceWeight):
-                x = self._ready(x)
-            else:
-                x, norm = x.x, linear_ops.RowNorm(x.weight.buffer, x.eps)
-        residual_buffer = residual.buffer if residual is not None else None
         if isinstance(weight, QuantizedDeviceWeight):
-            quant_ops.gemv(
-                self.library, self.compute, x.buffer, weight, out.buffer, x.rows, epilogue, residual_buffer,
-                label=label, lane=self._lane,
-            )
+            quant_ops.gemv(self.library, self.compute, x.buffer, weight, out.buffer, x.rows, epilogue, label=label, lane=self._lane)
             return
         linear_ops.gemv(
             self.library, self.compute, x.buffer, weight.buffer, out.buffer, x.rows, out.cols, x.cols, epilogue,
-            residual_buffer, norm=norm, label=label, lane=self._lane,
+            label=label, lane=self._lane,
         )
-
-    def _normalized(self, x: DeviceTensor, weight: DeviceTensor, eps: float, residual: DeviceTensor | None = None) -> DeviceTensor:
-        """The RMSNorm kernel (residual += x first, in place, when given): prefill widths, and a deferred norm
-        read by anything but a bf16 GEMV."""
-        out = self._tensor(x.rows, x.cols)
-        ops.rmsnorm(
-            self.library, self.compute, x.buffer, weight.buffer, out.buffer, x.rows, x.cols, eps,
-            residual.buffer if residual is not None else None, lane=self._lane,
-        )
-        return out
 
     def _dequantized(self, weight: QuantizedDeviceWeight, label: str) -> DeviceBuffer:
         """`weight` as bf16 in the scratch matrix, for cuBLASLt. One scratch serves every layer: it is
@@ -498,17 +433,9 @@ class CudaExecutor:
         quant_ops.dequantize(self.library, self.compute, weight, self._dequant_scratch, label=f"dequantize {label}", lane=self._lane)
         return self._dequant_scratch
 
-    def _ready(self, x: DeviceTensor | Deferred) -> DeviceTensor:
-        """A deferred value consumed by anything else is computed plainly: the norm by the RMSNorm kernel, a
-        deferred gate_up as the plain product (not its SwiGLU)."""
-        if isinstance(x, DeferredNorm):
-            return self._normalized(x.x, x.weight, x.eps)
-        if isinstance(x, (DeferredLinear, DeferredSwiglu)):
-            weight = x.weight if isinstance(x, DeferredLinear) else x.gate_up
-            out = self._tensor(_rows(x.x), weight.rows)
-            self._gemv(x.x, weight, out, Epilogue.STORE, f"linear {weight.buffer.name}")
-            return out
-        return x
+    def _ready(self, x: DeviceTensor | DeferredSwiglu) -> DeviceTensor:
+        """A deferred gate_up consumed by anything but silu_mul is computed as the plain product."""
+        return self._matmul(x.x, x.gate_up, "bf16") if isinstance(x, DeferredSwiglu) else x
 
     def _tensor(self, rows: int, cols: int, dtype: str = "bf16", capacity: int | None = None) -> DeviceTensor:
         capacity = capacity or self.max_tokens
