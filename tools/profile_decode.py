@@ -7,7 +7,9 @@ dependent launch a kernel starts before its predecessor ends (its duration inclu
 durations overlap, while marginal times add up to the step. Kernels are grouped by name and by their
 place in the layer (a name used twice per layer, like the residual GEMV of o_proj and down, gets two
 rows); the GEMVs' rows also show their weight bytes and the fraction of the copy bandwidth their marginal
-time reaches. torch is used for the profiler only (a tool on the GPU machine, not a runtime dependency).
+time reaches. `--loop overlap` profiles the engine's overlapped loop instead (argmax, feed and read-back
+between the replays, copies included). torch is used for the profiler only (a tool on the GPU machine, not
+a runtime dependency).
 
     python tools/profile_decode.py --shape qwen3-8b --context 256 --kv bf16 --weights bf16
 """
@@ -38,25 +40,26 @@ GEMV_ORDER = ("qkv", "o_proj", "gate_up", "down")  # the decoder layer's project
 
 
 @dataclass(frozen=True)
-class Kernel:
+class GpuOp:
+    """A kernel or a copy, as CUPTI timed it."""
+
     name: str
     start_us: float
     end_us: float
 
 
-def kernel_timeline(trace_path: Path) -> list[Kernel]:
+def gpu_timeline(trace_path: Path) -> list[GpuOp]:
     events = json.loads(trace_path.read_text())["traceEvents"]
-    kernels = [Kernel(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-               for e in events if e.get("cat") in GPU_EVENTS]
-    return sorted(kernels, key=lambda k: k.start_us)
+    ops = [GpuOp(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if e.get("cat") in GPU_EVENTS]
+    return sorted(ops, key=lambda op: op.start_us)
 
 
-def split_steps(kernels: list[Kernel], steps: int) -> list[list[Kernel]]:
-    """Every replay of the graph launches the same kernels."""
-    if len(kernels) % steps:
-        raise SystemExit(f"{len(kernels)} kernels recorded over {steps} steps: the timeline is incomplete")
-    per_step = len(kernels) // steps
-    return [kernels[i:i + per_step] for i in range(0, len(kernels), per_step)]
+def split_steps(ops: list[GpuOp], steps: int) -> list[list[GpuOp]]:
+    """Every step launches the same kernels and copies."""
+    if len(ops) % steps:
+        raise SystemExit(f"{len(ops)} GPU ops recorded over {steps} steps: the timeline is incomplete")
+    per_step = len(ops) // steps
+    return [ops[i:i + per_step] for i in range(0, len(ops), per_step)]
 
 
 def projection_bytes(cfg: ModelConfig, weights: str) -> dict[str, int]:
@@ -69,7 +72,7 @@ def projection_bytes(cfg: ModelConfig, weights: str) -> dict[str, int]:
         "lm_head": cfg.vocab_size * h * 2}
 
 
-def label_step(step: list[Kernel], layers: int) -> list[str]:
+def label_step(step: list[GpuOp], layers: int) -> list[str]:
     """A kernel's row: its name, plus its place among the layer's GEMVs (or among the layer's launches of
     the same name) where a name occurs more than once per layer."""
     counts: dict[str, int] = defaultdict(int)
@@ -94,7 +97,7 @@ def label_step(step: list[Kernel], layers: int) -> list[str]:
     return labels
 
 
-def summarize(steps: list[list[Kernel]], cfg: ModelConfig, weights: str, bandwidth: float) -> list[dict[str, object]]:
+def summarize(steps: list[list[GpuOp]], cfg: ModelConfig, weights: str, bandwidth: float) -> list[dict[str, object]]:
     marginal: dict[str, list[float]] = defaultdict(list)
     duration: dict[str, list[float]] = defaultdict(list)
     last_end = None
@@ -121,7 +124,7 @@ def summarize(steps: list[list[Kernel]], cfg: ModelConfig, weights: str, bandwid
     return sorted(rows, key=lambda r: -r["ms_per_step"])
 
 
-def profile_steps(step: Callable[[], object], synchronize: Callable[[], None], steps: int) -> list[list[Kernel]]:
+def profile_steps(step: Callable[[], object], synchronize: Callable[[], None], steps: int) -> list[list[GpuOp]]:
     import torch  # the profiler only
     from torch.profiler import ProfilerActivity, profile
 
@@ -136,8 +139,8 @@ def profile_steps(step: Callable[[], object], synchronize: Callable[[], None], s
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
-        kernels = kernel_timeline(trace)
-    return split_steps(kernels, steps)
+        ops = gpu_timeline(trace)
+    return split_steps(ops, steps)
 
 
 def overlapped_step(executor: CudaExecutor, graphed: GraphedForward, context: int) -> Callable[[], object]:
@@ -183,7 +186,7 @@ def main() -> None:
     steps = profile_steps(step, executor.compute.synchronize, args.steps)
     rows = summarize(steps, cfg, args.weights, bandwidth)
     step_ms = sum(r["ms_per_step"] for r in rows)
-    print(f"{len(steps)} steps profiled; {step_ms:.3f} ms per step from the first kernel's start to the last's end; "
+    print(f"{len(steps)} steps profiled; {step_ms:.3f} ms per step (marginal times and the gaps between steps); "
           f"copy bandwidth {bandwidth / 1e12:.3f} TB/s")
     print_table(rows, ["kernel", "per_step", "marginal_us", "duration_us", "ms_per_step", "weight_MB", "roofline_fraction"])
     info = run_info(device) | {"loop": args.loop, "shape": args.shape, "context": args.context, "kv_dtype": args.kv, "weights": args.weights,

@@ -1,0 +1,71 @@
+"""tools/profile_decode.py's accounting: a step's GPU ops become marginal times that add up to the step,
+with programmatic dependent launch's overlapping durations counted once."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from bench_decode import shape_config  # noqa: E402 -- lives in tools/, importable once tools/ is on the path
+from profile_decode import GpuOp, label_step, split_steps, summarize  # noqa: E402
+
+LAYER = ["rmsnorm", "gemv_bf16_b1", "rope", "attention", "gemv_bf16_b1", "rmsnorm", "gemv_swiglu_bf16_b1", "gemv_bf16_b1"]
+HEAD = ["rmsnorm", "gemv_f32_b1", "argmax"]
+
+
+def timeline(layers: int, steps: int, gap: float = 5.0, early: float = 2.0) -> list[GpuOp]:
+    """Each op lasts 10 us after its predecessor ends and starts `early` us before that (as with PDL)."""
+    ops, clock = [], 0.0
+    for _ in range(steps):
+        for name in ["gather"] + LAYER * layers + HEAD:
+            ops.append(GpuOp(name, clock - early, clock + 10.0))
+            clock += 10.0
+        clock += gap
+    return ops
+
+
+def by_label(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    return {str(r["kernel"]): r for r in rows}
+
+
+def test_marginal_times_add_up_to_the_step_and_overlap_is_counted_once() -> None:
+    cfg = shape_config("qwen3-8b", layers=2)
+    rows = summarize(split_steps(timeline(2, 3), 3), cfg, "bf16", 4.0e12)
+    ops_per_step = 1 + len(LAYER) * 2 + len(HEAD)
+    period = 10.0 * ops_per_step + 5.0  # the timeline repeats every period: the ops, then the gap
+    assert abs(sum(r["ms_per_step"] for r in rows) * 1e3 - period) < 1e-9
+    named = by_label(rows)
+    assert named["attention"]["marginal_us"] == 10.0 and named["attention"]["duration_us"] == 12.0
+    assert named["(between steps)"]["marginal_us"] == 5.0 - 2.0
+
+
+def test_gemvs_are_named_by_their_place_in_the_layer_and_the_lm_head() -> None:
+    step = split_steps(timeline(2, 1), 1)[0]
+    labels = label_step(step, layers=2)
+    gemvs = [label for label in labels if label.startswith("gemv")]
+    assert gemvs == [
+        "gemv_bf16_b1 [qkv]", "gemv_bf16_b1 [o_proj]", "gemv_swiglu_bf16_b1 [gate_up]", "gemv_bf16_b1 [down]",
+        "gemv_bf16_b1 [qkv]", "gemv_bf16_b1 [o_proj]", "gemv_swiglu_bf16_b1 [gate_up]", "gemv_bf16_b1 [down]",
+        "gemv_f32_b1 [lm_head]",
+    ]
+    assert labels[1] == "rmsnorm #0" and labels[6] == "rmsnorm #1"
+
+
+def test_a_gemv_row_reports_its_weight_bytes_against_the_bandwidth() -> None:
+    cfg = shape_config("qwen3-8b", layers=2)
+    named = by_label(summarize(split_steps(timeline(2, 2), 2), cfg, "int4", 4.0e12))
+    down = named["gemv_bf16_b1 [down]"]
+    expected_bytes = 4096 * 12288 // 2 + 4096 * (12288 // 128) * 2  # int4 codes + bf16 group scales
+    assert down["weight_MB"] * 1e6 == expected_bytes
+    assert abs(down["roofline_fraction"] - expected_bytes / 10e-6 / 4.0e12) < 1e-12
+
+
+def test_a_timeline_that_does_not_split_into_whole_steps_is_refused() -> None:
+    ops = timeline(1, 2)[:-1]
+    try:
+        split_steps(ops, 2)
+    except SystemExit as stop:
+        assert "incomplete" in str(stop)
+    else:
+        raise AssertionError("a partial timeline was split")
