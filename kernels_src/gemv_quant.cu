@@ -37,8 +37,11 @@
 // Launch: one block of 256 threads (8 warps) per tile of 16 weight rows, grid = tiles:
 //   plain epilogues: tile m = octets 2m, 2m+1 (rows 16m..16m+15), tiles = ceil(N / 16)
 //   kSwiglu:         tile m = octets m and N/8 + m (gate rows 8m.., up rows N+8m..), tiles = N / 8
-// Warp w takes the columns w, w+8, w+16, ...: kColumns (4) columns at a time, i.e. 8 16-byte loads per lane
-// issued before any math (K = 4096 int4 is one such batch per warp). The first batch and its scales are
+// Warp w takes the columns w, w+8, w+16, ...: kColumns (2) columns at a time, i.e. 4 16-byte loads per lane
+// issued before any math (K = 4096 int4 is two such batches per warp). Two columns, not more: the registers
+// they leave free let more blocks reside, which keeps more bytes in flight than deeper batches do (H200,
+// qwen3-8b decode step at 256 tokens, kColumns 1 / 2 / 4 / 8: int8 3.58 / 3.21 / 3.35 / 3.53 ms, int4 2.59 /
+// 2.38 / 2.45 / 2.59 ms; bench/results/decode.jsonl, "-var-columns" rows). The first batch and its scales are
 // loaded before grid_dependency_wait (weights are immutable; with programmatic dependent launch they overlap
 // the previous kernel's tail); x, residual and y are touched only after it. Lane (g, t) reads x row
 // min(g, rows-1): rows >= `rows` of the mma are never stored. The 8 warps' accumulators (16 rows x 8 batch
@@ -52,7 +55,7 @@
 
 constexpr int kStoreF32 = 3;  // beyond gemv_common.cuh's Epilogue: gemv.cu picks f32 output by type instead
 constexpr int kWarps = 8;     // per block, splitting K of one tile
-constexpr int kColumns = 4;   // columns in flight per warp: 2 * kColumns 16-byte loads per lane
+constexpr int kColumns = 2;   // columns in flight per warp: 2 * kColumns 16-byte loads per lane
 constexpr unsigned int kBf16One2 = 0x3F803F80u;    // bf16x2 (1, 1)
 constexpr unsigned int kBf16Magic2 = 0x43004300u;  // bf16x2 (128, 128): mantissa LSB worth 1
 constexpr unsigned int kInt4Bias2 = 0xC308C308u;   // bf16x2 (-136, -136) = -(128 + 8)
