@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from bench_decode import shape_config  # noqa: E402 -- lives in tools/, importable once tools/ is on the path
-from profile_decode import GpuOp, label_step, split_steps, summarize  # noqa: E402
+from profile_decode import GpuOp, label_step, split_steps, summarize  # noqa: E402 -- lives in tools/
+
+from ninfer_rt.model.shapes import SHAPES  # noqa: E402
 
 LAYER = ["rmsnorm", "gemv_bf16_b1", "rope", "attention", "gemv_bf16_b1", "rmsnorm", "gemv_swiglu_bf16_b1", "gemv_bf16_b1"]
 HEAD = ["rmsnorm", "gemv_f32_b1", "argmax"]
@@ -30,8 +31,7 @@ def by_label(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:
 
 
 def test_marginal_times_add_up_to_the_step_and_overlap_is_counted_once() -> None:
-    cfg = shape_config("qwen3-8b", layers=2)
-    rows = summarize(split_steps(timeline(2, 3), 3), cfg, "bf16", 4.0e12)
+    rows = summarize(split_steps(timeline(2, 3), 3), SHAPES["qwen3-8b"], 2, "bf16", 4.0e12)
     ops_per_step = 1 + len(LAYER) * 2 + len(HEAD)
     period = 10.0 * ops_per_step + 5.0  # the timeline repeats every period: the ops, then the gap
     assert abs(sum(r["ms_per_step"] for r in rows) * 1e3 - period) < 1e-9
@@ -53,8 +53,7 @@ def test_gemvs_are_named_by_their_place_in_the_layer_and_the_lm_head() -> None:
 
 
 def test_a_gemv_row_reports_its_weight_bytes_against_the_bandwidth() -> None:
-    cfg = shape_config("qwen3-8b", layers=2)
-    named = by_label(summarize(split_steps(timeline(2, 2), 2), cfg, "int4", 4.0e12))
+    named = by_label(summarize(split_steps(timeline(2, 2), 2), SHAPES["qwen3-8b"], 2, "int4", 4.0e12))
     down = named["gemv_bf16_b1 [down]"]
     expected_bytes = 4096 * 12288 // 2 + 4096 * (12288 // 128) * 2  # int4 codes + bf16 group scales
     assert down["weight_MB"] * 1e6 == expected_bytes

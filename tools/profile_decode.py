@@ -30,9 +30,10 @@ from bench_decode import (
 )
 from ninfer_rt.cuda.benchmark import copy_bandwidth
 from ninfer_rt.cuda.driver import open_device
+from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.cuda_exec import CudaExecutor, GraphedForward
-from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.kernel_benches import Shape, gemv_shapes
 from ninfer_rt.model.shapes import SHAPES
 
 GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")  # what the device does, in CUPTI's trace categories
@@ -62,14 +63,17 @@ def split_steps(ops: list[GpuOp], steps: int) -> list[list[GpuOp]]:
     return [ops[i:i + per_step] for i in range(0, len(ops), per_step)]
 
 
-def projection_bytes(cfg: ModelConfig, weights: str) -> dict[str, int]:
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    shapes = {"qkv": (q + 2 * kv, h), "o_proj": (h, q), "gate_up": (2 * i, h), "down": (h, i)}
+def projection_bytes(shape: Shape, weights: str) -> dict[str, int]:
+    """Weight bytes per GEMV row label: the layer's projections at `weights` (codes and bf16 group scales
+    when quantized), the lm_head in bf16 (as bench_decode builds them)."""
     bits = WEIGHT_BITS[weights]
-    scale_bytes = 0 if bits == 16 else 2
-    return {op: n * k * bits // 8 + n * (k // QUANT_GROUP) * scale_bytes for op, (n, k) in shapes.items()} | {
-        "lm_head": cfg.vocab_size * h * 2}
+    sizes = {}
+    # gemv_shapes lists the layer's projections in launch order, then the lm_head
+    for label, (n, k, epilogue) in zip((*GEMV_ORDER, "lm_head"), gemv_shapes(shape).values()):
+        rows = 2 * n if epilogue is Epilogue.SWIGLU else n
+        quantized = bits < 16 and label != "lm_head"
+        sizes[label] = rows * k * (bits if quantized else 16) // 8 + (rows * (k // QUANT_GROUP) * 2 if quantized else 0)
+    return sizes
 
 
 def label_step(step: list[GpuOp], layers: int) -> list[str]:
@@ -97,7 +101,9 @@ def label_step(step: list[GpuOp], layers: int) -> list[str]:
     return labels
 
 
-def summarize(steps: list[list[GpuOp]], cfg: ModelConfig, weights: str, bandwidth: float) -> list[dict[str, object]]:
+def summarize(
+    steps: list[list[GpuOp]], shape: Shape, layers: int, weights: str, bandwidth: float
+) -> list[dict[str, object]]:
     marginal: dict[str, list[float]] = defaultdict(list)
     duration: dict[str, list[float]] = defaultdict(list)
     last_end = None
@@ -106,12 +112,12 @@ def summarize(steps: list[list[GpuOp]], cfg: ModelConfig, weights: str, bandwidt
             marginal["(between steps)"].append(step[0].start_us - last_end)
             duration["(between steps)"].append(0.0)
         previous_end = step[0].start_us
-        for kernel, label in zip(step, label_step(step, cfg.num_hidden_layers)):
+        for kernel, label in zip(step, label_step(step, layers)):
             marginal[label].append(max(kernel.end_us, previous_end) - previous_end)
             duration[label].append(kernel.end_us - kernel.start_us)
             previous_end = max(previous_end, kernel.end_us)
         last_end = previous_end
-    nbytes = projection_bytes(cfg, weights)
+    nbytes = projection_bytes(shape, weights)
     rows = []
     for label, times in marginal.items():
         per_step = len(times) / (len(steps) - 1 if label == "(between steps)" else len(steps))
@@ -184,7 +190,7 @@ def main() -> None:
     batch = decode_batch(args.context)
     step = overlapped_step(executor, graphed, args.context) if args.loop == "overlap" else lambda: graphed(batch)
     steps = profile_steps(step, executor.compute.synchronize, args.steps)
-    rows = summarize(steps, cfg, args.weights, bandwidth)
+    rows = summarize(steps, SHAPES[args.shape], cfg.num_hidden_layers, args.weights, bandwidth)
     step_ms = sum(r["ms_per_step"] for r in rows)
     print(f"{len(steps)} steps profiled; {step_ms:.3f} ms per step (marginal times and the gaps between steps); "
           f"copy bandwidth {bandwidth / 1e12:.3f} TB/s")

@@ -100,7 +100,7 @@ class DecodeWorkspace:
 @dataclass(frozen=True)
 class PrefillWorkspace:
     """Split-prefill partials: acc f32 [blocks, R, D], (max, sum) f32 [blocks, R, 2], where a block is one
-    (split, sequence, tile, kv head) of prefill_attention.cu's split grid and R = prefill_tile_rows()."""
+    (split, sequence, tile, kv head) of prefill_attention.cu's split grid and R = PREFILL_TILE_ROWS."""
 
     acc: Buffer
     ml: Buffer
@@ -164,18 +164,12 @@ def decode_workspace_bytes(num_splits: int, num_seqs: int, max_queries: int, n_q
     return rows * head_dim * _F32, rows * 2 * _F32
 
 
-def prefill_tile_rows() -> int:
-    """M rows (chunk rows x GQA group) of one prefill block: 128."""
-    return PREFILL_TILE_ROWS
-
-
 def prefill_tile_queries(n_q_heads: int, n_kv_heads: int) -> int:
     """Chunk rows per prefill tile: R M rows hold all G q heads of a kv head for R // G rows."""
     group = _gqa_group(n_q_heads, n_kv_heads)
-    rows = prefill_tile_rows()
-    if group > rows:
-        raise ValueError(f"prefill_attention: a GQA group of {group} q heads exceeds the {rows}-row tile")
-    return rows // group
+    if group > PREFILL_TILE_ROWS:
+        raise ValueError(f"prefill_attention: a GQA group of {group} q heads exceeds the {PREFILL_TILE_ROWS}-row tile")
+    return PREFILL_TILE_ROWS // group
 
 
 def prefill_grid_blocks(longest: int, num_seqs: int, n_q_heads: int, n_kv_heads: int) -> int:
@@ -231,7 +225,7 @@ def prefill_workspace_blocks(sm_count: int) -> int:
 
 def prefill_workspace_bytes(blocks: int, head_dim: int) -> tuple[int, int]:
     """(acc bytes, ml bytes) of a PrefillWorkspace of `blocks` split blocks."""
-    rows = blocks * prefill_tile_rows()
+    rows = blocks * PREFILL_TILE_ROWS
     return rows * head_dim * _F32, rows * 2 * _F32
 
 
@@ -462,7 +456,7 @@ def prefill_attention(
         label="prefill_attention", reads=reads, writes=partials, lane=lane,
     )
     lib.kernel(prefill_combine_spec(d)).launch(
-        stream, (tiles * prefill_tile_rows() // PREFILL_COMBINE_ROWS, hkv, num_seqs), _THREADS,
+        stream, (tiles * PREFILL_TILE_ROWS // PREFILL_COMBINE_ROWS, hkv, num_seqs), _THREADS,
         out, workspace.acc, workspace.ml, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, num_splits,
         label="prefill_attention_combine",
         reads=(*partials, inputs.context_lens.resource, inputs.query_start.resource), writes=(out.resource,), lane=lane,
