@@ -93,3 +93,15 @@ def test_gemv_issues_weight_loads_before_waiting_for_the_previous_kernel() -> No
         body = bodies[name]
         assert body.index("ld.global.nc.L1::no_allocate") < body.index("griddepcontrol.wait"), name
         assert body.index("griddepcontrol.wait") < body.index("mma.sync"), name
+
+
+def test_dequantization_masks_come_from_registers_not_immediates() -> None:
+    # An immediate mask is re-materialized by ptxas before every LOP3 (a sixth of the int4 GEMV's hot-loop
+    # instructions on sm_90a); the kernels read the masks once from dequant_mask_table instead.
+    masks = {"0x000F000F": "983055", "0x007F007F": "8323199", "0x00800080": "8388736"}
+    bodies = entry_bodies(family_ptx("gemv_quant", "sm_90a"))
+    for name in ("gemv_int4_b1", "gemv_int8_b8", "gemv_int4_g32", "dequantize_int8_bf16"):
+        body = bodies[name]
+        assert "ld.volatile.global.u32" in body, name
+        for hex_value, decimal in masks.items():
+            assert decimal not in body, f"{name} has the mask {hex_value} as an immediate"
