@@ -1,20 +1,22 @@
 """`ninfer-rt kernels ...`: the kernel developer's commands.
 
-compile (fill the cubin cache), list (families, files, entry points, archs), test (compile, then the
-family's reference tests on this GPU), bench (timed on model shapes against the measured roofline) and
-watch (compile, test and bench again on every save).
+compile (fill the cubin cache; `--out DIR` also writes the plain cubins for cuobjdump), list (families,
+files, entry points, archs), test (compile, then the family's reference tests on this GPU), bench (timed
+on model shapes against the measured roofline) and watch (compile, test and bench again on every save).
 """
 
 from __future__ import annotations
 
 import textwrap
 import time
+from pathlib import Path
 
 import click
 
 from ninfer_rt.cuda.benchmark import LAUNCHES, REPEATS, BenchSession, Measurement, Roofline
 from ninfer_rt.cuda.compiler import (
     ArchError,
+    CompiledFamily,
     KernelCompileError,
     Outcome,
     compile_many,
@@ -53,15 +55,47 @@ def kernels() -> None:
 
 @kernels.command("compile")
 @click.option("--arch", default="native", show_default=True, help="sm_120a, sm_90a, sm_80, ... or native (this GPU).")
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Also write each cubin to DIR/<family>-<arch>.cubin, for cuobjdump -sass or nvdisasm.",
+)
 @click.argument("names", metavar="[FAMILY]...", nargs=-1)
-def compile_command(arch: str, names: tuple[str, ...]) -> None:
+def compile_command(arch: str, out_dir: Path | None, names: tuple[str, ...]) -> None:
     """Compile every kernel family (or the named ones) for ARCH and print a table."""
     names, arch = _known(names), _one_arch(arch)
+    if out_dir is not None:
+        _make_out_dir(out_dir)  # before compiling: a bad --out fails at once
     outcomes = compile_many([(name, arch) for name in names])
     errors = [o for o in outcomes if isinstance(o, KernelCompileError)]
     if errors:
         raise click.ClickException(str(errors[0]))
     click.echo(_compile_table(outcomes))
+    if out_dir is not None:
+        _write_cubins(outcomes, out_dir)
+
+
+def _out_error(out_dir: Path, error: OSError) -> BadArgument:
+    return BadArgument(f"--out {out_dir}: {error.strerror or error}")
+
+
+def _make_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _out_error(out_dir, error) from error
+
+
+def _write_cubins(outcomes: list[CompiledFamily], out_dir: Path) -> None:
+    """The plain cubins (the cache's entries carry a checksum header the CUDA tools do not read)."""
+    try:
+        for outcome in outcomes:
+            path = out_dir / f"{outcome.family}-{outcome.arch}.cubin"
+            partial = path.with_name(path.name + ".partial")
+            partial.write_bytes(outcome.cubin)
+            partial.replace(path)  # a reader sees the old file or the whole new one
+            click.echo(f"wrote {path}")
+    except OSError as error:
+        raise _out_error(out_dir, error) from error
 
 
 @kernels.command("list")

@@ -82,3 +82,31 @@ def test_compile_error_exits_non_zero_with_the_nvrtc_log(tmp_path: Path, monkeyp
     result = run("kernels", "compile", "--arch", "sm_90a", "broken")
     assert result.exit_code == 1
     assert "broken.cu(2): error" in result.output
+
+
+def test_compile_out_writes_each_cubin_as_the_cuda_tools_read_it(tmp_path: Path) -> None:
+    out = tmp_path / "cubins"
+    result = run("kernels", "compile", "--arch", "sm_90a", "rmsnorm", "embedding", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    for family in ("rmsnorm", "embedding"):
+        cubin = (out / f"{family}-sm_90a.cubin").read_bytes()
+        assert cubin.startswith(b"\x7fELF")  # no cache header: cuobjdump -sass reads it
+        assert cubin == compiler.compile_family(family, "sm_90a").cubin
+    assert sorted(p.name for p in out.iterdir()) == ["embedding-sm_90a.cubin", "rmsnorm-sm_90a.cubin"]
+
+
+def test_compile_out_onto_a_file_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("not a directory")
+    result = run("kernels", "compile", "--arch", "sm_90a", "rmsnorm", "--out", str(taken))
+    assert result.exit_code == 2
+    assert "'--out'" in result.output and "is a file" in result.output
+    assert taken.read_text() == "not a directory"
+
+
+def test_compile_out_that_cannot_be_created_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("not a directory")
+    result = run("kernels", "compile", "--arch", "sm_90a", "rmsnorm", "--out", str(taken / "cubins"))
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0 and result.output.startswith(f"Error: --out {taken / 'cubins'}:")
