@@ -34,27 +34,31 @@
 // the lane's 16-byte load of x[b = g, run] is, unchanged, their B fragments: no shuffles, no conversions of x.
 // G >= 32 (a power of two); K % G == 0.
 //
-// Launch: one block of 256 threads (8 warps) per tile of 16 weight rows, grid = tiles:
+// Launch: one block of 32 * W threads (W warps) per tile of 16 weight rows, grid = tiles:
 //   plain epilogues: tile m = octets 2m, 2m+1 (rows 16m..16m+15), tiles = ceil(N / 16)
 //   kSwiglu:         tile m = octets m and N/8 + m (gate rows 8m.., up rows N+8m..), tiles = N / 8
-// Warp w takes the columns w, w+8, w+16, ...: kColumns (2) columns at a time, i.e. 4 16-byte loads per lane
-// issued before any math (K = 4096 int4 is two such batches per warp). Two columns, not more: the registers
+// W = 8, or 16 for a grid of at most two tiles per SM (quant_ops.gemv_warps): such a grid leaves SMs at a
+// quarter of their warps, so each warp's chain of batches is long and the loads in flight few (H200,
+// qwen3-8b decode step at 256 tokens: int8 down 21.6 -> 15.7 us with 16, 256 tiles; qkv, 384 tiles, 8.5 ->
+// 11.1 us: its second wave of blocks would run alone).
+// Warp w takes the columns w, w+W, w+2W, ...: kColumns (2) columns at a time, i.e. 4 16-byte loads per lane
+// issued before any math (K = 4096 int4 at W = 8 is two such batches per warp). Two columns, not more: the registers
 // they leave free let more blocks reside, which keeps more bytes in flight than deeper batches do (H200,
 // qwen3-8b decode step at 256 tokens, kColumns 1 / 2 / 4 / 8: int8 3.58 / 3.21 / 3.35 / 3.53 ms, int4 2.59 /
 // 2.38 / 2.45 / 2.59 ms; bench/results/decode.jsonl, "-var-columns" rows). The first batch and its scales are
 // loaded before grid_dependency_wait (weights are immutable; with programmatic dependent launch they overlap
 // the previous kernel's tail); x, residual and y are touched only after it. Lane (g, t) reads x row
-// min(g, rows-1): rows >= `rows` of the mma are never stored. The 8 warps' accumulators (16 rows x 8 batch
+// min(g, rows-1): rows >= `rows` of the mma are never stored. The W warps' accumulators (16 rows x 8 batch
 // rows) are summed in shared memory in a fixed order; 128 threads apply the epilogue and store.
 // Kernels: gemv_int<BITS>_b<B> (B in 1, 2, 4, 8: rows <= B) for G >= KC, where a whole column shares one
-// scale; gemv_int4_g32, gemv_int4_g64, gemv_int8_g32 (rows <= 8) for smaller groups (scale per segment).
+// scale; gemv_int4_g32, gemv_int4_g64, gemv_int8_g32 (rows <= 8) for smaller groups (scale per segment);
+// each with W = 8, and with W = 16 as <name>_w16.
 //
 // dequantize_int<BITS>_bf16: W[N_w, K] bf16 = q * scale, rounded to bf16 once (one bf16x2 FMA), one thread
 // per 16-byte chunk (padded rows skipped), grid-stride; launch any grid of 256-thread blocks.
 #include "gemv_common.cuh"
 
 constexpr int kStoreF32 = 3;  // beyond gemv_common.cuh's Epilogue: gemv.cu picks f32 output by type instead
-constexpr int kWarps = 8;     // per block, splitting K of one tile
 constexpr int kColumns = 2;   // columns in flight per warp: 2 * kColumns 16-byte loads per lane
 constexpr unsigned int kBf16One2 = 0x3F803F80u;    // bf16x2 (1, 1)
 constexpr unsigned int kBf16Magic2 = 0x43004300u;  // bf16x2 (128, 128): mantissa LSB worth 1
@@ -165,13 +169,13 @@ struct Batch {
     unsigned short sa[kColumns][SEGS], sb[kColumns][SEGS];
 };
 
-// Loads columns c, c + kWarps, ... (those < columns) of the tile into `batch`. Immutable data only.
-template <int BITS, int SEGS>
+// Loads columns c, c + WARPS, ... (those < columns) of the tile into `batch`. Immutable data only.
+template <int BITS, int SEGS, int WARPS>
 __forceinline__ void load_batch(Batch<SEGS>& batch, const TileRows& tile, const int c, const int columns,
                                 const int group_log2) {
 #pragma unroll
     for (int u = 0; u < kColumns; ++u) {
-        const int column = c + kWarps * u;
+        const int column = c + WARPS * u;
         if (column < columns) {
             batch.a[u] = load_weights(tile.wa + column * 32);
             batch.b[u] = load_weights(tile.wb + column * 32);
@@ -179,7 +183,7 @@ __forceinline__ void load_batch(Batch<SEGS>& batch, const TileRows& tile, const 
     }
 #pragma unroll
     for (int u = 0; u < kColumns; ++u) {
-        const int column = c + kWarps * u;
+        const int column = c + WARPS * u;
         if (column < columns) {
 #pragma unroll
             for (int s = 0; s < SEGS; ++s) {
@@ -226,11 +230,11 @@ __forceinline__ void store_output(void* y, const bf16* residual, long long i, fl
     store(static_cast<bf16*>(y), i, v);
 }
 
-// SEGS: scale segments per column (1 when G >= KC; KC / G for smaller groups).
-template <int BITS, int B, int SEGS>
+// SEGS: scale segments per column (1 when G >= KC; KC / G for smaller groups); WARPS: W.
+template <int BITS, int B, int SEGS, int WARPS>
 __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qweight, const bf16* scales,
                                 const bf16* residual, int rows, int n, int k, int group_log2, int epilogue) {
-    __shared__ float partial[kWarps][4][32];
+    __shared__ float partial[WARPS][4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const bool swiglu = epilogue == kSwiglu;
@@ -247,7 +251,7 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
     };
 
     Batch<SEGS> batch;
-    load_batch<BITS, SEGS>(batch, rows_of_tile, warp, columns, group_log2);
+    load_batch<BITS, SEGS, WARPS>(batch, rows_of_tile, warp, columns, group_log2);
     enter_dependent_kernel();  // x, residual and y only from here on
 
     // Lane (g, t) supplies batch row g's inputs of its runs; rows past `rows` repeat row rows-1.
@@ -255,11 +259,11 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
     const uint4* x_lane = reinterpret_cast<const uint4*>(x) + (long long)x_row * (k >> 3) + t;
     const DequantMasks masks = dequant_masks<BITS>();
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c = warp; c < columns; c += kWarps * kColumns) {
+    for (int c = warp; c < columns; c += WARPS * kColumns) {
 #pragma unroll
         for (int u = 0; u < kColumns; ++u)
-            if (c + kWarps * u < columns) accumulate_column<BITS, SEGS>(acc, batch, u, x_lane, c + kWarps * u, masks);
-        if (c + kWarps * kColumns < columns) load_batch<BITS, SEGS>(batch, rows_of_tile, c + kWarps * kColumns, columns, group_log2);
+            if (c + WARPS * u < columns) accumulate_column<BITS, SEGS>(acc, batch, u, x_lane, c + WARPS * u, masks);
+        if (c + WARPS * kColumns < columns) load_batch<BITS, SEGS, WARPS>(batch, rows_of_tile, c + WARPS * kColumns, columns, group_log2);
     }
 
     // acc: (row g, batch 2t), (row g, batch 2t+1), (row g+8, batch 2t), (row g+8, batch 2t+1) of the tile.
@@ -270,7 +274,7 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
     auto total = [&](int r, int b) {
         float v = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += partial[w][(r >> 3) * 2 + (b & 1)][4 * (r & 7) + (b >> 1)];
+        for (int w = 0; w < WARPS; ++w) v += partial[w][(r >> 3) * 2 + (b & 1)][4 * (r & 7) + (b >> 1)];
         return v;
     };
     if (swiglu) {
@@ -323,10 +327,13 @@ __forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf1
 #define GEMV_QUANT_ARGS                                                                                       \
     void *y, const bf16 *x, const unsigned char *qweight, const bf16 *scales, const bf16 *residual, int rows, \
         int n, int k, int group_log2, int epilogue
-#define GEMV_QUANT_KERNEL(NAME, BITS, B, SEGS)                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * kWarps) NAME(GEMV_QUANT_ARGS) {           \
-        gemv_quant<BITS, B, SEGS>(y, x, qweight, scales, residual, rows, n, k, group_log2, epilogue); \
+#define GEMV_QUANT_KERNEL_W(NAME, BITS, B, SEGS, WARPS)                                                \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(GEMV_QUANT_ARGS) {                     \
+        gemv_quant<BITS, B, SEGS, WARPS>(y, x, qweight, scales, residual, rows, n, k, group_log2, epilogue); \
     }
+#define GEMV_QUANT_KERNEL(NAME, BITS, B, SEGS)     \
+    GEMV_QUANT_KERNEL_W(NAME, BITS, B, SEGS, 8)    \
+    GEMV_QUANT_KERNEL_W(NAME##_w16, BITS, B, SEGS, 16)
 #define GEMV_QUANT_FAMILY(BITS)                                                                                   \
     GEMV_QUANT_KERNEL(gemv_int##BITS##_b1, BITS, 1, 1)                                                            \
     GEMV_QUANT_KERNEL(gemv_int##BITS##_b2, BITS, 2, 1)                                                            \

@@ -69,7 +69,7 @@ def kernels_loaded_by_the_launch_wrappers() -> dict[str, set[str]]:
         ops.RMSNORM, ops.RMSNORM_RESIDUAL, ops.SILU_MUL, linear_ops.GATHER_ROWS, attention_ops.DECODE_COMBINE,
         sampling_ops.ARGMAX, sampling_ops.SAMPLE_BEGIN, sampling_ops.SAMPLE_RADIX, sampling_ops.SAMPLE_DRAW,
         *(linear_ops.gemv_spec(e, rows) for e in linear_ops.Epilogue for rows in linear_ops.GEMV_BUCKETS),
-        *(quant_ops.gemv_spec(bits, rows) for bits in (4, 8) for rows in linear_ops.GEMV_BUCKETS),
+        *(quant_ops.gemv_spec(bits, rows, 128, w) for bits in (4, 8) for rows in linear_ops.GEMV_BUCKETS for w in quant_ops.WARPS),
         *(quant_ops.dequantize_spec(bits) for bits in (4, 8)),
         *(attention_ops.rope_kv_spec(d, kv) for d in attention_ops.ROPE_HEAD_DIMS for kv in attention_ops.KV_KINDS),
         *(attention_ops.prefill_spec(d, kv) for d in attention_ops.PREFILL_HEAD_DIMS for kv in attention_ops.KV_KINDS),

@@ -21,9 +21,19 @@ TARGET_ARCHS = ("sm_80", "sm_90a", "sm_120a")
 
 def kernel_names() -> set[str]:
     gemvs = {
-        quant_ops.gemv_spec(bits, rows, group).name for bits in (4, 8) for rows in GEMV_BUCKETS for group in (32, 64, 128, 256)
+        quant_ops.gemv_spec(bits, rows, group, warps).name
+        for bits in (4, 8) for rows in GEMV_BUCKETS for group in (32, 64, 128, 256) for warps in quant_ops.WARPS
     }
     return gemvs | {quant_ops.dequantize_spec(bits).name for bits in (4, 8)}
+
+
+def test_grids_of_at_most_two_tiles_per_sm_get_16_warps_per_block() -> None:
+    # H200 (132 SMs), qwen3-8b: o_proj and down have 256 tiles, qkv 384, gate_up 1,536.
+    assert [quant_ops.gemv_warps(tiles, 132) for tiles in (256, 264, 265, 384, 1536)] == [16, 16, 8, 8, 8]
+    assert quant_ops.gemv_spec(8, 1, 128, 16).name == "gemv_int8_b1_w16"
+    assert quant_ops.gemv_spec(4, 3, 32, 16).name == "gemv_int4_g32_w16"
+    with pytest.raises(ValueError, match="12 warps per block"):
+        quant_ops.gemv_spec(8, 1, 128, 12)
 
 
 def test_small_groups_have_their_own_kernels() -> None:

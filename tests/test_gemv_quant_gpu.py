@@ -24,8 +24,9 @@ pytestmark = pytest.mark.gpu
 
 # (n, k, group): odd n leaves rows of the last 16-row tile unused (and, 131 / 515 / 77, a padding octet);
 # k from one int4 column (128) to 96 (int8: 192) columns, i.e. several batches per warp (12288), and column
-# counts that leave some of the 8 warps idle (640: 5 int4 / 10 int8 columns); groups below a column (32,
-# 64: a scale per segment), equal to it, and spanning columns (256).
+# counts that leave some of the 8 or 16 warps idle (640: 5 int4 / 10 int8 columns); groups below a column
+# (32, 64: a scale per segment), equal to it, and spanning columns (256). Each with 8 and with 16 warps per
+# block (on its own, quant_ops picks 16 for all of these small grids).
 SHAPES = [
     (64, 128, 128), (131, 256, 64), (1000, 4096, 128), (4096, 4096, 128), (515, 1024, 32), (77, 640, 128),
     (100, 12288, 128), (40, 2048, 256),
@@ -48,14 +49,17 @@ def reference(x: np.ndarray, w: QuantizedWeight) -> np.ndarray:
     return x.astype(np.float64) @ dequantize(w, np.float64).T
 
 
+@pytest.mark.parametrize("warps", quant_ops.WARPS)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", range(1, 9))
 @pytest.mark.parametrize(("n", "k", "group"), SHAPES)
-def test_gemv_matches_float64_and_writes_only_its_rows(gpu: OneStream, bits: int, rows: int, n: int, k: int, group: int) -> None:
+def test_gemv_matches_float64_and_writes_only_its_rows(
+    gpu: OneStream, bits: int, rows: int, n: int, k: int, group: int, warps: int
+) -> None:
     rng = np.random.default_rng(rows * 7919 + n + bits)
     x, w = bf16_random(rng, rows, k), quantized(rng, n, k, bits, group)
     y = gpu.poisoned((rows + 1) * n * 2)  # one spare row: must stay poisoned
-    quant_ops.gemv(gpu.lib, gpu.stream, gpu.upload(x), upload(gpu, w), y, rows)
+    quant_ops.gemv(gpu.lib, gpu.stream, gpu.upload(x), upload(gpu, w), y, rows, warps=warps)
     out = gpu.download(y, BF16, (rows + 1, n)).astype(np.float64)
     assert relative_l2(out[:rows], reference(x, w)) < 4e-3  # bf16 output rounding is 2^-9 relative
     assert np.isnan(out[rows]).all()
@@ -82,19 +86,20 @@ def test_residual_epilogue_adds_in_place(gpu: OneStream, bits: int, rows: int) -
     assert relative_l2(gpu.download(y, BF16, (rows, 257)), expected) < 4e-3
 
 
+@pytest.mark.parametrize("warps", quant_ops.WARPS)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize(("rows", "inter", "group"), [(1, 384, 128), (2, 392, 128), (5, 136, 32), (8, 384, 64), (3, 24, 128)])
 def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(
-    gpu: OneStream, bits: int, rows: int, inter: int, group: int
+    gpu: OneStream, bits: int, rows: int, inter: int, group: int, warps: int
 ) -> None:
     """inter % 16 == 8 (392, 136, 24): the up rows start mid-way through a 16-row tile of the plain product."""
     rng = np.random.default_rng(rows + bits)
     k = 256
     x, w = gpu.upload(bf16_random(rng, rows, k)), upload(gpu, quantized(rng, 2 * inter, k, bits, group))
     gate_up, unfused, fused = gpu.poisoned(rows * 2 * inter * 2), gpu.poisoned(rows * inter * 2), gpu.poisoned(rows * inter * 2)
-    quant_ops.gemv(gpu.lib, gpu.stream, x, w, gate_up, rows)
+    quant_ops.gemv(gpu.lib, gpu.stream, x, w, gate_up, rows, warps=warps)
     ops.silu_mul(gpu.lib, gpu.stream, gate_up, unfused, rows, inter)
-    quant_ops.gemv(gpu.lib, gpu.stream, x, w, fused, rows, Epilogue.SWIGLU)
+    quant_ops.gemv(gpu.lib, gpu.stream, x, w, fused, rows, Epilogue.SWIGLU, warps=warps)
     a, b = gpu.download(fused, np.uint16, (rows, inter)), gpu.download(unfused, np.uint16, (rows, inter))
     np.testing.assert_array_equal(a, b)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ninfer_rt.cuda.quant_ops import WARPS
 from ninfer_rt.model.quant import (
     BF16,
     LAYOUT_OCTETS,
@@ -23,7 +24,6 @@ from ninfer_rt.model.quant import (
     stack_rows,
 )
 
-WARPS, COLUMNS_IN_FLIGHT = 8, 4  # kWarps, kColumns in gemv_quant.cu
 
 
 def quantized(seed: int, n: int, k: int, bits: int, group: int) -> QuantizedWeight:
@@ -123,8 +123,8 @@ def mma_m16n8k16(d: np.ndarray, a: list[np.ndarray], b: list[np.ndarray]) -> np.
     return out
 
 
-def emulate_gemv(x: np.ndarray, w: QuantizedWeight, rows: int, swiglu: bool = False) -> np.ndarray:
-    """gemv_quant<BITS, B=8, SEGS> for every tile, in float64: y [rows, N] before rounding."""
+def emulate_gemv(x: np.ndarray, w: QuantizedWeight, rows: int, swiglu: bool = False, warps: int = 8) -> np.ndarray:
+    """gemv_quant<BITS, B=8, SEGS, warps> for every tile, in float64: y [rows, N] before rounding."""
     d = device_layout(w)
     bits, group = d.bits, d.group_size
     n_w, k = d.shape
@@ -141,9 +141,9 @@ def emulate_gemv(x: np.ndarray, w: QuantizedWeight, rows: int, swiglu: bool = Fa
     y = np.full((rows, n), np.nan)
     for tile in range(n // 8 if swiglu else -(-n // 16)):
         octet_a, octet_b = (tile, n // 8 + tile) if swiglu else (2 * tile, 2 * tile + 1)
-        partial = np.zeros((WARPS, 32, 4))
-        for warp in range(WARPS):
-            for column in range(warp, k // column_k, WARPS):
+        partial = np.zeros((warps, 32, 4))
+        for warp in range(warps):
+            for column in range(warp, k // column_k, warps):
                 for s in range(segments):
                     part = np.zeros((32, 4))
                     for r in range(runs // segments):
@@ -179,16 +179,17 @@ def emulate_gemv(x: np.ndarray, w: QuantizedWeight, rows: int, swiglu: bool = Fa
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize(("n", "k", "group", "rows"), [
     (21, 256, 128, 1),  # an odd octet count: the padding octet of the last tile
-    (16, 1024, 128, 3),  # columns spread over all 8 warps
+    (16, 1024, 128, 3),  # columns spread over all 8 warps (half of 16)
     (8, 128, 32, 8),  # groups smaller than a column: a scale per segment
     (40, 512, 64, 2),
     (9, 2048, 256, 5),  # a group spanning columns
 ])
-def test_emulated_kernel_computes_x_times_w_transposed(bits: int, n: int, k: int, group: int, rows: int) -> None:
+@pytest.mark.parametrize("warps", WARPS)
+def test_emulated_kernel_computes_x_times_w_transposed(bits: int, n: int, k: int, group: int, rows: int, warps: int) -> None:
     w = quantized(bits * n + k, n, k, bits, group)
     x = np.random.default_rng(rows).standard_normal((rows, k)).astype(BF16).astype(np.float64)
     expected = x @ dequantize(w, np.float64).T
-    np.testing.assert_allclose(emulate_gemv(x, w, rows), expected, rtol=1e-9, atol=1e-9 * np.abs(expected).max())
+    np.testing.assert_allclose(emulate_gemv(x, w, rows, warps=warps), expected, rtol=1e-9, atol=1e-9 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -18,7 +18,7 @@ from ninfer_rt.cuda.streams import require_stream
 
 _TILE_ROWS = 16  # weight rows per block (two octets: the rows of an m16n8k16 mma)
 _OCTET_ROWS = 8
-_BLOCK_THREADS = 256  # kWarps = 8 in gemv_quant.cu
+WARPS = (8, 16)  # the GEMV's warps per block (W in gemv_quant.cu): gemv_warps picks
 _DEQUANT_THREADS = 256
 _MAX_DEQUANT_BLOCKS = 4096  # grid-stride: enough blocks to fill any current GPU
 CHUNK_BYTES = 16  # one vector load of weights
@@ -86,13 +86,28 @@ class QuantizedDeviceWeight:
         _require_device_bytes(op, qweight=(self.qweight, self.code_bytes), scales=(self.scales, self.scale_bytes))
 
 
-def gemv_spec(bits: int, rows: int, group_size: int = 128) -> KernelSpec:
+def gemv_spec(bits: int, rows: int, group_size: int = 128, warps: int = WARPS[0]) -> KernelSpec:
     """gemv_int<bits>_b<bucket> for groups of at least a column; gemv_int<bits>_g<group> (rows <= 8) for
-    smaller groups, which need a scale per segment of a column."""
+    smaller groups, which need a scale per segment of a column; `_w16` for 16 warps per block."""
     bucket = gemv_bucket("gemv_quant", rows, "dequantize + cuBLASLt above")
+    if warps not in WARPS:
+        raise ValueError(f"gemv_quant: {warps} warps per block, kernels exist for {WARPS}")
+    suffix = "" if warps == WARPS[0] else f"_w{warps}"
     if group_size < 4 * CHUNK_BYTES * 8 // bits:
-        return KernelSpec("gemv_quant", f"gemv_int{bits}_g{group_size}", _GEMV_SIGNATURE)
-    return KernelSpec("gemv_quant", f"gemv_int{bits}_b{bucket}", _GEMV_SIGNATURE)
+        return KernelSpec("gemv_quant", f"gemv_int{bits}_g{group_size}{suffix}", _GEMV_SIGNATURE)
+    return KernelSpec("gemv_quant", f"gemv_int{bits}_b{bucket}{suffix}", _GEMV_SIGNATURE)
+
+
+def gemv_tiles(n: int, epilogue: Epilogue) -> int:
+    """The GEMV's blocks: one per 16 output rows (per 8 gate/up pairs for SWIGLU)."""
+    return n // _OCTET_ROWS if epilogue is Epilogue.SWIGLU else -(-n // _TILE_ROWS)
+
+
+def gemv_warps(tiles: int, sm_count: int) -> int:
+    """Warps per block for a grid of `tiles` blocks: 16 when every block fits in one wave at two 512-thread
+    blocks per SM (the grid would otherwise leave each SM a quarter of its warps), else 8 (a grid that
+    would need a second wave of 16-warp blocks runs faster with 8; gemv_quant.cu's header has the figures)."""
+    return WARPS[1] if tiles <= 2 * sm_count else WARPS[0]
 
 
 def dequantize_spec(bits: int) -> KernelSpec:
@@ -111,9 +126,10 @@ def gemv(
     *,
     label: str = "gemv_quant",
     lane: object = None,
+    warps: int | None = None,
 ) -> None:
     """y[rows, n] = epilogue(x[rows, K] @ W^T) with W dequantized in registers; n = w.rows, or w.rows / 2
-    for SWIGLU (W = [gate; up], n % 8 == 0)."""
+    for SWIGLU (W = [gate; up], n % 8 == 0). `warps` per block: gemv_warps' choice unless given (tests)."""
     stream = require_stream(stream)
     w.check("gemv_quant")
     _require_positive("gemv_quant", rows=rows)
@@ -126,10 +142,11 @@ def gemv(
         "gemv_quant", x=(x, rows * w.cols * 2), y=(y, rows * n * epilogue.out_bytes),
         **residual_entry("gemv_quant", epilogue, residual, rows * n * 2),
     )
-    tiles = n // _OCTET_ROWS if epilogue is Epilogue.SWIGLU else -(-n // _TILE_ROWS)
+    tiles = gemv_tiles(n, epilogue)
     reads = (x.resource, w.qweight.resource, w.scales.resource) + ((residual.resource,) if residual is not None else ())
-    lib.kernel(gemv_spec(w.bits, rows, w.group_size)).launch(
-        stream, tiles, _BLOCK_THREADS,
+    warps = warps or gemv_warps(tiles, lib.device.sm_count)
+    lib.kernel(gemv_spec(w.bits, rows, w.group_size, warps)).launch(
+        stream, tiles, 32 * warps,
         y, x, w.qweight, w.scales, residual.ptr if residual is not None else 0, rows, n, w.cols, w.group_log2,
         _EPILOGUE_CODE[epilogue],
         label=label, reads=reads, writes=(y.resource,), lane=lane,
