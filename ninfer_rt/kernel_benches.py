@@ -177,9 +177,8 @@ def bench_gemv_quant(s: BenchSession, shape: Shape) -> list[Measurement]:
                 seconds = s.time(lambda i: quant_ops.gemv(s.lib, s.stream, x, weights[i % len(weights)], y, rows, epilogue), len(weights))
                 moved = code_bytes + scale_bytes + rows * k * BF16 + rows * n * epilogue.out_bytes
                 case = f"int{bits} {label} {n}x{k} rows={rows}"
-                warps = quant_ops.gemv_warps(quant_ops.gemv_tiles(n, epilogue), s.device.sm_count)
-                name = quant_ops.gemv_spec(bits, rows, QUANT_GROUP, warps).name
-                results.append(Measurement(name, case, seconds, moved, 2 * rows * w_rows * k))
+                spec = quant_ops.gemv_launch(weights[0], rows, epilogue, s.device.sm_count)[0]
+                results.append(Measurement(spec.name, case, seconds, moved, 2 * rows * w_rows * k))
             s.release()
     return results
 

@@ -171,24 +171,39 @@ def time_decode(
     return elapsed, gpu_seconds, enqueue / steps, overlapped
 
 
-def time_overlapped(executor: CudaExecutor, graphed: GraphedForward, context: int, steps: int) -> float:
-    """Seconds per decode step as the engine's overlap runs them (engine.py): step N+1 embeds step N's
-    token from the device (Executor.feed) and its forward is enqueued before step N's token is read back;
-    then step N+1's argmax is enqueued, fed, and its read-back started."""
-    fed = decode_batch(context, token=-1)
-    ids = executor.argmax(graphed(decode_batch(context)).logits)
-    executor.feed(ids)
-    pending = executor.read_later(ids)
-    started = 0.0
-    for step in range(steps + 3):  # 3 warm-up steps
-        if step == 3:
-            started = time.perf_counter()
-        logits = graphed(fed).logits
-        pending.result()
-        ids = executor.argmax(logits)
+class OverlappedLoop:
+    """Decode steps as the engine's overlap runs them (engine.py): step N+1 embeds step N's token from the
+    device (Executor.feed) and its forward is enqueued before step N's token is read back; then step N+1's
+    argmax is enqueued, fed, and its read-back started."""
+
+    def __init__(self, executor: CudaExecutor, graphed: GraphedForward, context: int) -> None:
+        self.executor, self.graphed = executor, graphed
+        self.fed = decode_batch(context, token=-1)
+        ids = executor.argmax(graphed(decode_batch(context)).logits)
         executor.feed(ids)
-        pending = executor.read_later(ids)
-    pending.result()
+        self.pending = executor.read_later(ids)
+
+    def step(self) -> None:
+        logits = self.graphed(self.fed).logits
+        self.pending.result()
+        ids = self.executor.argmax(logits)
+        self.executor.feed(ids)
+        self.pending = self.executor.read_later(ids)
+
+    def finish(self) -> None:
+        """Wait for the last step's token."""
+        self.pending.result()
+
+
+def time_overlapped(executor: CudaExecutor, graphed: GraphedForward, context: int, steps: int) -> float:
+    """Seconds per decode step in the OverlappedLoop, after 3 warm-up steps."""
+    loop = OverlappedLoop(executor, graphed, context)
+    for _ in range(3):
+        loop.step()
+    started = time.perf_counter()
+    for _ in range(steps):
+        loop.step()
+    loop.finish()
     return (time.perf_counter() - started) / steps
 
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench_decode import (
-    PAGE_SIZE, QUANT_GROUP, WEIGHT_BITS, append_results, build_random_model, decode_batch, make_kv, print_table,
-    run_info, shape_config,
+    PAGE_SIZE, QUANT_GROUP, WEIGHT_BITS, OverlappedLoop, append_results, build_random_model, decode_batch, make_kv,
+    print_table, run_info, shape_config,
 )
 from ninfer_rt.cuda.benchmark import copy_bandwidth
 from ninfer_rt.cuda.driver import open_device
@@ -149,24 +149,6 @@ def profile_steps(step: Callable[[], object], synchronize: Callable[[], None], s
     return split_steps(ops, steps)
 
 
-def overlapped_step(executor: CudaExecutor, graphed: GraphedForward, context: int) -> Callable[[], object]:
-    """bench_decode.time_overlapped's loop body: the forward fed from the device, then the previous step's
-    token read, then this step's argmax, feed and read-back started."""
-    fed = decode_batch(context, token=-1)
-    ids = executor.argmax(graphed(decode_batch(context)).logits)
-    executor.feed(ids)
-    pending = [executor.read_later(ids)]
-
-    def step() -> None:
-        logits = graphed(fed).logits
-        pending[0].result()
-        ids = executor.argmax(logits)
-        executor.feed(ids)
-        pending[0] = executor.read_later(ids)
-
-    return step
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
@@ -188,7 +170,7 @@ def main() -> None:
     kv = make_kv(streams, cfg, args.context, args.kv, executor)
     graphed = GraphedForward(executor, random.model, kv)
     batch = decode_batch(args.context)
-    step = overlapped_step(executor, graphed, args.context) if args.loop == "overlap" else lambda: graphed(batch)
+    step = OverlappedLoop(executor, graphed, args.context).step if args.loop == "overlap" else lambda: graphed(batch)
     steps = profile_steps(step, executor.compute.synchronize, args.steps)
     rows = summarize(steps, SHAPES[args.shape], cfg.num_hidden_layers, args.weights, bandwidth)
     step_ms = sum(r["ms_per_step"] for r in rows)

@@ -190,7 +190,8 @@ def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str) -> i
     """Blocks of a prefill kernel resident per SM (registers and shared memory decide, per arch)."""
     spec = prefill_spec(head_dim, kv_dtype)
     smem = prefill_smem_bytes(head_dim, kv_dtype)
-    return decode_blocks_per_sm(_prefill_kernel(lib, spec, smem), smem)
+    _prefill_kernel(lib, spec, smem)  # the occupancy query needs the raised shared-memory limit
+    return _occupancy(lib, spec, smem)
 
 
 def prefill_num_splits(

@@ -98,9 +98,20 @@ def gemv_spec(bits: int, rows: int, group_size: int = 128, warps: int = WARPS[0]
     return KernelSpec("gemv_quant", f"gemv_int{bits}_b{bucket}{suffix}", _GEMV_SIGNATURE)
 
 
-def gemv_tiles(n: int, epilogue: Epilogue) -> int:
-    """The GEMV's blocks: one per 16 output rows (per 8 gate/up pairs for SWIGLU)."""
-    return n // _OCTET_ROWS if epilogue is Epilogue.SWIGLU else -(-n // _TILE_ROWS)
+def _outputs(w: QuantizedDeviceWeight, epilogue: Epilogue) -> int:
+    """n: the GEMV's outputs per row (SWIGLU pairs gate row i with up row n + i)."""
+    return w.rows // 2 if epilogue is Epilogue.SWIGLU else w.rows
+
+
+def gemv_launch(
+    w: QuantizedDeviceWeight, rows: int, epilogue: Epilogue, sm_count: int, warps: int | None = None
+) -> tuple[KernelSpec, int, int]:
+    """(kernel, blocks, threads per block) of gemv for `w`: one block per 16 output rows (per 8 gate/up pairs
+    for SWIGLU), `warps` per block, gemv_warps' choice if None."""
+    n = _outputs(w, epilogue)
+    tiles = n // _OCTET_ROWS if epilogue is Epilogue.SWIGLU else -(-n // _TILE_ROWS)
+    warps = gemv_warps(tiles, sm_count) if warps is None else warps
+    return gemv_spec(w.bits, rows, w.group_size, warps), tiles, 32 * warps
 
 
 def gemv_warps(tiles: int, sm_count: int) -> int:
@@ -133,7 +144,7 @@ def gemv(
     stream = require_stream(stream)
     w.check("gemv_quant")
     _require_positive("gemv_quant", rows=rows)
-    n = w.rows // 2 if epilogue is Epilogue.SWIGLU else w.rows
+    n = _outputs(w, epilogue)
     if epilogue is Epilogue.SWIGLU and (w.rows % 2 or n % _OCTET_ROWS):
         raise ValueError(
             f"gemv_quant: a SwiGLU weight has 2N rows (gate, then up) with N % {_OCTET_ROWS} == 0, got {w.rows}"
@@ -142,11 +153,10 @@ def gemv(
         "gemv_quant", x=(x, rows * w.cols * 2), y=(y, rows * n * epilogue.out_bytes),
         **residual_entry("gemv_quant", epilogue, residual, rows * n * 2),
     )
-    tiles = gemv_tiles(n, epilogue)
     reads = (x.resource, w.qweight.resource, w.scales.resource) + ((residual.resource,) if residual is not None else ())
-    warps = warps or gemv_warps(tiles, lib.device.sm_count)
-    lib.kernel(gemv_spec(w.bits, rows, w.group_size, warps)).launch(
-        stream, tiles, 32 * warps,
+    spec, tiles, threads = gemv_launch(w, rows, epilogue, lib.device.sm_count, warps)
+    lib.kernel(spec).launch(
+        stream, tiles, threads,
         y, x, w.qweight, w.scales, residual.ptr if residual is not None else 0, rows, n, w.cols, w.group_log2,
         _EPILOGUE_CODE[epilogue],
         label=label, reads=reads, writes=(y.resource,), lane=lane,
