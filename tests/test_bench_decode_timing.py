@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import bench_decode  # noqa: E402 -- lives in tools/
 
-PERIOD = 0.02  # seconds per token of the stand-in GPU
+PERIOD = 0.05  # seconds per token of the stand-in GPU
 
 
 class PipelinedLoop:
@@ -35,5 +35,5 @@ class PipelinedLoop:
 
 def test_overlapped_steps_are_timed_one_token_period_each(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench_decode, "OverlappedLoop", PipelinedLoop)
-    seconds = bench_decode.time_overlapped(None, None, 256, steps=5)  # type: ignore[arg-type]
-    assert seconds == pytest.approx(PERIOD, rel=0.08)  # timing the last token too read 6 periods over 5 steps
+    seconds = bench_decode.time_overlapped(None, None, 256, steps=4)  # type: ignore[arg-type]
+    assert seconds == pytest.approx(PERIOD, rel=0.1)  # timing the last token too reads 5 periods over 4 steps

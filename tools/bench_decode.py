@@ -198,8 +198,8 @@ class OverlappedLoop:
 def time_overlapped(executor: CudaExecutor, graphed: GraphedForward, context: int, steps: int) -> float:
     """Seconds per token in the OverlappedLoop, after 3 warm-up steps: a step returns when the previous
     step's token has arrived, so `steps` steps span exactly `steps` token arrivals. The last step's own
-    token is still in flight then; waiting for it inside the timed span would count one step more than
-    `steps` (2.5% at 40 steps, which the overlap figures before this commit include)."""
+    token is still in flight then, and is awaited outside the timed span (inside, it would count one
+    step more than `steps`)."""
     loop = OverlappedLoop(executor, graphed, context)
     for _ in range(3):
         loop.step()
