@@ -30,7 +30,8 @@
 //     Q > max_queries (or Q = 0) are skipped: they belong to prefill_attention in a mixed step.
 //   decode_attention_combine: grid (B * max_queries, Hq), block 128: for the slots of decoded rows,
 //     out = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp2(m_s - max_s m_s); splits with w_s = 0 are never
-//     read (their acc may be unwritten). Thread (split group, 4 dims): 128 / (D/4) groups of splits.
+//     read (their acc may be unwritten). Warp 0 lists the splits with w_s > 0 (in split order); thread
+//     (group, 4 dims) sums listed splits group, group + 128 / (D/4), ...
 //
 // Layout: q bf16 [T, Hq, D]; K, V [num_pages, 64, Hkv, D] bf16 or int8; k_scale, v_scale f32
 // [num_pages, 64, Hkv] (int8 only, else null); block_tables int32 [B, max_pages]; context_lens int32 [B];
@@ -476,51 +477,82 @@ DECODE_KERNEL(64, int8, true)
 DECODE_KERNEL(128, int8, true)
 DECODE_KERNEL(256, int8, true)
 
+// Split weights of one (slot, head), by warp 0: every split wrote its (m, l) (an empty one (-inf, 0)), so all
+// of them are loaded at once, in one round trip; the splits with weight > 0 are listed in split order.
+struct CombineWeights {
+    int split[kMaxSplits];
+    float weight[kMaxSplits];
+    int count;
+    float inv_denominator;
+};
+
+__forceinline__ void combine_weights(CombineWeights& cw, const float* partial_ml, int num_splits, int num_slots, int slot,
+                                     int num_q_heads, int head) {
+    constexpr int kPerLane = kMaxSplits / 32;
+    const int lane = threadIdx.x & 31;
+    float2 ml[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+        const int s = lane + 32 * i;
+        ml[i] = s < num_splits ? *reinterpret_cast<const float2*>(partial_ml + 2 * partial_index(s, num_slots, slot, num_q_heads, head))
+                               : make_float2(neg_inf(), 0.0f);
+    }
+    float m_max = neg_inf();
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) m_max = fmaxf(m_max, ml[i].x);
+    m_max = warp_max(m_max);
+    float denominator = 0.0f;
+    int count = 0;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+        const float w = ml[i].x == neg_inf() ? 0.0f : exp2f(ml[i].x - m_max);
+        const unsigned listed = __ballot_sync(0xffffffffu, w > 0.0f);
+        if (w > 0.0f) {
+            const int at = count + __popc(listed & ((1u << lane) - 1u));
+            cw.split[at] = lane + 32 * i;
+            cw.weight[at] = w;
+            denominator += w * ml[i].y;
+        }
+        count += __popc(listed);
+    }
+    denominator = warp_sum(denominator);
+    if (lane == 0) {
+        cw.count = count;
+        cw.inv_denominator = denominator > 0.0f ? 1.0f / denominator : 0.0f;
+    }
+}
+
+// The kernel sits between attention and o_proj on every layer's critical path, so it is built for latency:
+// the rows' range and all (m, l) pairs are loaded together, then the acc rows of the listed splits (several
+// in flight per thread): two dependent round trips to L2.
 extern "C" __global__ void __launch_bounds__(kDecodeThreads)
     decode_attention_combine(bf16* out, const float* partial_acc, const float* partial_ml, const int* query_start,
                              int num_splits, int num_seqs, int max_queries, int num_q_heads, int head_dim) {
     enter_dependent_kernel();
-    __shared__ float weight[kMaxSplits];
-    __shared__ float inv_denominator;
+    __shared__ CombineWeights cw;
     __shared__ float4 part[kDecodeThreads];
     const int slot = blockIdx.x;
     const int head = blockIdx.y;
     const int seq = slot / max_queries;
     const int query = slot % max_queries;
-    const int queries = query_start[seq + 1] - query_start[seq];
-    if (queries > max_queries || query >= queries) return;  // a prefill sequence, or an unused slot
+    const int first_row = query_start[seq];
+    const int queries = query_start[seq + 1] - first_row;
     const int num_slots = num_seqs * max_queries;
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        float m_max = neg_inf();
-        for (int s = lane; s < num_splits; s += 32) m_max = fmaxf(m_max, partial_ml[2 * partial_index(s, num_slots, slot, num_q_heads, head)]);
-        m_max = warp_max(m_max);
-        float denominator = 0.0f;
-        for (int s = lane; s < num_splits; s += 32) {
-            const long long index = partial_index(s, num_slots, slot, num_q_heads, head);
-            const float m = partial_ml[2 * index];
-            const float w = m == neg_inf() ? 0.0f : exp2f(m - m_max);
-            weight[s] = w;
-            if (w > 0.0f) denominator += w * partial_ml[2 * index + 1];
-        }
-        denominator = warp_sum(denominator);
-        if (lane == 0) inv_denominator = denominator > 0.0f ? 1.0f / denominator : 0.0f;
-    }
+    if (threadIdx.x < 32) combine_weights(cw, partial_ml, num_splits, num_slots, slot, num_q_heads, head);
     __syncthreads();
-    // Thread (group, column): 4 dims, splits group, group + groups, ...: the splits' loads are independent
-    // and several are in flight per thread (a serial loop over 100 splits was ~100 dependent L2 round trips).
+    if (queries > max_queries || query >= queries) return;  // a prefill sequence, or an unused slot
+    // Thread (group, column): 4 dims of the listed splits group, group + groups, ...
     const int columns = head_dim / 4;
     const int groups = kDecodeThreads / columns;
     const int column = threadIdx.x % columns;
     const int group = threadIdx.x / columns;
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int count = cw.count;
 #pragma unroll 4
-    for (int s = group; s < num_splits; s += groups) {
-        const float w = weight[s];
-        if (w > 0.0f) {  // a split with weight 0 may have no acc written: never read it
-            const float4 v = *reinterpret_cast<const float4*>(partial_acc + partial_index(s, num_slots, slot, num_q_heads, head) * head_dim + 4 * column);
-            sum.x += w * v.x, sum.y += w * v.y, sum.z += w * v.z, sum.w += w * v.w;
-        }
+    for (int i = group; i < count; i += groups) {
+        const float w = cw.weight[i];
+        const float4 v = *reinterpret_cast<const float4*>(partial_acc + partial_index(cw.split[i], num_slots, slot, num_q_heads, head) * head_dim + 4 * column);
+        sum.x += w * v.x, sum.y += w * v.y, sum.z += w * v.z, sum.w += w * v.w;
     }
     part[threadIdx.x] = sum;
     __syncthreads();
@@ -529,8 +561,8 @@ extern "C" __global__ void __launch_bounds__(kDecodeThreads)
         const float4 v = part[g * columns + column];
         sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
     }
-    const float scale = inv_denominator;
-    const long long out_row = (long long)(query_start[seq] + query) * num_q_heads + head;
+    const float scale = cw.inv_denominator;
+    const long long out_row = (long long)(first_row + query) * num_q_heads + head;
     const uint2 packed = make_uint2(pack_bf16x2(sum.x * scale, sum.y * scale), pack_bf16x2(sum.z * scale, sum.w * scale));
     *reinterpret_cast<uint2*>(out + out_row * head_dim + 4 * column) = packed;
 }

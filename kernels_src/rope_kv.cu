@@ -40,15 +40,15 @@ __forceinline__ void load_head(HeadSlice<D>& x, const bf16* src, int lane) {
 }
 
 template <int D>
-__forceinline__ void rms_normalize(HeadSlice<D>& x, const bf16* weight, float eps, int lane) {
+__forceinline__ void rms_normalize(HeadSlice<D>& x, const HeadSlice<D>& gain, float eps) {
     float sum_squares = 0.0f;
 #pragma unroll
     for (int e = 0; e < HeadSlice<D>::kPer; ++e) sum_squares += x.lo[e] * x.lo[e] + x.hi[e] * x.hi[e];
     const float inv_rms = rsqrtf(warp_sum(sum_squares) / D + eps);
 #pragma unroll
     for (int e = 0; e < HeadSlice<D>::kPer; ++e) {
-        x.lo[e] = __bfloat162float(weight[lane * HeadSlice<D>::kPer + e]) * (x.lo[e] * inv_rms);
-        x.hi[e] = __bfloat162float(weight[D / 2 + lane * HeadSlice<D>::kPer + e]) * (x.hi[e] * inv_rms);
+        x.lo[e] = gain.lo[e] * (x.lo[e] * inv_rms);
+        x.hi[e] = gain.hi[e] * (x.hi[e] * inv_rms);
     }
 }
 
@@ -104,34 +104,39 @@ __forceinline__ void store_kv(void* cache, float* scales, long long slot, int kv
     }
 }
 
+// On every layer's critical path, so built for latency: the norm gains (weights) are loaded before the wait
+// for the previous kernel; the step inputs and the head's K and V values after it in one round trip; the
+// cos/sin row, which depends on the position, in a second.
 template <int D, bool kInt8>
 __forceinline__ void rope_kv(bf16* q_out, void* k_cache, void* v_cache, float* k_scale, float* v_scale,
                              const bf16* qkv, const bf16* q_norm, const bf16* k_norm, float eps, const float* cos_sin,
                              const int* positions, const int* slot_mapping, int num_q_heads, int num_kv_heads) {
     const int lane = threadIdx.x & 31;
     const int head = blockIdx.x * kRopeWarps + (threadIdx.x >> 5);
-    if (head >= num_q_heads + num_kv_heads) return;  // whole warps leave; the kernel has no block barrier
+    const bool exists = head < num_q_heads + num_kv_heads;
+    const bool is_q = head < num_q_heads;
+    const bf16* norm = is_q ? q_norm : k_norm;
+    HeadSlice<D> gain;
+    if (exists && norm != nullptr) load_head<D>(gain, norm, lane);
+    enter_dependent_kernel();
+    if (!exists) return;  // whole warps leave; the kernel has no block barrier
     const int token = blockIdx.y;
     const bf16* row = qkv + (long long)token * (num_q_heads + 2 * num_kv_heads) * D;
-    const float* cos_sin_row = cos_sin + (long long)positions[token] * D;
-
-    HeadSlice<D> x;
-    if (head < num_q_heads) {
-        load_head<D>(x, row + head * D, lane);
-        if (q_norm != nullptr) rms_normalize<D>(x, q_norm, eps, lane);
-        rotate<D>(x, cos_sin_row, lane);
+    const int position = positions[token];
+    const int slot = is_q ? 0 : slot_mapping[token];
+    const int kv_head = head - num_q_heads;
+    HeadSlice<D> x, v;
+    load_head<D>(x, row + head * D, lane);  // q head `head`, or k head `kv_head` (K follows the Hq q heads)
+    if (!is_q) load_head<D>(v, row + (num_q_heads + num_kv_heads + kv_head) * D, lane);
+    if (norm != nullptr) rms_normalize<D>(x, gain, eps);
+    rotate<D>(x, cos_sin + (long long)position * D, lane);
+    if (is_q) {
         store_bf16<D>(q_out + ((long long)token * num_q_heads + head) * D, x, lane);
         return;
     }
-    const int slot = slot_mapping[token];
     if (slot < 0) return;
-    const int kv_head = head - num_q_heads;
-    load_head<D>(x, row + (num_q_heads + kv_head) * D, lane);
-    if (k_norm != nullptr) rms_normalize<D>(x, k_norm, eps, lane);
-    rotate<D>(x, cos_sin_row, lane);
     store_kv<D, kInt8>(k_cache, k_scale, slot, kv_head, num_kv_heads, x, lane);
-    load_head<D>(x, row + (num_q_heads + num_kv_heads + kv_head) * D, lane);
-    store_kv<D, kInt8>(v_cache, v_scale, slot, kv_head, num_kv_heads, x, lane);
+    store_kv<D, kInt8>(v_cache, v_scale, slot, kv_head, num_kv_heads, v, lane);
 }
 
 #define ROPE_KV_KERNEL(D, KIND, INT8)                                                                          \
@@ -139,7 +144,6 @@ __forceinline__ void rope_kv(bf16* q_out, void* k_cache, void* v_cache, float* k
         bf16* q_out, void* k_cache, void* v_cache, float* k_scale, float* v_scale, const bf16* qkv,             \
         const bf16* q_norm, const bf16* k_norm, float eps, const float* cos_sin, const int* positions,         \
         const int* slot_mapping, int num_q_heads, int num_kv_heads) {                                          \
-        enter_dependent_kernel();                                                                          \
         rope_kv<D, INT8>(q_out, k_cache, v_cache, k_scale, v_scale, qkv, q_norm, k_norm, eps, cos_sin,          \
                          positions, slot_mapping, num_q_heads, num_kv_heads);                                  \
     }
