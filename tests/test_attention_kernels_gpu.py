@@ -230,6 +230,14 @@ def test_decode_attention_batch_of_mixed_contexts_and_widths(gpu: Gpu) -> None:
     assert_close(out, expected, "decode mixed batch")
 
 
+def test_decode_attention_combines_splits_listed_past_the_first_32(gpu: Gpu) -> None:
+    # 625 pages over 256 splits: 209 splits of 3 pages, listed by every lane group of the combine's warp;
+    # two rows, so the last split holds keys the first row must not see
+    batch = make_batch(np.random.default_rng(13), [2], [40_000])
+    out, expected = run_decode(gpu, batch, 32, 8, 128, "bf16", num_splits=256)
+    assert_close(out, expected, "decode 40000 tokens over 256 splits")
+
+
 def test_decode_attention_long_context_fills_many_splits(gpu: Gpu) -> None:
     batch = make_batch(np.random.default_rng(11), [1], [114_812])
     out, expected = run_decode(gpu, batch, 32, 8, 128, "bf16")
