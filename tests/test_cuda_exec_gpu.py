@@ -111,6 +111,15 @@ def test_greedy_argmax_on_the_device_matches_the_host(gpu_tiny: Path) -> None:
     np.testing.assert_array_equal(greedy[:, 0], logits.argmax(axis=1))
 
 
+@pytest.mark.parametrize("position", [-1, "max_positions"])
+def test_positions_outside_the_rope_table_are_refused_before_publishing(gpu_tiny: Path, position: int | str) -> None:
+    rt = runtime(gpu_tiny, device=True)
+    batch = step_batch([SeqStep([1], 0, PAGES)], PAGE_SIZE)
+    batch.positions = np.array([rt.executor.max_positions if position == "max_positions" else position], np.int32)
+    with pytest.raises(ValueError, match="outside the RoPE table"):
+        forward(rt.executor, rt.model, batch, rt.kv)
+
+
 def test_out_of_range_token_ids_are_refused_before_publishing(gpu_tiny: Path) -> None:
     rt = runtime(gpu_tiny, device=True)
     batch = step_batch([SeqStep([GPU_TINY["vocab"]], 0, PAGES)], PAGE_SIZE)

@@ -470,8 +470,10 @@ class CudaExecutor:
             raise ValueError(
                 f"token id out of range [0, {self._vocab}) (or [-{self._fed_rows}, 0): fed rows): {int(ids.min())}..{int(ids.max())}"
             )
-        if batch.positions.size and batch.positions.max() >= self.max_positions:
-            raise ValueError(f"position {int(batch.positions.max())} beyond the RoPE table ({self.max_positions})")
+        if batch.positions.size and (batch.positions.min() < 0 or batch.positions.max() >= self.max_positions):
+            raise ValueError(
+                f"positions {int(batch.positions.min())}..{int(batch.positions.max())} outside the RoPE table [0, {self.max_positions})"
+            )
         if len(batch.logit_rows) and (batch.logit_rows.min() < 0 or batch.logit_rows.max() >= batch.num_tokens):
             raise ValueError("logit_rows must index the step's rows")
 
