@@ -105,8 +105,8 @@ __forceinline__ void store_kv(void* cache, float* scales, long long slot, int kv
 }
 
 // On every layer's critical path, so built for latency: the norm gains (weights) are loaded before the wait
-// for the previous kernel; the step inputs and the head's K and V values after it in one round trip; the
-// cos/sin row, which depends on the position, in a second.
+// for the previous kernel; the position, the slot and the head's values (q, or k and v) after it in one round
+// trip; the cos/sin row, which depends on the position, in a second.
 template <int D, bool kInt8>
 __forceinline__ void rope_kv(bf16* q_out, void* k_cache, void* v_cache, float* k_scale, float* v_scale,
                              const bf16* qkv, const bf16* q_norm, const bf16* k_norm, float eps, const float* cos_sin,
