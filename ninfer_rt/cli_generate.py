@@ -30,8 +30,8 @@ from ninfer_rt.serve.chat import ChatTemplate
 @click.option("--chat", is_flag=True, help="Interactive conversation through the model's chat template.")
 @click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(min=1))
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0))
-@click.option("--top-p", default=1.0, show_default=True, type=float)
-@click.option("--top-k", default=0, show_default=True, type=int)
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=-1), help="0 or -1: no top-k cut.")
 @click.option("--seed", default=None, type=int)
 @engine_options
 def generate(model_dir: str | None, prompt: str | None, prompt_file: Any, chat: bool, **options: Any) -> None:
