@@ -524,7 +524,8 @@ __forceinline__ void combine_weights(CombineWeights& cw, const float* partial_ml
 
 // The kernel sits between attention and o_proj on every layer's critical path, so it is built for latency:
 // the rows' range and all (m, l) pairs are loaded together, then the acc rows of the listed splits (several
-// in flight per thread): two dependent round trips to L2.
+// in flight per thread): two dependent round trips to L2. Blocks of unused slots load the (m, l) pairs too
+// (a few KB of L2 reads per layer) before they learn that they have no row.
 extern "C" __global__ void __launch_bounds__(kDecodeThreads)
     decode_attention_combine(bf16* out, const float* partial_acc, const float* partial_ml, const int* query_start,
                              int num_splits, int num_seqs, int max_queries, int num_q_heads, int head_dim) {
