@@ -46,12 +46,10 @@
 // scales arrive with K. Rows of every 16-bit tile are padded by 16 bytes (int8 rows too), so ldmatrix, the
 // K words and the cp.async stores are conflict-free. D = 256 is not instantiated.
 #include "attention_common.cuh"
+#include "prefill_common.cuh"
 
 constexpr int kPrefillThreads = 128;
-constexpr int kFlashRows = 128;  // 4 warps x 32 M rows of (chunk row, q head)
 constexpr int kCombineRows = 16;  // M rows per combine block (4 per warp): many blocks keep many loads in flight
-constexpr int kKeyTile = kPageSize;
-constexpr float kLog2e = 1.4426950408889634f;
 
 // D = A(16x16, row) . B(16x8, col) + C with 16-bit float inputs (bf16: bf16 KV; f16: int8 KV) and f32 accumulators.
 template <bool kF16>
@@ -106,60 +104,7 @@ __forceinline__ void int8x16_to_f16(unsigned short* dst, uint4 raw) {
     out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
 }
 
-// Which rows and pages a block (or a combine block) works on; false when the block has nothing to do.
-struct PrefillTile {
-    int row0;             // the sequence's first row in q / out
-    int chunk;            // C
-    int ctx;              // L
-    int first_pos;        // L - C: position of chunk row 0
-    int group;            // G
-    int tile_queries;     // Qt = R / G chunk rows per tile
-    int q_begin;          // first chunk row of the tile
-    int num_key_tiles;    // pages the tile sees: its last row's keys
-    int pages_per_split;  // pps
-};
-
-__forceinline__ bool prefill_tile(PrefillTile& t, int tile, int seq, const int* context_lens, const int* query_start,
-                                  int decode_max_queries, int num_q_heads, int num_kv_heads, int num_splits, int tile_rows) {
-    t.row0 = query_start[seq];
-    t.chunk = query_start[seq + 1] - t.row0;
-    t.group = num_q_heads / num_kv_heads;
-    t.tile_queries = tile_rows / t.group;
-    t.q_begin = tile * t.tile_queries;
-    if (t.chunk <= decode_max_queries || t.q_begin >= t.chunk) return false;
-    t.ctx = context_lens[seq];
-    t.first_pos = t.ctx - t.chunk;
-    const int key_end = t.first_pos + min(t.q_begin + t.tile_queries, t.chunk);  // one past the tile's last key
-    t.num_key_tiles = (key_end + kKeyTile - 1) / kKeyTile;
-    const int pages = (t.ctx + kKeyTile - 1) / kKeyTile;
-    t.pages_per_split = (pages + num_splits - 1) / num_splits;
-    return true;
-}
-
-// Chunk row (relative to q_begin) of M row r, or -1 for padding rows and rows past the chunk.
-__forceinline__ int tile_query(const PrefillTile& t, int r) {
-    const int qi = r / t.group;
-    return qi < t.tile_queries && t.q_begin + qi < t.chunk ? qi : -1;
-}
-
-// Element offset of M row r's (row, q head) in q / out, for a valid row qi = tile_query(t, r).
-__forceinline__ long long tile_row_offset(const PrefillTile& t, int r, int qi, int kv_head, int num_q_heads, int head_dim) {
-    const int head = kv_head * t.group + (r - qi * t.group);
-    return ((long long)(t.row0 + t.q_begin + qi) * num_q_heads + head) * head_dim;
-}
-
-// Row index of M row r of (split, seq, tile, kv_head) in the partial workspace.
-__forceinline__ long long partial_row(int split, int seq, int num_seqs, int tile, int num_tiles, int kv_head,
-                                      int num_kv_heads, int r, int tile_rows) {
-    return ((((long long)split * num_seqs + seq) * num_tiles + tile) * num_kv_heads + kv_head) * tile_rows + r;
-}
-
 // ---- The kernel: 128 M rows per block (4 warps x 32), Q in shared memory, every fragment through ldmatrix --
-
-// 4-byte-word shared-memory address of a generic pointer into shared memory.
-__forceinline__ unsigned smem_address(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 
 // Four 8x8 16-bit matrices from shared memory (non-transposed); lanes 8i..8i+7 give matrix i's row addresses.
 __forceinline__ void ldmatrix_x4_at(unsigned (&frag)[4], unsigned address) {
@@ -174,13 +119,6 @@ __forceinline__ void ldmatrix_x4_trans_at(unsigned (&frag)[4], unsigned address)
                  : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
                  : "r"(address)
                  : "memory");
-}
-
-// 2^x on the SFU (ex2.approx.ftz: 2 ulp; -inf -> +0).
-__forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 // The kernel's dynamic shared memory (byte offsets; attention_ops.prefill_smem_bytes mirrors kBytes):
@@ -415,51 +353,22 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
             }
         }
         // Causal mask, only on pages reaching past the tile's first position (earlier keys are visible to
-        // every row and lie inside the context).
+        // every row and lie inside the context). Padding rows sit past the tile; zero Q keeps them finite,
+        // and they are never stored.
         if (kt * kKeyTile + kKeyTile - 1 > min_pos) {
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
-                // the positions of rows g, g + 8 (padding rows: past the tile; zero Q keeps them finite, never stored)
-                const int pos[2] = {min_pos + (warp_row + 16 * mt + g) / group, min_pos + (warp_row + 16 * mt + 8 + g) / group};
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = kt * kKeyTile + nt * 8 + 2 * c + (e & 1);
-                        if (key > pos[e >> 1]) s[mt][nt][e] = neg_inf();
-                    }
-                }
+                const int row = warp_row + 16 * mt + g;
+                mask_causal(s[mt], kt, min_pos + row / group, min_pos + (row + 8) / group, c);
             }
         }
-        // Online softmax in the log2 domain: p = 2^(s * scale * log2 e - m); O and l rescaled only when a
-        // row's max grew (a warp-uniform test).
+        // O and l rescaled only when a row's max grew (a warp-uniform test).
         float alpha[2][2];
         bool grew = false;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float tile_max = neg_inf();
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-                const float m_new = fmaxf(m[mt][h], tile_max * scale_log2);
-                const float m_use = m_new == neg_inf() ? 0.0f : m_new;  // nothing visible yet: keep exp2 away from NaN
-                alpha[mt][h] = fast_exp2(m[mt][h] - m_use);
-                grew |= m_new > m[mt][h];
-                m[mt][h] = m_new;
-                float tile_sum = 0.0f;
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                        s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -m_use));
-                        tile_sum += s[mt][nt][e];
-                    }
-                }
-                l[mt][h] = l[mt][h] * alpha[mt][h] + tile_sum;
-            }
+            for (int h = 0; h < 2; ++h) alpha[mt][h] = softmax_rows(s[mt], h, m[mt][h], l[mt][h], scale_log2, grew);
         }
         if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
@@ -531,34 +440,9 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
 
     // The tile's geometry again (cheap loads), rather than registers held through the loop.
     prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits, kFlashRows);
+    const PrefillOutput dst{out, partial_acc, partial_ml, split, seq, tile, num_tiles, kv_head, num_q_heads, num_kv_heads, num_splits};
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float sum = l[mt][h];  // spread over the 4 threads of the row's quad
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const int r = warp_row + 16 * mt + 8 * h + g;
-            const int qi = tile_query(t, r);
-            if (qi < 0) continue;
-            if (num_splits == 1) {
-                const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-                bf16* dst = out + tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + 2 * c;
-#pragma unroll
-                for (int dt = 0; dt < kDimTiles; ++dt) {
-                    *reinterpret_cast<unsigned*>(dst + dt * 8) = pack_bf16x2(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
-                }
-            } else {
-                const long long prow = partial_row(split, seq, gridDim.z, tile, num_tiles, kv_head, num_kv_heads, r, kFlashRows);
-                float* dst = partial_acc + prow * D + 2 * c;
-#pragma unroll
-                for (int dt = 0; dt < kDimTiles; ++dt) {
-                    *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
-                }
-                if (c == 0) *reinterpret_cast<float2*>(partial_ml + prow * 2) = make_float2(m[mt][h], sum);
-            }
-        }
-    }
+    for (int mt = 0; mt < 2; ++mt) store_rows<D>(dst, t, o[mt], m[mt], l[mt], warp_row + 16 * mt, g, c);
 }
 
 // Merges the non-empty splits of one (tile, kv head, sequence): see the header. Splits past

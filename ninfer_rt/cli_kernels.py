@@ -103,10 +103,10 @@ def list_command() -> None:
     """Every kernel family: its file and includes, the archs it is built for, its entry points, tests and bench."""
     names = families()
     archs = _archs("native")
-    # Entry points come from the cubin (macro-generated names); one arch suffices, the cache keeps it.
-    outcomes = compile_many([(name, archs[0]) for name in names])
-    for name, outcome in zip(names, outcomes):
-        click.echo(_describe_family(name, archs, outcome))
+    # Entry points come from the cubins (macro-generated names; an arch-specific family has none elsewhere).
+    outcomes = compile_many([(name, arch) for name in names for arch in archs])
+    for i, name in enumerate(names):
+        click.echo(_describe_family(name, archs, outcomes[i * len(archs):(i + 1) * len(archs)]))
 
 
 @kernels.command("test")
@@ -233,13 +233,10 @@ def _compile_table(results: list[Outcome]) -> str:
     return _columns(rows)
 
 
-def _describe_family(name: str, archs: list[str], outcome: Outcome) -> str:
+def _describe_family(name: str, archs: list[str], outcomes: list[Outcome]) -> str:
     source, *headers = family_files(name)
     includes = f" (includes {', '.join(h.name for h in headers)})" if headers else ""
-    if isinstance(outcome, KernelCompileError):
-        entries = f"(does not compile for {outcome.arch}: run `ninfer-rt kernels test {name}`)"
-    else:
-        entries = " ".join(entry_points(outcome.cubin))
+    entries = _entries(name, archs, outcomes)
     fields = {
         "archs": " ".join(archs),
         "entry points": entries,
@@ -250,6 +247,21 @@ def _describe_family(name: str, archs: list[str], outcome: Outcome) -> str:
     for label, value in fields.items():
         lines.append(textwrap.fill(value, width=110, initial_indent=f"  {label:<13}", subsequent_indent=" " * 15))
     return "\n".join(lines)
+
+
+def _entries(name: str, archs: list[str], outcomes: list[Outcome]) -> str:
+    """The family's entry points over `archs`; those some archs lack are marked with the archs that have them."""
+    failed = [o for o in outcomes if isinstance(o, KernelCompileError)]
+    if failed:
+        return f"(does not compile for {failed[0].arch}: run `ninfer-rt kernels test {name}`)"
+    per_arch = {arch: entry_points(o.cubin) for arch, o in zip(archs, outcomes)}
+    ordered = list(dict.fromkeys(e for entries in per_arch.values() for e in entries))
+    if not ordered:
+        return f"(none for {', '.join(archs)})"
+    return " ".join(
+        e if all(e in found for found in per_arch.values()) else f"{e} ({'/'.join(a for a, f in per_arch.items() if e in f)} only)"
+        for e in ordered
+    )
 
 
 def _bench_table(results: list[Measurement], roofline: Roofline) -> str:

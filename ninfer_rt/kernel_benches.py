@@ -297,34 +297,39 @@ def bench_prefill_attention(
             layers = _kv_layers(s, attn, pages, kv_dtype)
             inputs = _step_inputs(s, [chunk], context, pages)
             q, out = s.filled(chunk * hq * d * BF16, "q"), s.filled(chunk * hq * d * BF16, "out")
-            # the split count as the executor picks it (graph capture must not allocate: the workspace is made here)
-            blocks = attention_ops.prefill_grid_blocks(chunk, 1, hq, attn.num_kv_heads)
-            resident = attention_ops.prefill_blocks_per_sm(s.lib, d, kv_dtype)
-            splits = attention_ops.prefill_num_splits(
-                blocks, s.device.sm_count, resident, context, attention_ops.prefill_workspace_blocks(s.device.sm_count)
-            )
-            for num_splits in (splits, 1) if splits > 1 and unsplit else (splits,):  # split cases are timed unsplit too
-                acc, ml = attention_ops.prefill_workspace_bytes(blocks * num_splits, d)
-                workspace = PrefillWorkspace(s.filled(acc, "partial_acc"), s.filled(ml, "partial_ml")) if num_splits > 1 else None
+            arch = attention_ops.library_arch(s.lib)
+            chosen = attention_ops.prefill_kernel(arch, d, kv_dtype)
+            portable = attention_ops.prefill_kernel(arch, d, kv_dtype, wgmma=False)
+            for wgmma in (None, False) if chosen != portable else (None,):  # the sm_90a kernel and the portable one
+                spec = attention_ops.prefill_kernel(arch, d, kv_dtype, wgmma).spec
+                # the split count as the executor picks it (graph capture must not allocate: the workspace is made here)
+                blocks = attention_ops.prefill_grid_blocks(chunk, 1, hq, attn.num_kv_heads)
+                resident = attention_ops.prefill_blocks_per_sm(s.lib, d, kv_dtype, wgmma)
+                splits = attention_ops.prefill_num_splits(
+                    blocks, s.device.sm_count, resident, context, attention_ops.prefill_workspace_blocks(s.device.sm_count)
+                )
+                for num_splits in (splits, 1) if splits > 1 and unsplit else (splits,):  # split cases are timed unsplit too
+                    acc, ml = attention_ops.prefill_workspace_bytes(blocks * num_splits, d)
+                    workspace = PrefillWorkspace(s.filled(acc, "partial_acc"), s.filled(ml, "partial_ml")) if num_splits > 1 else None
 
-                def launch(i: int, num_splits: int = num_splits, workspace: PrefillWorkspace | None = workspace) -> None:
-                    attention_ops.prefill_attention(
-                        s.lib, s.stream, q, out, layers[i % len(layers)], attn, inputs, [chunk], pages, kv_dtype=kv_dtype,
-                        pages_read=(), num_splits=num_splits, workspace=workspace,
-                    )
+                    def launch(i: int, num_splits: int = num_splits, workspace: PrefillWorkspace | None = workspace,
+                               wgmma: bool | None = wgmma) -> None:
+                        attention_ops.prefill_attention(
+                            s.lib, s.stream, q, out, layers[i % len(layers)], attn, inputs, [chunk], pages, kv_dtype=kv_dtype,
+                            pages_read=(), num_splits=num_splits, workspace=workspace, wgmma=wgmma,
+                        )
 
-                seconds = s.time(launch, len(layers))
-                attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
-                moved = 2 * chunk * hq * d * BF16 + kv_bytes(attn, context, kv_dtype)
-                spec = attention_ops.prefill_spec(d, kv_dtype)
-                name = spec.name + (" (split+combine)" if num_splits > 1 else "")
-                case = f"chunk={chunk} context={context} kv={kv_dtype} splits={num_splits}"
-                params = {
-                    "kernel": spec.name, "chunk": chunk, "context": context, "kv": kv_dtype, "q_heads": hq,
-                    "kv_heads": attn.num_kv_heads, "head_dim": d, "blocks_per_sm": resident, "num_splits": num_splits,
-                    "kv_copies": len(layers),
-                }
-                results.append(Measurement(name, case, seconds, moved, 4 * hq * d * attended, params))
+                    seconds = s.time(launch, len(layers))
+                    attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
+                    moved = 2 * chunk * hq * d * BF16 + kv_bytes(attn, context, kv_dtype)
+                    name = spec.name + (" (split+combine)" if num_splits > 1 else "")
+                    case = f"chunk={chunk} context={context} kv={kv_dtype} splits={num_splits}"
+                    params = {
+                        "kernel": spec.name, "chunk": chunk, "context": context, "kv": kv_dtype, "q_heads": hq,
+                        "kv_heads": attn.num_kv_heads, "head_dim": d, "blocks_per_sm": resident, "num_splits": num_splits,
+                        "kv_copies": len(layers),
+                    }
+                    results.append(Measurement(name, case, seconds, moved, 4 * hq * d * attended, params))
             s.release()
     return results
 
@@ -339,4 +344,5 @@ BENCHES: dict[str, BenchFunction] = {
     "rope_kv": bench_rope_kv,
     "decode_attention": bench_decode_attention,
     "prefill_attention": bench_prefill_attention,
+    "prefill_attention_sm90": bench_prefill_attention,  # times both prefill kernels where the sm_90a one runs
 }

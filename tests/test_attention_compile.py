@@ -148,11 +148,13 @@ class Launch:
     reads: tuple[object, ...]
     writes: tuple[object, ...]
     smem: int = 0
+    block: int = 0
 
 
 @dataclass
 class RecordingLibrary:
-    device: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(sm_count=H200_SMS))
+    device: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(sm_count=H200_SMS, arch="sm_90a"))
+    arch: str | None = None  # KernelLibrary's: None compiles for the device's arch
     launches: list[Launch] = field(default_factory=list)
 
     raised: dict[str, int] = field(default_factory=dict)  # raise_dynamic_smem calls: kernel name -> bytes
@@ -163,7 +165,7 @@ class RecordingLibrary:
             writes: tuple = (), lane: object = None,
         ) -> None:
             assert smem <= max(48 * 1024, self.raised.get(spec.name, 0)), f"{spec.name}: {smem} bytes of shared memory not raised"
-            self.launches.append(Launch(spec.name, grid, args, tuple(reads), tuple(writes), smem))
+            self.launches.append(Launch(spec.name, grid, args, tuple(reads), tuple(writes), smem, block))
 
         return SimpleNamespace(launch=launch, max_dynamic_smem=max(48 * 1024, self.raised.get(spec.name, 0)))
 
@@ -199,7 +201,7 @@ def logical_step(query_lens: list[int], context_lens: list[int], kv_dtype: str =
 
 @pytest.fixture(autouse=True)
 def h200_occupancy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(attention_ops, "decode_blocks_per_sm", lambda kernel, dynamic_smem=0: RESIDENT)
+    monkeypatch.setattr(attention_ops, "decode_blocks_per_sm", lambda kernel, dynamic_smem=0, threads=128: RESIDENT)
 
 
 def run_attention_op(lib: RecordingLibrary, step: SimpleNamespace) -> None:
@@ -249,10 +251,33 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
 def test_prefill_only_step_launches_no_decode_kernels() -> None:
     lib, step = RecordingLibrary(), logical_step([100], [100])
     run_attention_op(lib, step)
-    # a 100-token context (a 3-page block table) is too short to split
-    assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", "prefill_attention_d128_bf16"]
-    assert lib.launches[1].grid == (4, 4, 1) and lib.launches[1].writes == (step.out.resource,)
-    assert lib.launches[1].smem == attention_ops.prefill_smem_bytes(128, "bf16") == 69_632
+    # a 100-token context (a 3-page block table) is too short to split; sm_90a, bf16 KV, head_dim 128: wgmma
+    assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", "prefill_attention_sm90_d128_bf16"]
+    prefill = lib.launches[1]
+    assert prefill.grid == (4, 4, 1) and prefill.writes == (step.out.resource,)
+    assert (prefill.block, prefill.smem) == (256, attention_ops.PREFILL_SM90_SMEM) == (256, 99_328)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_120a"])
+def test_prefill_runs_the_mma_sync_kernel_on_every_other_arch(arch: str) -> None:
+    lib, step = RecordingLibrary(device=SimpleNamespace(sm_count=H200_SMS, arch=arch)), logical_step([100], [100])
+    run_attention_op(lib, step)
+    prefill = lib.launches[1]
+    assert (prefill.name, prefill.block) == ("prefill_attention_d128_bf16", 128)
+    assert prefill.smem == attention_ops.prefill_smem_bytes(128, "bf16") == 69_632
+
+
+def test_the_wgmma_prefill_kernel_is_chosen_only_where_it_applies() -> None:
+    def name(arch: str, d: int, kv: str, wgmma: bool | None = None) -> str:
+        return attention_ops.prefill_kernel(arch, d, kv, wgmma).spec.name
+
+    assert name("sm_90a", 128, "bf16") == "prefill_attention_sm90_d128_bf16"
+    assert name("sm_90a", 128, "bf16", wgmma=False) == "prefill_attention_d128_bf16"
+    assert name("sm_90a", 128, "int8") == "prefill_attention_d128_int8"
+    assert name("sm_90a", 64, "bf16") == "prefill_attention_d64_bf16"
+    assert name("sm_90", 128, "bf16") == "prefill_attention_d128_bf16"  # wgmma needs the arch-specific target
+    with pytest.raises(ValueError, match="needs sm_90a"):
+        attention_ops.prefill_kernel("sm_120a", 128, "bf16", wgmma=True)
 
 
 def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_long_chunk() -> None:
@@ -305,8 +330,9 @@ def test_wrappers_refuse_bad_geometry_before_launching() -> None:
 
 
 def test_a_prefill_step_given_its_context_length_splits_only_long_contexts() -> None:
-    for context, launches in ((300, ["rope_kv_d128_bf16", "prefill_attention_d128_bf16"]),
-                              (4000, ["rope_kv_d128_bf16", "prefill_attention_d128_bf16", "prefill_attention_combine_d128"])):
+    prefill = "prefill_attention_sm90_d128_bf16"  # RecordingLibrary's H200
+    for context, launches in ((300, ["rope_kv_d128_bf16", prefill]),
+                              (4000, ["rope_kv_d128_bf16", prefill, "prefill_attention_combine_d128"])):
         lib, step = RecordingLibrary(), logical_step([300], [4000])
         attention_ops.attention(
             lib, step.stream, step.qkv, step.out, step.params, step.kv, 0, inputs=step.inputs,

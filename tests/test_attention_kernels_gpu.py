@@ -247,10 +247,10 @@ def test_decode_attention_long_context_fills_many_splits(gpu: Gpu) -> None:
 # -- prefill attention ----------------------------------------------------------------------------------
 
 
-def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str) -> int:
+def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, wgmma: bool | None = None) -> int:
     """The split count prefill_attention picks for this batch on this GPU (its default path)."""
     blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv)
-    resident = attention_ops.prefill_blocks_per_sm(gpu.lib, d, kv_dtype)
+    resident = attention_ops.prefill_blocks_per_sm(gpu.lib, d, kv_dtype, wgmma)
     sm_count = gpu.lib.device.sm_count
     return attention_ops.prefill_num_splits(
         blocks, sm_count, resident, int(batch.context_lens.max()), attention_ops.prefill_workspace_blocks(sm_count)
@@ -258,7 +258,8 @@ def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: 
 
 
 def run_prefill(
-    gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None
+    gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None,
+    wgmma: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kernel output, float64 reference, P-rounding slack per element: p_rounding_slack for the kernel's P, bf16
     for bf16 KV, f16 for int8); the split partials live in a poisoned workspace of exactly the
@@ -268,14 +269,15 @@ def run_prefill(
     k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
     q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
-    splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kv_dtype)
+    splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kv_dtype, wgmma)
     blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv) * splits
     workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in attention_ops.prefill_workspace_bytes(blocks, d)))
-    print(f"prefill: {attention_ops.prefill_spec(d, kv_dtype).name}, {splits} split(s), {blocks} blocks")
+    kernel = attention_ops.prefill_kernel(attention_ops.library_arch(gpu.lib), d, kv_dtype, wgmma)
+    print(f"prefill: {kernel.spec.name}, {splits} split(s), {blocks} blocks")
     attention_ops.prefill_attention(
         gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),
         batch.query_lens.tolist(), batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
-        num_splits=splits, workspace=workspace,
+        num_splits=splits, workspace=workspace, wgmma=wgmma,
     )
     # int8: prefill_attention multiplies the exact int8 values and applies the scales in f32 (its header), so the
     # reference is the dequantized values themselves.
@@ -299,15 +301,27 @@ def test_prefill_attention_matches_float64(gpu: Gpu, kv_dtype: str, hq: int, hkv
     assert_close(out, expected, f"prefill {kv_dtype} hq={hq} hkv={hkv} C={chunk} L={context}", slack=slack)
 
 
+@pytest.mark.parametrize(("chunk", "context"), PREFILL_CASES)
+def test_prefill_attention_portable_kernel_matches_float64(gpu: Gpu, chunk: int, context: int) -> None:
+    # On sm_90a bf16 KV at head_dim 128 runs the wgmma kernel; the mma.sync one (every other arch) is held to the
+    # same reference here.
+    batch = make_batch(np.random.default_rng(chunk * 7 + context), [chunk], [context])
+    out, expected, slack = run_prefill(gpu, batch, 16, 4, 128, "bf16", wgmma=False)
+    assert_close(out, expected, f"prefill mma.sync bf16 C={chunk} L={context}", slack=slack)
+
+
+@pytest.mark.parametrize("wgmma", [None, False], ids=["default", "portable"])
 @pytest.mark.parametrize(("chunk", "context", "num_splits"), [(1000, 1000, None), (1000, 1000, 1), (300, 1000, 3)])
-def test_prefill_attention_bf16_is_exact_but_for_rounding_p_and_out(gpu: Gpu, chunk: int, context: int, num_splits: int | None) -> None:
+def test_prefill_attention_bf16_is_exact_but_for_rounding_p_and_out(
+    gpu: Gpu, chunk: int, context: int, num_splits: int | None, wgmma: bool | None
+) -> None:
     # No rms(e) term: every element within twice the worst case of rounding P to bf16 (p_rounding_slack) and out
     # to bf16 (2^-8 |e|), so the first rows of each causal tile (few keys, where an rms-relative bound is loosest
     # and a key too many or too few moves the output by ~p |v|) are held to what the arithmetic allows. A numpy
     # emulation of the kernel's math (f32 S, page-wise online softmax, bf16 P, f32 l, splits merged) stays within
     # 0.73 of the undoubled bound on these cases; a key added or dropped at each tile's first row exceeds it 13-60x.
     batch = make_batch(np.random.default_rng(chunk * 7 + context), [chunk], [context])
-    out, expected, slack = run_prefill(gpu, batch, 16, 4, 128, "bf16", num_splits=num_splits)
+    out, expected, slack = run_prefill(gpu, batch, 16, 4, 128, "bf16", num_splits=num_splits, wgmma=wgmma)
     error = np.abs(out.astype(np.float64) - expected)
     bound = 2 * (slack + 2.0**-8 * np.abs(expected)) + 2.0**-16
     bad = ~(error <= bound)

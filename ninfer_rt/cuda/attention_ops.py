@@ -1,9 +1,11 @@
-"""Launch wrappers for the attention families (kernels_src/{rope_kv,decode_attention,prefill_attention}.cu).
+"""Launch wrappers for the attention families (kernels_src/{rope_kv,decode_attention,prefill_attention,
+prefill_attention_sm90}.cu).
 
 A step's attention is three launches over the same step inputs: `rope_kv` (q/k norm, RoPE, K/V into the
 pages), then per sequence either flash-decoding (`decode_attention`, sequences with at most
 `decode_max_queries` new rows: decode and speculative verify) or the tensor-core prefill kernel
-(`prefill_attention`, longer chunks). Both attention kernels take the whole step's tables and skip the
+(`prefill_attention`, longer chunks: mma.sync on every arch, warpgroup MMAs on sm_90a where they apply,
+see prefill_kernel). Both attention kernels take the whole step's tables and skip the
 other kind's sequences, so a mixed step needs no re-packing on the host.
 
 KV pages are declared to the ordering verifier as ("kv", page) resources; the caller passes the page sets it
@@ -58,6 +60,11 @@ _ROPE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.F32, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32,
 _DECODE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_SIGNATURE = (Arg.PTR,) * 9 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_COMBINE_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) * 4
+# prefill_attention_sm90.cu (sm_90a, bf16 KV, head_dim 128): 2 warpgroups; Q and two buffers of the K and V
+# pages in shared memory, plus 1 KiB to align them to the 128-byte swizzle's 1024-byte atoms.
+PREFILL_SM90 = KernelSpec("prefill_attention_sm90", "prefill_attention_sm90_d128_bf16", _PREFILL_SIGNATURE)
+PREFILL_SM90_THREADS = 256
+PREFILL_SM90_SMEM = (128 * 128 + 2 * 2 * 64 * 128) * 2 + 1024
 DECODE_COMBINE = KernelSpec("decode_attention", "decode_attention_combine", (Arg.PTR,) * 4 + (Arg.I32,) * 5)
 
 STEP_INPUT_NAMES = ("positions", "query_start", "context_lens", "block_tables", "slot_mapping")
@@ -137,9 +144,9 @@ def decode_num_splits(
     return max(1, min(splits, MAX_SPLITS))
 
 
-def decode_blocks_per_sm(kernel: Kernel, dynamic_smem: int = 0) -> int:
+def decode_blocks_per_sm(kernel: Kernel, dynamic_smem: int = 0, threads: int = _THREADS) -> int:
     """Blocks of an attention kernel resident per SM (its registers and shared memory decide, per arch)."""
-    occupancy = cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, _THREADS, dynamic_smem)
+    occupancy = cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, threads, dynamic_smem)
     return int(check(occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
 
 
@@ -186,12 +193,35 @@ def prefill_smem_bytes(head_dim: int, kv_dtype: str) -> int:
     return (PREFILL_TILE_ROWS + 2 * PAGE_SIZE) * (head_dim + 8) * _BF16
 
 
-def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str) -> int:
-    """Blocks of a prefill kernel resident per SM (registers and shared memory decide, per arch)."""
-    spec = prefill_spec(head_dim, kv_dtype)
-    smem = prefill_smem_bytes(head_dim, kv_dtype)
-    _prefill_kernel(lib, spec, smem)  # the occupancy query needs the raised shared-memory limit
-    return _occupancy(lib, spec, smem)
+@dataclass(frozen=True)
+class PrefillKernel:
+    spec: KernelSpec
+    threads: int
+    smem: int  # dynamic shared memory
+
+
+def prefill_kernel(arch: str, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> PrefillKernel:
+    """The prefill attention kernel for `arch`: on sm_90a with bf16 KV at head_dim 128 the warpgroup-MMA one
+    (prefill_attention_sm90.cu), else, or with `wgmma` False, the mma.sync one every arch runs."""
+    applies = arch == "sm_90a" and kv_dtype == "bf16" and head_dim == 128
+    if wgmma and not applies:
+        raise ValueError(f"prefill_attention: the wgmma kernel needs sm_90a, bf16 KV and head_dim 128 ({arch}, {kv_dtype}, {head_dim})")
+    if applies and wgmma is not False:
+        return PrefillKernel(PREFILL_SM90, PREFILL_SM90_THREADS, PREFILL_SM90_SMEM)
+    return PrefillKernel(prefill_spec(head_dim, kv_dtype), _THREADS, prefill_smem_bytes(head_dim, kv_dtype))
+
+
+def library_arch(lib: KernelLibrary) -> str:
+    """The arch `lib` compiles for."""
+    return lib.arch or lib.device.arch
+
+
+def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> int:
+    """Blocks of the prefill kernel (prefill_kernel's choice) resident per SM (registers and shared memory
+    decide, per arch)."""
+    kernel = prefill_kernel(library_arch(lib), head_dim, kv_dtype, wgmma)
+    _prefill_kernel(lib, kernel.spec, kernel.smem)  # the occupancy query needs the raised shared-memory limit
+    return _occupancy(lib, kernel.spec, kernel.smem, kernel.threads)
 
 
 def prefill_num_splits(
@@ -399,9 +429,11 @@ def prefill_attention(
     num_splits: int | None = None,
     workspace: PrefillWorkspace | None = None,
     max_context_len: int | None = None,
+    wgmma: bool | None = None,
 ) -> None:
     """out rows of every sequence with more than decode_max_queries new rows = causal attention of the
-    chunk over the cached prefix and itself (prefill_attention.cu). Other sequences' rows are untouched.
+    chunk over the cached prefix and itself (prefill_attention.cu; prefill_kernel picks the kernel, `wgmma`
+    False forces the mma.sync one). Other sequences' rows are untouched.
 
     With `num_splits` None the split count is prefill_num_splits of the grid (tiles x kv heads x
     sequences), this device's SMs and the kernel's occupancy, the context bounded by `max_context_len`
@@ -425,8 +457,8 @@ def prefill_attention(
         **inputs.table_sizes(num_seqs, max_pages_per_seq),
     )
     tiles = math.ceil(longest / tile_queries)
-    spec = prefill_spec(d, kv_dtype)
-    smem = prefill_smem_bytes(d, kv_dtype)
+    chosen = prefill_kernel(library_arch(lib), d, kv_dtype, wgmma)
+    spec, threads, smem = chosen.spec, chosen.threads, chosen.smem
     kernel = _prefill_kernel(lib, spec, smem)
     grid_blocks = tiles * hkv * num_seqs
     if num_splits is None:
@@ -435,7 +467,7 @@ def prefill_attention(
             one_acc, one_ml = prefill_workspace_bytes(1, d)
             capacity = min(capacity, workspace.acc.nbytes // one_acc, workspace.ml.nbytes // one_ml)
         context = max_context_len if max_context_len is not None else max_pages_per_seq * PAGE_SIZE
-        num_splits = prefill_num_splits(grid_blocks, lib.device.sm_count, _occupancy(lib, spec, smem), context, capacity)
+        num_splits = prefill_num_splits(grid_blocks, lib.device.sm_count, _occupancy(lib, spec, smem, threads), context, capacity)
     if not 1 <= num_splits <= PREFILL_MAX_SPLITS:
         raise ValueError(f"prefill_attention: num_splits must be in [1, {PREFILL_MAX_SPLITS}], got {num_splits}")
     args = (q, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables, max_pages_per_seq,
@@ -443,7 +475,7 @@ def prefill_attention(
     reads = (q.resource, *inputs.tables, *pages_read)
     if num_splits == 1:
         kernel.launch(
-            stream, (tiles, hkv, num_seqs), _THREADS, out, 0, 0, *args, smem=smem,
+            stream, (tiles, hkv, num_seqs), threads, out, 0, 0, *args, smem=smem,
             label="prefill_attention", reads=reads, writes=(out.resource,), lane=lane,
         )
         return
@@ -453,7 +485,7 @@ def prefill_attention(
     _require_bytes("prefill_attention", partial_acc=(workspace.acc, acc_bytes), partial_ml=(workspace.ml, ml_bytes))
     partials = (workspace.acc.resource, workspace.ml.resource)
     kernel.launch(
-        stream, (tiles * num_splits, hkv, num_seqs), _THREADS, 0, workspace.acc, workspace.ml, *args, smem=smem,
+        stream, (tiles * num_splits, hkv, num_seqs), threads, 0, workspace.acc, workspace.ml, *args, smem=smem,
         label="prefill_attention", reads=reads, writes=partials, lane=lane,
     )
     lib.kernel(prefill_combine_spec(d)).launch(
@@ -516,14 +548,14 @@ def _scratch_for(lib: KernelLibrary, owner_buffer: Buffer, shape: AttentionShape
     return _scratch[key][1]
 
 
-_occupancies: dict[tuple[int, KernelSpec, int], tuple[KernelLibrary, int]] = {}
+_occupancies: dict[tuple[int, KernelSpec, int, int], tuple[KernelLibrary, int]] = {}
 
 
-def _occupancy(lib: KernelLibrary, spec: KernelSpec, dynamic_smem: int = 0) -> int:
-    """decode_blocks_per_sm, asked of the driver once per (library, kernel, dynamic shared memory)."""
-    key = (id(lib), spec, dynamic_smem)
+def _occupancy(lib: KernelLibrary, spec: KernelSpec, dynamic_smem: int = 0, threads: int = _THREADS) -> int:
+    """decode_blocks_per_sm, asked of the driver once per (library, kernel, shared memory, threads)."""
+    key = (id(lib), spec, dynamic_smem, threads)
     if key not in _occupancies:
-        _occupancies[key] = (lib, decode_blocks_per_sm(lib.kernel(spec), dynamic_smem))
+        _occupancies[key] = (lib, decode_blocks_per_sm(lib.kernel(spec), dynamic_smem, threads))
     return _occupancies[key][1]
 
 

@@ -1,0 +1,154 @@
+// What the prefill attention kernels share (prefill_attention.cu: mma.sync, every arch;
+// prefill_attention_sm90.cu: wgmma, sm_90a): the tile geometry of a block (GQA rows, causal key range,
+// key-range splits), the partial workspace's row index, and the per-m16-tile steps of the online softmax
+// and the store, on the accumulator layout both MMA kinds give a warp (rows g and g + 8 of a 16-row tile;
+// s[nt][e]: key 8 nt + 2c + (e & 1) of row g + 8 (e >> 1); g = lane / 4, c = lane % 4).
+// Included by the .cu files as "prefill_common.cuh" after attention_common.cuh; part of their cache keys.
+#pragma once
+#include "attention_common.cuh"
+
+constexpr int kFlashRows = 128;  // M rows (chunk row, q head) per block
+constexpr int kKeyTile = kPageSize;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Which rows and pages a block (or a combine block) works on; false when the block has nothing to do.
+struct PrefillTile {
+    int row0;             // the sequence's first row in q / out
+    int chunk;            // C
+    int ctx;              // L
+    int first_pos;        // L - C: position of chunk row 0
+    int group;            // G
+    int tile_queries;     // Qt = R / G chunk rows per tile
+    int q_begin;          // first chunk row of the tile
+    int num_key_tiles;    // pages the tile sees: its last row's keys
+    int pages_per_split;  // pps
+};
+
+__forceinline__ bool prefill_tile(PrefillTile& t, int tile, int seq, const int* context_lens, const int* query_start,
+                                  int decode_max_queries, int num_q_heads, int num_kv_heads, int num_splits, int tile_rows) {
+    t.row0 = query_start[seq];
+    t.chunk = query_start[seq + 1] - t.row0;
+    t.group = num_q_heads / num_kv_heads;
+    t.tile_queries = tile_rows / t.group;
+    t.q_begin = tile * t.tile_queries;
+    if (t.chunk <= decode_max_queries || t.q_begin >= t.chunk) return false;
+    t.ctx = context_lens[seq];
+    t.first_pos = t.ctx - t.chunk;
+    const int key_end = t.first_pos + min(t.q_begin + t.tile_queries, t.chunk);  // one past the tile's last key
+    t.num_key_tiles = (key_end + kKeyTile - 1) / kKeyTile;
+    const int pages = (t.ctx + kKeyTile - 1) / kKeyTile;
+    t.pages_per_split = (pages + num_splits - 1) / num_splits;
+    return true;
+}
+
+// Chunk row (relative to q_begin) of M row r, or -1 for padding rows and rows past the chunk.
+__forceinline__ int tile_query(const PrefillTile& t, int r) {
+    const int qi = r / t.group;
+    return qi < t.tile_queries && t.q_begin + qi < t.chunk ? qi : -1;
+}
+
+// Element offset of M row r's (row, q head) in q / out, for a valid row qi = tile_query(t, r).
+__forceinline__ long long tile_row_offset(const PrefillTile& t, int r, int qi, int kv_head, int num_q_heads, int head_dim) {
+    const int head = kv_head * t.group + (r - qi * t.group);
+    return ((long long)(t.row0 + t.q_begin + qi) * num_q_heads + head) * head_dim;
+}
+
+// Row index of M row r of (split, seq, tile, kv_head) in the partial workspace.
+__forceinline__ long long partial_row(int split, int seq, int num_seqs, int tile, int num_tiles, int kv_head,
+                                      int num_kv_heads, int r, int tile_rows) {
+    return ((((long long)split * num_seqs + seq) * num_tiles + tile) * num_kv_heads + kv_head) * tile_rows + r;
+}
+
+// 4-byte-word shared-memory address of a generic pointer into shared memory.
+__forceinline__ unsigned smem_address(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 2^x on the SFU (ex2.approx.ftz: 2 ulp; -inf -> +0).
+__forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Causal mask of one m16 tile of S over page kt: keys past a row's position -> -inf (rows g and g + 8 sit at
+// positions pos_lo and pos_hi).
+__forceinline__ void mask_causal(float (&s)[8][4], int kt, int pos_lo, int pos_hi, int c) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = kt * kKeyTile + nt * 8 + 2 * c + (e & 1);
+            if (key > (e < 2 ? pos_lo : pos_hi)) s[nt][e] = neg_inf();
+        }
+    }
+}
+
+// Online softmax of row g (h = 0) or g + 8 (h = 1) of one m16 tile over a page, in the log2 domain:
+// s <- p = 2^(s * scale * log2 e - m) with m the row's running max (scaled); l, this thread's share of the
+// row sum, rescaled and extended. Returns alpha, the factor the row's O must be rescaled by; `grew` is set
+// when the row's max grew (alpha < 1).
+__forceinline__ float softmax_rows(float (&s)[8][4], int h, float& m, float& l, float scale_log2, bool& grew) {
+    float tile_max = neg_inf();
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float m_new = fmaxf(m, tile_max * scale_log2);
+    const float m_use = m_new == neg_inf() ? 0.0f : m_new;  // nothing visible yet: keep exp2 away from NaN
+    const float alpha = fast_exp2(m - m_use);
+    grew |= m_new > m;
+    m = m_new;
+    float tile_sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            s[nt][e] = fast_exp2(fmaf(s[nt][e], scale_log2, -m_use));
+            tile_sum += s[nt][e];
+        }
+    }
+    l = l * alpha + tile_sum;
+    return alpha;
+}
+
+// Where a block's rows go: out (one split) or the partial workspace (several).
+struct PrefillOutput {
+    bf16* out;
+    float* partial_acc;
+    float* partial_ml;
+    int split, seq, tile, num_tiles, kv_head, num_q_heads, num_kv_heads, num_splits;
+};
+
+// Rows row0 + g and row0 + 8 + g of a block's tile: O (D dims as D / 8 n8 tiles) normalized into out, or
+// with the running max m and the row sum into the workspace. l is this thread's share of the row sum.
+template <int D>
+__forceinline__ void store_rows(const PrefillOutput& dst, const PrefillTile& t, const float (&o)[D / 8][4],
+                                const float (&m)[2], const float (&l)[2], int row0, int g, int c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float sum = l[h];  // spread over the 4 threads of the row's quad
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int r = row0 + 8 * h + g;
+        const int qi = tile_query(t, r);
+        if (qi < 0) continue;
+        if (dst.num_splits == 1) {
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            bf16* out = dst.out + tile_row_offset(t, r, qi, dst.kv_head, dst.num_q_heads, D) + 2 * c;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                *reinterpret_cast<unsigned*>(out + dt * 8) = pack_bf16x2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+            }
+        } else {
+            const long long prow = partial_row(dst.split, dst.seq, gridDim.z, dst.tile, dst.num_tiles, dst.kv_head,
+                                               dst.num_kv_heads, r, kFlashRows);
+            float* acc = dst.partial_acc + prow * D + 2 * c;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                *reinterpret_cast<float2*>(acc + dt * 8) = make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
+            }
+            if (c == 0) *reinterpret_cast<float2*>(dst.partial_ml + prow * 2) = make_float2(m[h], sum);
+        }
+    }
+}
