@@ -211,18 +211,14 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
     const unsigned k_at = smem_address(k_tile), v_at = smem_address(v_tile);
     const unsigned k_raw_at = smem_address(k_raw), v_raw_at = smem_address(v_raw);
 
-    const int num_tiles = gridDim.x / num_splits;
-    const int tile = num_tiles - 1 - blockIdx.x % num_tiles;  // the longest (last) causal tiles start first
-    const int split = blockIdx.x / num_tiles;
-    const int kv_head = blockIdx.y;
-    const int seq = blockIdx.z;
-    PrefillTile t;
-    if (!prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits, kFlashRows)) return;
-    const int kt_begin = split * t.pages_per_split;
-    const int kt_end = min(kt_begin + t.pages_per_split, t.num_key_tiles);
-    if (kt_begin >= kt_end) return;  // an empty split: the combine never reads it
-    const int ctx = t.ctx;
-    const int* pages = block_tables + (long long)seq * max_pages;
+    PrefillBlock b;
+    if (!prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads,
+                       num_kv_heads, num_splits)) {
+        return;
+    }
+    const PrefillTile& t = b.t;
+    const int kv_head = b.kv_head, kt_begin = b.kt_begin, kt_end = b.kt_end, ctx = t.ctx;
+    const int* pages = b.pages;
 
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
@@ -439,8 +435,9 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
     }
 
     // The tile's geometry again (cheap loads), rather than registers held through the loop.
-    prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits, kFlashRows);
-    const PrefillOutput dst{out, partial_acc, partial_ml, split, seq, tile, num_tiles, kv_head, num_q_heads, num_kv_heads, num_splits};
+    prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,
+                  num_splits);
+    const PrefillOutput dst = prefill_output(b, out, partial_acc, partial_ml, num_q_heads, num_kv_heads, num_splits);
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) store_rows<D>(dst, t, o[mt], m[mt], l[mt], warp_row + 16 * mt, g, c);
 }

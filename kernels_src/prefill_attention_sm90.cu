@@ -97,18 +97,12 @@ __forceinline__ void wgmma_prefill_attention(bf16* out, float* partial_acc, floa
     const unsigned smem_base = (smem_address(wg_smem) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
     const unsigned q_at = smem_base, k_at = q_at + 2 * kQHalf, v_at = k_at + 2 * 2 * kPageHalf;
 
-    const int num_tiles = gridDim.x / num_splits;
-    const int tile = num_tiles - 1 - blockIdx.x % num_tiles;  // the longest (last) causal tiles start first
-    const int split = blockIdx.x / num_tiles;
-    const int kv_head = blockIdx.y;
-    const int seq = blockIdx.z;
-    PrefillTile t;
-    if (!prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits, kFlashRows)) return;
-    const int kt_begin = split * t.pages_per_split;
-    const int kt_end = min(kt_begin + t.pages_per_split, t.num_key_tiles);
-    if (kt_begin >= kt_end) return;  // an empty split: the combine never reads it
-    const int ctx = t.ctx;
-    const int* pages = block_tables + (long long)seq * max_pages;
+    PrefillBlock b;
+    if (!prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads,
+                       num_kv_heads, num_splits)) {
+        return;
+    }
+    const PrefillTile& t = b.t;
 
     const int warpgroup = threadIdx.x >> 7;
     const int lane = threadIdx.x & 31;
@@ -120,14 +114,14 @@ __forceinline__ void wgmma_prefill_attention(bf16* out, float* partial_acc, floa
         const int i = threadIdx.x + j * kWgThreads;
         const int r = i >> 4, chunk = i & 15;
         const int qi = tile_query(t, r);
-        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + chunk * 8 : q;
+        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, b.kv_head, num_q_heads, D) + chunk * 8 : q;
         const unsigned to = q_at + (chunk >> 3) * kQHalf + swizzled(r, chunk);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(qi >= 0 ? 16 : 0));
     }
     {
-        const int keys = min(kKeyTile, ctx - kt_begin * kKeyTile);
-        load_page_swizzled(k_at, k_cache, pages[kt_begin], kv_head, num_kv_heads, keys);
-        load_page_swizzled(v_at, v_cache, pages[kt_begin], kv_head, num_kv_heads, keys);
+        const int keys = min(kKeyTile, t.ctx - b.kt_begin * kKeyTile);
+        load_page_swizzled(k_at, k_cache, b.pages[b.kt_begin], b.kv_head, num_kv_heads, keys);
+        load_page_swizzled(v_at, v_cache, b.pages[b.kt_begin], b.kv_head, num_kv_heads, keys);
     }
     cp_async_commit();
 
@@ -139,12 +133,12 @@ __forceinline__ void wgmma_prefill_attention(bf16* out, float* partial_acc, floa
     const float scale_log2 = scale * kLog2e;
     const unsigned q_rows = q_at + warpgroup * 64 * kSwizzleRow;
 
-    for (int kt = kt_begin; kt < kt_end; ++kt) {
-        const int buffer = (kt - kt_begin) & 1;
-        if (kt + 1 < kt_end) {  // the next page flies during this one's math
-            const int next_keys = min(kKeyTile, ctx - (kt + 1) * kKeyTile);
-            load_page_swizzled(k_at + (buffer ^ 1) * 2 * kPageHalf, k_cache, pages[kt + 1], kv_head, num_kv_heads, next_keys);
-            load_page_swizzled(v_at + (buffer ^ 1) * 2 * kPageHalf, v_cache, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+    for (int kt = b.kt_begin; kt < b.kt_end; ++kt) {
+        const int buffer = (kt - b.kt_begin) & 1;
+        if (kt + 1 < b.kt_end) {  // the next page flies during this one's math
+            const int next_keys = min(kKeyTile, t.ctx - (kt + 1) * kKeyTile);
+            load_page_swizzled(k_at + (buffer ^ 1) * 2 * kPageHalf, k_cache, b.pages[kt + 1], b.kv_head, num_kv_heads, next_keys);
+            load_page_swizzled(v_at + (buffer ^ 1) * 2 * kPageHalf, v_cache, b.pages[kt + 1], b.kv_head, num_kv_heads, next_keys);
         }
         cp_async_commit();
         cp_async_wait<1>();  // page kt (and Q) landed
@@ -197,8 +191,9 @@ __forceinline__ void wgmma_prefill_attention(bf16* out, float* partial_acc, floa
         __syncthreads();  // both warpgroups are done with page kt's buffer before it is refilled
     }
 
-    prefill_tile(t, tile, seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, num_splits, kFlashRows);
-    const PrefillOutput dst{out, partial_acc, partial_ml, split, seq, tile, num_tiles, kv_head, num_q_heads, num_kv_heads, num_splits};
+    prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,
+                  num_splits);
+    const PrefillOutput dst = prefill_output(b, out, partial_acc, partial_ml, num_q_heads, num_kv_heads, num_splits);
     store_rows<D>(dst, t, o, m, l, warp_row, g, c);
 }
 

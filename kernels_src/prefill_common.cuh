@@ -41,6 +41,34 @@ __forceinline__ bool prefill_tile(PrefillTile& t, int tile, int seq, const int* 
     return true;
 }
 
+// A prefill block's share of the grid: blockIdx.x = split * tiles + (tiles - 1 - tile) (the longest causal
+// tiles start first), blockIdx.y = kv head, blockIdx.z = sequence; pages [kt_begin, kt_end) of its split.
+struct PrefillBlock {
+    PrefillTile t;
+    int tile, split, num_tiles, kv_head, seq, kt_begin, kt_end;
+    const int* pages;  // the sequence's row of the block table
+};
+
+// false when the block has nothing to do (a decode sequence, a tile past the chunk, an empty split: the
+// combine never reads those).
+__forceinline__ bool prefill_block(PrefillBlock& b, const int* block_tables, int max_pages, const int* context_lens,
+                                   const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads,
+                                   int num_splits) {
+    b.num_tiles = gridDim.x / num_splits;
+    b.tile = b.num_tiles - 1 - blockIdx.x % b.num_tiles;
+    b.split = blockIdx.x / b.num_tiles;
+    b.kv_head = blockIdx.y;
+    b.seq = blockIdx.z;
+    if (!prefill_tile(b.t, b.tile, b.seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,
+                      num_splits, kFlashRows)) {
+        return false;
+    }
+    b.kt_begin = b.split * b.t.pages_per_split;
+    b.kt_end = min(b.kt_begin + b.t.pages_per_split, b.t.num_key_tiles);
+    b.pages = block_tables + (long long)b.seq * max_pages;
+    return b.kt_begin < b.kt_end;
+}
+
 // Chunk row (relative to q_begin) of M row r, or -1 for padding rows and rows past the chunk.
 __forceinline__ int tile_query(const PrefillTile& t, int r) {
     const int qi = r / t.group;
@@ -119,6 +147,11 @@ struct PrefillOutput {
     float* partial_ml;
     int split, seq, tile, num_tiles, kv_head, num_q_heads, num_kv_heads, num_splits;
 };
+
+__forceinline__ PrefillOutput prefill_output(const PrefillBlock& b, bf16* out, float* partial_acc, float* partial_ml,
+                                             int num_q_heads, int num_kv_heads, int num_splits) {
+    return {out, partial_acc, partial_ml, b.split, b.seq, b.tile, b.num_tiles, b.kv_head, num_q_heads, num_kv_heads, num_splits};
+}
 
 // Rows row0 + g and row0 + 8 + g of a block's tile: O (D dims as D / 8 n8 tiles) normalized into out, or
 // with the running max m and the row sum into the workspace. l is this thread's share of the row sum.
