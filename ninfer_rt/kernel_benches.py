@@ -287,51 +287,67 @@ def bench_prefill_attention(
     unsplit: bool = True,
 ) -> list[Measurement]:
     """One sequence of `chunk` new rows over `context` keys per case; the split count as the executor picks
-    it, split cases also timed unsplit (`unsplit`)."""
+    it, split cases also timed unsplit (`unsplit`). Where the arch has its own kernel (sm_90a, bf16 KV) the
+    portable mma.sync one is timed too, in the same run."""
     attn = attention_shape(shape)
-    hq, d = attn.num_heads, attn.head_dim
+    d = attn.head_dim
+    arch = attention_ops.library_arch(s.lib)
     results = []
     for kv_dtype in kv_kinds:
+        own = attention_ops.prefill_kernel(arch, d, kv_dtype) != attention_ops.prefill_kernel(arch, d, kv_dtype, wgmma=False)
         for chunk, context in cases:
-            pages = -(-context // attention_ops.PAGE_SIZE)
-            layers = _kv_layers(s, attn, pages, kv_dtype)
-            inputs = _step_inputs(s, [chunk], context, pages)
-            q, out = s.filled(chunk * hq * d * BF16, "q"), s.filled(chunk * hq * d * BF16, "out")
-            arch = attention_ops.library_arch(s.lib)
-            chosen = attention_ops.prefill_kernel(arch, d, kv_dtype)
-            portable = attention_ops.prefill_kernel(arch, d, kv_dtype, wgmma=False)
-            for wgmma in (None, False) if chosen != portable else (None,):  # the sm_90a kernel and the portable one
-                spec = attention_ops.prefill_kernel(arch, d, kv_dtype, wgmma).spec
-                # the split count as the executor picks it (graph capture must not allocate: the workspace is made here)
-                blocks = attention_ops.prefill_grid_blocks(chunk, 1, hq, attn.num_kv_heads)
-                resident = attention_ops.prefill_blocks_per_sm(s.lib, d, kv_dtype, wgmma)
-                splits = attention_ops.prefill_num_splits(
-                    blocks, s.device.sm_count, resident, context, attention_ops.prefill_workspace_blocks(s.device.sm_count)
-                )
-                for num_splits in (splits, 1) if splits > 1 and unsplit else (splits,):  # split cases are timed unsplit too
-                    acc, ml = attention_ops.prefill_workspace_bytes(blocks * num_splits, d)
-                    workspace = PrefillWorkspace(s.filled(acc, "partial_acc"), s.filled(ml, "partial_ml")) if num_splits > 1 else None
-
-                    def launch(i: int, num_splits: int = num_splits, workspace: PrefillWorkspace | None = workspace,
-                               wgmma: bool | None = wgmma) -> None:
-                        attention_ops.prefill_attention(
-                            s.lib, s.stream, q, out, layers[i % len(layers)], attn, inputs, [chunk], pages, kv_dtype=kv_dtype,
-                            pages_read=(), num_splits=num_splits, workspace=workspace, wgmma=wgmma,
-                        )
-
-                    seconds = s.time(launch, len(layers))
-                    attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
-                    moved = 2 * chunk * hq * d * BF16 + kv_bytes(attn, context, kv_dtype)
-                    name = spec.name + (" (split+combine)" if num_splits > 1 else "")
-                    case = f"chunk={chunk} context={context} kv={kv_dtype} splits={num_splits}"
-                    params = {
-                        "kernel": spec.name, "chunk": chunk, "context": context, "kv": kv_dtype, "q_heads": hq,
-                        "kv_heads": attn.num_kv_heads, "head_dim": d, "blocks_per_sm": resident, "num_splits": num_splits,
-                        "kv_copies": len(layers),
-                    }
-                    results.append(Measurement(name, case, seconds, moved, 4 * hq * d * attended, params))
+            prefill = _PrefillCase(s, attn, chunk, context, kv_dtype)
+            for wgmma in (None, False) if own else (None,):
+                results += prefill.measure(wgmma, unsplit)
             s.release()
     return results
+
+
+class _PrefillCase:
+    """One prefill case's device data (K/V copies rotated past L2, step inputs, q and out), timed per kernel."""
+
+    def __init__(self, s: BenchSession, attn: AttentionShape, chunk: int, context: int, kv_dtype: str) -> None:
+        self.s, self.attn, self.chunk, self.context, self.kv_dtype = s, attn, chunk, context, kv_dtype
+        self.pages = -(-context // attention_ops.PAGE_SIZE)
+        self.layers = _kv_layers(s, attn, self.pages, kv_dtype)
+        self.inputs = _step_inputs(s, [chunk], context, self.pages)
+        rows_bytes = chunk * attn.num_heads * attn.head_dim * BF16
+        self.q, self.out = s.filled(rows_bytes, "q"), s.filled(rows_bytes, "out")
+
+    def measure(self, wgmma: bool | None, unsplit: bool) -> list[Measurement]:
+        """The kernel prefill_kernel picks with `wgmma`, at the split count the executor would use (and,
+        with `unsplit`, at one split too); the workspace is made here, as graph capture must not allocate."""
+        s, attn, d = self.s, self.attn, self.attn.head_dim
+        spec = attention_ops.prefill_kernel(attention_ops.library_arch(s.lib), d, self.kv_dtype, wgmma).spec
+        blocks = attention_ops.prefill_grid_blocks(self.chunk, 1, attn.num_heads, attn.num_kv_heads)
+        resident = attention_ops.prefill_blocks_per_sm(s.lib, d, self.kv_dtype, wgmma)
+        splits = attention_ops.prefill_num_splits(
+            blocks, s.device.sm_count, resident, self.context, attention_ops.prefill_workspace_blocks(s.device.sm_count)
+        )
+        results = []
+        for num_splits in (splits, 1) if splits > 1 and unsplit else (splits,):
+            acc, ml = attention_ops.prefill_workspace_bytes(blocks * num_splits, d)
+            workspace = PrefillWorkspace(s.filled(acc, "partial_acc"), s.filled(ml, "partial_ml")) if num_splits > 1 else None
+
+            def launch(i: int, num_splits: int = num_splits, workspace: PrefillWorkspace | None = workspace) -> None:
+                attention_ops.prefill_attention(
+                    s.lib, s.stream, self.q, self.out, self.layers[i % len(self.layers)], attn, self.inputs, [self.chunk],
+                    self.pages, kv_dtype=self.kv_dtype, pages_read=(), num_splits=num_splits, workspace=workspace, wgmma=wgmma,
+                )
+
+            seconds = s.time(launch, len(self.layers))
+            chunk, context = self.chunk, self.context
+            attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
+            moved = 2 * chunk * attn.num_heads * d * BF16 + kv_bytes(attn, context, self.kv_dtype)
+            params = {
+                "kernel": spec.name, "chunk": chunk, "context": context, "kv": self.kv_dtype, "q_heads": attn.num_heads,
+                "kv_heads": attn.num_kv_heads, "head_dim": d, "blocks_per_sm": resident, "num_splits": num_splits,
+                "kv_copies": len(self.layers),
+            }
+            name = spec.name + (" (split+combine)" if num_splits > 1 else "")
+            case = f"chunk={chunk} context={context} kv={self.kv_dtype} splits={num_splits}"
+            results.append(Measurement(name, case, seconds, moved, 4 * attn.num_heads * d * attended, params))
+        return results
 
 
 BENCHES: dict[str, BenchFunction] = {
