@@ -65,43 +65,10 @@ __forceinline__ void mma16(float (&acc)[4], const unsigned (&a)[4], unsigned b0,
     }
 }
 
-// Two floats -> one f16x2 word, `lo` at the lower address (round to nearest even).
-__forceinline__ unsigned pack_f16x2(float lo, float hi) {
-    unsigned word;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(word) : "f"(hi), "f"(lo));
-    return word;
-}
-
-// Two floats -> the 16-bit pair the P.V product takes.
-template <bool kF16>
-__forceinline__ unsigned pack16x2(float lo, float hi) {
-    if constexpr (kF16) return pack_f16x2(lo, hi);
-    else return pack_bf16x2(lo, hi);
-}
-
-// Bytes 0, 1 (`high` false) or 2, 3 (`high` true) of a word of 4 int8 values as an exact f16x2 pair:
-// the byte + 128 becomes the low mantissa byte of 1024.0 (f16 0x6400: unit steps), minus 1152 = 1024 + 128.
-template <bool kHigh>
-__forceinline__ unsigned int8x2_to_f16x2(unsigned word) {
-    const unsigned biased = word ^ 0x80808080u;
-    const unsigned magic = __byte_perm(biased, 0x64646464u, kHigh ? 0x4342u : 0x4140u);
-    unsigned value;
-    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(value) : "r"(magic), "r"(0x64806480u));
-    return value;
-}
-
 // 16 int8 values (one 16-byte chunk of a key row) as exact f16 into 32 bytes of shared memory at `dst`.
 __forceinline__ void int8x16_to_f16(unsigned short* dst, uint4 raw) {
-    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
-    unsigned packed[8];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-        packed[2 * w] = int8x2_to_f16x2<false>(words[w]);
-        packed[2 * w + 1] = int8x2_to_f16x2<true>(words[w]);
-    }
     uint4* out = reinterpret_cast<uint4*>(dst);
-    out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    int8x16_to_f16x16(raw, out[0], out[1]);
 }
 
 // ---- The kernel: 128 M rows per block (4 warps x 32), Q in shared memory, every fragment through ldmatrix --

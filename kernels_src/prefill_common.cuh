@@ -99,6 +99,39 @@ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// Two floats -> one f16x2 word, `lo` at the lower address (round to nearest even).
+__forceinline__ unsigned pack_f16x2(float lo, float hi) {
+    unsigned word;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(word) : "f"(hi), "f"(lo));
+    return word;
+}
+
+// Two floats -> the 16-bit pair the P.V product takes.
+template <bool kF16>
+__forceinline__ unsigned pack16x2(float lo, float hi) {
+    if constexpr (kF16) return pack_f16x2(lo, hi);
+    else return pack_bf16x2(lo, hi);
+}
+
+// Bytes 0, 1 (`high` false) or 2, 3 (`high` true) of a word of 4 int8 values as an exact f16x2 pair:
+// the byte + 128 becomes the low mantissa byte of 1024.0 (f16 0x6400: unit steps), minus 1152 = 1024 + 128.
+template <bool kHigh>
+__forceinline__ unsigned int8x2_to_f16x2(unsigned word) {
+    const unsigned biased = word ^ 0x80808080u;
+    const unsigned magic = __byte_perm(biased, 0x64646464u, kHigh ? 0x4342u : 0x4140u);
+    unsigned value;
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(value) : "r"(magic), "r"(0x64806480u));
+    return value;
+}
+
+// 16 int8 values (a 16-byte chunk of a key row) as exact f16: values 0-7 in `lo`, 8-15 in `hi`.
+__forceinline__ void int8x16_to_f16x16(uint4 raw, uint4& lo, uint4& hi) {
+    lo = make_uint4(int8x2_to_f16x2<false>(raw.x), int8x2_to_f16x2<true>(raw.x), int8x2_to_f16x2<false>(raw.y),
+                    int8x2_to_f16x2<true>(raw.y));
+    hi = make_uint4(int8x2_to_f16x2<false>(raw.z), int8x2_to_f16x2<true>(raw.z), int8x2_to_f16x2<false>(raw.w),
+                    int8x2_to_f16x2<true>(raw.w));
+}
+
 // Causal mask of one m16 tile of S over page kt: keys past a row's position -> -inf (rows g and g + 8 sit at
 // positions pos_lo and pos_hi).
 __forceinline__ void mask_causal(float (&s)[8][4], int kt, int pos_lo, int pos_hi, int c) {

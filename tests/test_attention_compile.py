@@ -229,7 +229,7 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
     run_attention_op(lib, step)
     names = [launch.name for launch in lib.launches]
     assert names == [
-        "rope_kv_d128_int8", "decode_attention_d128_int8", "decode_attention_combine", "prefill_attention_d128_int8",
+        "rope_kv_d128_int8", "decode_attention_d128_int8", "decode_attention_combine", "prefill_attention_sm90_d128_int8",
         "prefill_attention_combine_d128",
     ]
     # 4 verify rows x GQA group 4 = 16 rows per kv head: two row groups of 8 per split
@@ -242,7 +242,7 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
     splits = attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, attention_ops.prefill_workspace_blocks(H200_SMS))
     assert splits > 1
     assert prefill.grid == (10 * splits, 4, 3) and set(step.read) <= set(prefill.reads)
-    assert prefill.smem == attention_ops.prefill_smem_bytes(128, "int8") == 71_168
+    assert (prefill.block, prefill.smem) == (256, attention_ops.prefill_sm90_smem("int8")) == (256, 100_352)
     assert step.out.resource not in prefill.writes and len(prefill.writes) == 2
     assert combine.grid == (10 * 128 // 16, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
     assert not any(r[0] == "kv" for r in combine.reads)
@@ -255,7 +255,7 @@ def test_prefill_only_step_launches_no_decode_kernels() -> None:
     assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", "prefill_attention_sm90_d128_bf16"]
     prefill = lib.launches[1]
     assert prefill.grid == (4, 4, 1) and prefill.writes == (step.out.resource,)
-    assert (prefill.block, prefill.smem) == (256, attention_ops.PREFILL_SM90_SMEM) == (256, 99_328)
+    assert (prefill.block, prefill.smem) == (256, attention_ops.prefill_sm90_smem("bf16")) == (256, 99_328)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_120a"])
@@ -273,7 +273,8 @@ def test_the_wgmma_prefill_kernel_is_chosen_only_where_it_applies() -> None:
 
     assert name("sm_90a", 128, "bf16") == "prefill_attention_sm90_d128_bf16"
     assert name("sm_90a", 128, "bf16", wgmma=False) == "prefill_attention_d128_bf16"
-    assert name("sm_90a", 128, "int8") == "prefill_attention_d128_int8"
+    assert name("sm_90a", 128, "int8") == "prefill_attention_sm90_d128_int8"
+    assert name("sm_90a", 128, "int8", wgmma=False) == "prefill_attention_d128_int8"
     assert name("sm_90a", 64, "bf16") == "prefill_attention_d64_bf16"
     assert name("sm_90", 128, "bf16") == "prefill_attention_d128_bf16"  # wgmma needs the arch-specific target
     with pytest.raises(ValueError, match="needs sm_90a"):

@@ -301,13 +301,14 @@ def test_prefill_attention_matches_float64(gpu: Gpu, kv_dtype: str, hq: int, hkv
     assert_close(out, expected, f"prefill {kv_dtype} hq={hq} hkv={hkv} C={chunk} L={context}", slack=slack)
 
 
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
 @pytest.mark.parametrize(("chunk", "context"), PREFILL_CASES)
-def test_prefill_attention_portable_kernel_matches_float64(gpu: Gpu, chunk: int, context: int) -> None:
-    # On sm_90a bf16 KV at head_dim 128 runs the wgmma kernel; the mma.sync one (every other arch) is held to the
-    # same reference here.
+def test_prefill_attention_portable_kernel_matches_float64(gpu: Gpu, chunk: int, context: int, kv_dtype: str) -> None:
+    # On sm_90a head_dim 128 runs the wgmma kernel; the mma.sync one (every other arch) is held to the same
+    # reference here.
     batch = make_batch(np.random.default_rng(chunk * 7 + context), [chunk], [context])
-    out, expected, slack = run_prefill(gpu, batch, 16, 4, 128, "bf16", wgmma=False)
-    assert_close(out, expected, f"prefill mma.sync bf16 C={chunk} L={context}", slack=slack)
+    out, expected, slack = run_prefill(gpu, batch, 16, 4, 128, kv_dtype, wgmma=False)
+    assert_close(out, expected, f"prefill mma.sync {kv_dtype} C={chunk} L={context}", slack=slack)
 
 
 @pytest.mark.parametrize("wgmma", [None, False], ids=["default", "portable"])

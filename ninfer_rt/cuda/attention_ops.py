@@ -60,11 +60,7 @@ _ROPE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.F32, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32,
 _DECODE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_SIGNATURE = (Arg.PTR,) * 9 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_COMBINE_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) * 4
-# prefill_attention_sm90.cu (sm_90a, bf16 KV, head_dim 128): 2 warpgroups; Q and two buffers of the K and V
-# pages in shared memory, plus 1 KiB to align them to the 128-byte swizzle's 1024-byte atoms.
-PREFILL_SM90 = KernelSpec("prefill_attention_sm90", "prefill_attention_sm90_d128_bf16", _PREFILL_SIGNATURE)
-PREFILL_SM90_THREADS = 256
-PREFILL_SM90_SMEM = (128 * 128 + 2 * 2 * 64 * 128) * 2 + 1024
+PREFILL_SM90_THREADS = 256  # prefill_attention_sm90.cu: 2 warpgroups
 DECODE_COMBINE = KernelSpec("decode_attention", "decode_attention_combine", (Arg.PTR,) * 4 + (Arg.I32,) * 5)
 
 STEP_INPUT_NAMES = ("positions", "query_start", "context_lens", "block_tables", "slot_mapping")
@@ -201,14 +197,28 @@ class PrefillKernel:
 
 
 def prefill_kernel(arch: str, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> PrefillKernel:
-    """The prefill attention kernel for `arch`: on sm_90a with bf16 KV at head_dim 128 the warpgroup-MMA one
+    """The prefill attention kernel for `arch`: on sm_90a at head_dim 128 the warpgroup-MMA one
     (prefill_attention_sm90.cu), else, or with `wgmma` False, the mma.sync one every arch runs."""
-    applies = arch == "sm_90a" and kv_dtype == "bf16" and head_dim == 128
+    applies = arch == "sm_90a" and head_dim == 128
     if wgmma and not applies:
-        raise ValueError(f"prefill_attention: the wgmma kernel needs sm_90a, bf16 KV and head_dim 128 ({arch}, {kv_dtype}, {head_dim})")
+        raise ValueError(f"prefill_attention: the wgmma kernel needs sm_90a and head_dim 128 ({arch}, {head_dim})")
     if applies and wgmma is not False:
-        return PrefillKernel(PREFILL_SM90, PREFILL_SM90_THREADS, PREFILL_SM90_SMEM)
+        return PrefillKernel(prefill_sm90_spec(kv_dtype), PREFILL_SM90_THREADS, prefill_sm90_smem(kv_dtype))
     return PrefillKernel(prefill_spec(head_dim, kv_dtype), _THREADS, prefill_smem_bytes(head_dim, kv_dtype))
+
+
+def prefill_sm90_spec(kv_dtype: str) -> KernelSpec:
+    return KernelSpec("prefill_attention_sm90", f"prefill_attention_sm90_d128_{kv_dtype}", _PREFILL_SIGNATURE)
+
+
+def prefill_sm90_smem(kv_dtype: str) -> int:
+    """WgSmem<int8>::kBytes in prefill_attention_sm90.cu, plus 1 KiB to align it to the 128-byte swizzle's
+    1024-byte atoms: Q [128][128] 16-bit; bf16: two buffers of the K and V page tiles [64][128]; int8: one f16 K
+    and V tile, two buffers of the raw pages [64][128] bytes and of their 64 f32 scales each."""
+    q, tile = PREFILL_TILE_ROWS * 128 * _BF16, PAGE_SIZE * 128 * _BF16
+    if kv_dtype == "int8":
+        return q + 2 * tile + 2 * 2 * PAGE_SIZE * 128 + 2 * 2 * PAGE_SIZE * _F32 + 1024
+    return q + 2 * 2 * tile + 1024
 
 
 def library_arch(lib: KernelLibrary) -> str:
