@@ -1,8 +1,9 @@
 // What the prefill attention kernels share (prefill_attention.cu: mma.sync, every arch;
 // prefill_attention_sm90.cu: wgmma, sm_90a): the tile geometry of a block (GQA rows, causal key range,
-// key-range splits), the partial workspace's row index, and the per-m16-tile steps of the online softmax
-// and the store, on the accumulator layout both MMA kinds give a warp (rows g and g + 8 of a 16-row tile;
-// s[nt][e]: key 8 nt + 2c + (e & 1) of row g + 8 (e >> 1); g = lane / 4, c = lane % 4).
+// key-range splits), the partial workspace's row index, the exact int8 -> f16 conversion and 16-bit packing
+// of int8 KV, and the per-m16-tile steps of the online softmax and the store, on the accumulator layout both
+// MMA kinds give a warp (rows g and g + 8 of a 16-row tile; s[nt][e]: key 8 nt + 2c + (e & 1) of row
+// g + 8 (e >> 1); g = lane / 4, c = lane % 4).
 // Included by the .cu files as "prefill_common.cuh" after attention_common.cuh; part of their cache keys.
 #pragma once
 #include "attention_common.cuh"
