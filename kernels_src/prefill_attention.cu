@@ -302,18 +302,9 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
                 }
             }
         }
-        if constexpr (kInt8) {  // S columns times their keys' K scales
+        if constexpr (kInt8) {
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const float2 sc = *reinterpret_cast<const float2*>(k_scale_tile + nt * 8 + 2 * c);
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    s[mt][nt][0] *= sc.x;
-                    s[mt][nt][1] *= sc.y;
-                    s[mt][nt][2] *= sc.x;
-                    s[mt][nt][3] *= sc.y;
-                }
-            }
+            for (int mt = 0; mt < 2; ++mt) scale_key_columns(s[mt], k_scale_tile, c);
         }
         // Causal mask, only on pages reaching past the tile's first position (earlier keys are visible to
         // every row and lie inside the context). Padding rows sit past the tile; zero Q keeps them finite,
@@ -335,37 +326,13 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
         }
         if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-                for (int dt = 0; dt < kDimTiles; ++dt) {
-                    o[mt][dt][0] *= alpha[mt][0];
-                    o[mt][dt][1] *= alpha[mt][0];
-                    o[mt][dt][2] *= alpha[mt][1];
-                    o[mt][dt][3] *= alpha[mt][1];
-                }
-            }
+            for (int mt = 0; mt < 2; ++mt) rescale_rows(o[mt], alpha[mt]);
         }
-
-        // P as the A fragments of P.V, packed now so only half the registers stay live through the wait: the
-        // accumulator layout of S tiles 2kk, 2kk+1 is the A-fragment layout of P[:, 16kk : 16kk+16] (keys
-        // 16kk + 2c, +1 and 16kk + 8 + 2c, +1). int8: P's columns times their keys' V scales (loaded with K)
-        // before rounding to f16.
+        // P packed now so only half the registers stay live through the wait (int8: with V's scales, loaded
+        // with K).
         unsigned pa[2][kKeyTile / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-            float2 vs0 = make_float2(1.0f, 1.0f), vs1 = make_float2(1.0f, 1.0f);
-            if constexpr (kInt8) {
-                vs0 = *reinterpret_cast<const float2*>(v_scale_tile + kk * 16 + 2 * c);
-                vs1 = *reinterpret_cast<const float2*>(v_scale_tile + kk * 16 + 8 + 2 * c);
-            }
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                pa[mt][kk][0] = pack16x2<kInt8>(s[mt][2 * kk][0] * vs0.x, s[mt][2 * kk][1] * vs0.y);
-                pa[mt][kk][1] = pack16x2<kInt8>(s[mt][2 * kk][2] * vs0.x, s[mt][2 * kk][3] * vs0.y);
-                pa[mt][kk][2] = pack16x2<kInt8>(s[mt][2 * kk + 1][0] * vs1.x, s[mt][2 * kk + 1][1] * vs1.y);
-                pa[mt][kk][3] = pack16x2<kInt8>(s[mt][2 * kk + 1][2] * vs1.x, s[mt][2 * kk + 1][3] * vs1.y);
-            }
-        }
+        for (int mt = 0; mt < 2; ++mt) pack_p<kInt8>(s[mt], pa[mt], v_scale_tile, c);
 
         cp_async_wait<0>();  // V(kt) landed; every warp is done with K(kt) and the scales of page kt
         __syncthreads();

@@ -195,23 +195,21 @@ __forceinline__ void wgmma_prefill_attention(bf16* out, float* partial_acc, floa
         }
     };
 
-    // Q tile (padding rows and rows past the chunk zero-filled) and the first page.
+    // Q tile (padding rows and rows past the chunk zero-filled) and the first page. Thread x copies chunks
+    // i = x + 256 j of Q: row i / 16, 16-byte chunk i % 16.
+    auto q_chunk = [&](int i) { return S::kQ + ((i & 15) >> 3) * kQHalf + swizzled(i >> 4, i & 15); };
     for (int j = 0; j < kFlashRows * 16 / kWgThreads; ++j) {
         const int i = threadIdx.x + j * kWgThreads;
-        const int r = i >> 4, chunk = i & 15;
-        const int qi = tile_query(t, r);
-        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, b.kv_head, num_q_heads, D) + chunk * 8 : q;
-        const unsigned to = q_at + (chunk >> 3) * kQHalf + swizzled(r, chunk);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(qi >= 0 ? 16 : 0));
+        const int r = i >> 4, qi = tile_query(t, r);
+        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, b.kv_head, num_q_heads, D) + (i & 15) * 8 : q;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(aligned + q_chunk(i)), "l"(src), "r"(qi >= 0 ? 16 : 0));
     }
     load(b.kt_begin);
     cp_async_commit();
     if constexpr (kInt8) {  // int8 KV multiplies in f16 (exact int8 values): this thread's Q chunks bf16 -> f16
         cp_async_wait<0>();
         for (int j = 0; j < kFlashRows * 16 / kWgThreads; ++j) {
-            const int i = threadIdx.x + j * kWgThreads;
-            const int r = i >> 4, chunk = i & 15;
-            uint4* at = reinterpret_cast<uint4*>(smem + S::kQ + (chunk >> 3) * kQHalf + swizzled(r, chunk));
+            uint4* at = reinterpret_cast<uint4*>(smem + q_chunk(threadIdx.x + j * kWgThreads));
             const uint4 v = *at;
             *at = make_uint4(pack_f16x2(bf16_lo(v.x), bf16_hi(v.x)), pack_f16x2(bf16_lo(v.y), bf16_hi(v.y)),
                              pack_f16x2(bf16_lo(v.z), bf16_hi(v.z)), pack_f16x2(bf16_lo(v.w), bf16_hi(v.w)));
@@ -249,16 +247,7 @@ __forceinline__ void wgmma_prefill_attention(bf16* out, float* partial_acc, floa
         wgmma_wait_all();
         keep_in_place(s);
 
-        if constexpr (kInt8) {  // S columns times their keys' K scales
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const float2 sc = *reinterpret_cast<const float2*>(k_scales + buffer * kKeyTile + nt * 8 + 2 * c);
-                s[nt][0] *= sc.x;
-                s[nt][1] *= sc.y;
-                s[nt][2] *= sc.x;
-                s[nt][3] *= sc.y;
-            }
-        }
+        if constexpr (kInt8) scale_key_columns(s, k_scales + buffer * kKeyTile, c);
         if (kt * kKeyTile + kKeyTile - 1 > min_pos) {
             mask_causal(s, kt, min_pos + (warp_row + g) / t.group, min_pos + (warp_row + 8 + g) / t.group, c);
         }
@@ -266,28 +255,9 @@ __forceinline__ void wgmma_prefill_attention(bf16* out, float* partial_acc, floa
         float alpha[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) alpha[h] = softmax_rows(s, h, m[h], l[h], scale_log2, grew);
-#pragma unroll
-        for (int dt = 0; dt < kDimTiles; ++dt) {
-            o[dt][0] *= alpha[0];
-            o[dt][1] *= alpha[0];
-            o[dt][2] *= alpha[1];
-            o[dt][3] *= alpha[1];
-        }
-        // P as the A fragments of P V: S tiles 2kk, 2kk + 1 hold P[:, 16kk : 16kk + 16] in that layout. int8: P's
-        // columns times their keys' V scales before rounding to f16.
+        rescale_rows(o, alpha);
         unsigned pa[kKeyTile / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-            float2 vs0 = make_float2(1.0f, 1.0f), vs1 = make_float2(1.0f, 1.0f);
-            if constexpr (kInt8) {
-                vs0 = *reinterpret_cast<const float2*>(v_scales + buffer * kKeyTile + kk * 16 + 2 * c);
-                vs1 = *reinterpret_cast<const float2*>(v_scales + buffer * kKeyTile + kk * 16 + 8 + 2 * c);
-            }
-            pa[kk][0] = pack16x2<kInt8>(s[2 * kk][0] * vs0.x, s[2 * kk][1] * vs0.y);
-            pa[kk][1] = pack16x2<kInt8>(s[2 * kk][2] * vs0.x, s[2 * kk][3] * vs0.y);
-            pa[kk][2] = pack16x2<kInt8>(s[2 * kk + 1][0] * vs1.x, s[2 * kk + 1][1] * vs1.y);
-            pa[kk][3] = pack16x2<kInt8>(s[2 * kk + 1][2] * vs1.x, s[2 * kk + 1][3] * vs1.y);
-        }
+        pack_p<kInt8>(s, pa, v_scales + buffer * kKeyTile, c);
         keep_in_place(o);
         wgmma_fence();
 #pragma unroll

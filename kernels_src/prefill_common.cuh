@@ -1,7 +1,7 @@
 // What the prefill attention kernels share (prefill_attention.cu: mma.sync, every arch;
 // prefill_attention_sm90.cu: wgmma, sm_90a): the tile geometry of a block (GQA rows, causal key range,
 // key-range splits), the partial workspace's row index, the exact int8 -> f16 conversion and 16-bit packing
-// of int8 KV, and the per-m16-tile steps of the online softmax and the store, on the accumulator layout both
+// of int8 KV, and the per-m16-tile steps of the online softmax (with the int8 scales), P's packing and the store, on the accumulator layout both
 // MMA kinds give a warp (rows g and g + 8 of a 16-row tile; s[nt][e]: key 8 nt + 2c + (e & 1) of row
 // g + 8 (e >> 1); g = lane / 4, c = lane % 4).
 // Included by the .cu files as "prefill_common.cuh" after attention_common.cuh; part of their cache keys.
@@ -172,6 +172,49 @@ __forceinline__ float softmax_rows(float (&s)[8][4], int h, float& m, float& l, 
     }
     l = l * alpha + tile_sum;
     return alpha;
+}
+
+// int8 K: S's columns (one m16 tile over a page) times their keys' scales, scales[64] of the page.
+__forceinline__ void scale_key_columns(float (&s)[8][4], const float* scales, int c) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const float2 sc = *reinterpret_cast<const float2*>(scales + nt * 8 + 2 * c);
+        s[nt][0] *= sc.x;
+        s[nt][1] *= sc.y;
+        s[nt][2] *= sc.x;
+        s[nt][3] *= sc.y;
+    }
+}
+
+// O's rows g and g + 8 (one m16 tile, N n8 tiles) times their softmax_rows alphas.
+template <int N>
+__forceinline__ void rescale_rows(float (&o)[N][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < N; ++dt) {
+        o[dt][0] *= alpha[0];
+        o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1];
+        o[dt][3] *= alpha[1];
+    }
+}
+
+// P (one m16 tile over a page) as the A fragments of P V: the accumulator layout of S tiles 2kk, 2kk + 1 is
+// the A-fragment layout of P[:, 16kk : 16kk + 16] (keys 16kk + 2c, +1 and 16kk + 8 + 2c, +1). kF16 (int8
+// KV): P's columns times their keys' V scales (v_scales[64]) before rounding to f16; else bf16, unscaled.
+template <bool kF16>
+__forceinline__ void pack_p(const float (&s)[8][4], unsigned (&p)[kKeyTile / 16][4], const float* v_scales, int c) {
+#pragma unroll
+    for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+        float2 vs0 = make_float2(1.0f, 1.0f), vs1 = make_float2(1.0f, 1.0f);
+        if constexpr (kF16) {
+            vs0 = *reinterpret_cast<const float2*>(v_scales + kk * 16 + 2 * c);
+            vs1 = *reinterpret_cast<const float2*>(v_scales + kk * 16 + 8 + 2 * c);
+        }
+        p[kk][0] = pack16x2<kF16>(s[2 * kk][0] * vs0.x, s[2 * kk][1] * vs0.y);
+        p[kk][1] = pack16x2<kF16>(s[2 * kk][2] * vs0.x, s[2 * kk][3] * vs0.y);
+        p[kk][2] = pack16x2<kF16>(s[2 * kk + 1][0] * vs1.x, s[2 * kk + 1][1] * vs1.y);
+        p[kk][3] = pack16x2<kF16>(s[2 * kk + 1][2] * vs1.x, s[2 * kk + 1][3] * vs1.y);
+    }
 }
 
 // Where a block's rows go: out (one split) or the partial workspace (several).

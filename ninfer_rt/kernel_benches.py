@@ -291,7 +291,7 @@ def bench_prefill_attention(
     portable mma.sync one is timed too, in the same run."""
     attn = attention_shape(shape)
     d = attn.head_dim
-    arch = attention_ops.library_arch(s.lib)
+    arch = s.lib.target_arch
     results = []
     for kv_dtype in kv_kinds:
         own = attention_ops.prefill_kernel(arch, d, kv_dtype) != attention_ops.prefill_kernel(arch, d, kv_dtype, wgmma=False)
@@ -318,7 +318,7 @@ class _PrefillCase:
         """The kernel prefill_kernel picks with `wgmma`, at the split count the executor would use (and,
         with `unsplit`, at one split too); the workspace is made here, as graph capture must not allocate."""
         s, attn, d = self.s, self.attn, self.attn.head_dim
-        spec = attention_ops.prefill_kernel(attention_ops.library_arch(s.lib), d, self.kv_dtype, wgmma).spec
+        spec = attention_ops.prefill_kernel(s.lib.target_arch, d, self.kv_dtype, wgmma).spec
         blocks = attention_ops.prefill_grid_blocks(self.chunk, 1, attn.num_heads, attn.num_kv_heads)
         resident = attention_ops.prefill_blocks_per_sm(s.lib, d, self.kv_dtype, wgmma)
         splits = attention_ops.prefill_num_splits(

@@ -155,6 +155,10 @@ class Launch:
 class RecordingLibrary:
     device: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(sm_count=H200_SMS, arch="sm_90a"))
     arch: str | None = None  # KernelLibrary's: None compiles for the device's arch
+
+    @property
+    def target_arch(self) -> str:
+        return self.arch or self.device.arch
     launches: list[Launch] = field(default_factory=list)
 
     raised: dict[str, int] = field(default_factory=dict)  # raise_dynamic_smem calls: kernel name -> bytes

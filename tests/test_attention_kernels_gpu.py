@@ -272,7 +272,7 @@ def run_prefill(
     splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kv_dtype, wgmma)
     blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv) * splits
     workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in attention_ops.prefill_workspace_bytes(blocks, d)))
-    kernel = attention_ops.prefill_kernel(attention_ops.library_arch(gpu.lib), d, kv_dtype, wgmma)
+    kernel = attention_ops.prefill_kernel(gpu.lib.target_arch, d, kv_dtype, wgmma)
     print(f"prefill: {kernel.spec.name}, {splits} split(s), {blocks} blocks")
     attention_ops.prefill_attention(
         gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),

@@ -221,15 +221,10 @@ def prefill_sm90_smem(kv_dtype: str) -> int:
     return q + 2 * 2 * tile + 1024
 
 
-def library_arch(lib: KernelLibrary) -> str:
-    """The arch `lib` compiles for."""
-    return lib.arch or lib.device.arch
-
-
 def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> int:
     """Blocks of the prefill kernel (prefill_kernel's choice) resident per SM (registers and shared memory
     decide, per arch)."""
-    kernel = prefill_kernel(library_arch(lib), head_dim, kv_dtype, wgmma)
+    kernel = prefill_kernel(lib.target_arch, head_dim, kv_dtype, wgmma)
     _prefill_kernel(lib, kernel.spec, kernel.smem)  # the occupancy query needs the raised shared-memory limit
     return _occupancy(lib, kernel.spec, kernel.smem, kernel.threads)
 
@@ -467,7 +462,7 @@ def prefill_attention(
         **inputs.table_sizes(num_seqs, max_pages_per_seq),
     )
     tiles = math.ceil(longest / tile_queries)
-    chosen = prefill_kernel(library_arch(lib), d, kv_dtype, wgmma)
+    chosen = prefill_kernel(lib.target_arch, d, kv_dtype, wgmma)
     spec, threads, smem = chosen.spec, chosen.threads, chosen.smem
     kernel = _prefill_kernel(lib, spec, smem)
     grid_blocks = tiles * hkv * num_seqs

@@ -127,6 +127,11 @@ class KernelLibrary:
     _modules: dict[str, object] = field(default_factory=dict, init=False)
     _kernels: dict[KernelSpec, Kernel] = field(default_factory=dict, init=False)
 
+    @property
+    def target_arch(self) -> str:
+        """The arch the kernels are compiled for."""
+        return self.arch or self.device.arch
+
     def kernel(self, spec: KernelSpec) -> Kernel:
         if spec not in self._kernels:
             name = spec.name.encode()
@@ -147,7 +152,7 @@ class KernelLibrary:
     def preload(self, names: list[str]) -> None:
         """Compile (in parallel) and load `names` now, so no request pays for NVRTC; a cold cache's compile
         time goes to stderr, a warm start says nothing."""
-        arch = self.arch or self.device.arch
+        arch = self.target_arch
         missing = [name for name in names if name not in self._modules]
         started = time.perf_counter()
         outcomes = compile_many([(name, arch) for name in missing])
@@ -163,7 +168,7 @@ class KernelLibrary:
 
     def _module(self, family: str) -> object:
         if family not in self._modules:
-            compiled = compile_family(family, self.arch or self.device.arch)
+            compiled = compile_family(family, self.target_arch)
             self._modules[family] = check(cu.cuModuleLoadData(compiled.cubin), f"cuModuleLoadData({family})")
         return self._modules[family]
 
