@@ -23,7 +23,14 @@
 #include "prefill_common.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-constexpr int kWgThreads = 256;
+constexpr int kBlockThreads = 384;  // warpgroup 0 copies pages, warpgroups 1 and 2 multiply (64 M rows each)
+constexpr int kGroupThreads = 128;  // a warpgroup
+constexpr int kStages = 4;          // page slots between the copying and the multiplying warpgroups
+constexpr int kLookahead = 2;       // pages whose copies a copying thread keeps in flight
+// Registers per thread (setmaxnreg): the launch gives all 384 threads 168 (one block per SM); the copying
+// warpgroup hands most of its share to the multiplying ones (128 x 56 + 256 x 224 = 384 x 168).
+constexpr int kCopyRegs = 56;
+constexpr int kMathRegs = 224;
 constexpr int kSwizzleRow = 128;                       // bytes per swizzled row (64 bf16 dims)
 constexpr int kQHalf = kFlashRows * kSwizzleRow;       // one 64-dim half of Q
 constexpr int kPageHalf = kKeyTile * kSwizzleRow;      // one 64-dim half of a K or V page
@@ -43,7 +50,6 @@ __forceinline__ unsigned long long wgmma_desc(unsigned address, unsigned leading
 
 __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Pins the accumulators in program order around the wgmma fences: the compiler sees no access to `acc` in the
 // fence and wait asm statements, and would otherwise move reads and writes of them across.
 template <int N>
@@ -89,15 +95,48 @@ __forceinline__ void wgmma_pv(float (&o)[16][4], const unsigned (&p)[4], unsigne
     }
 }
 
-// Keys [0, valid_keys) of `page` for one kv head into shared memory at `dst` (cp.async, zero-filled past
-// valid_keys): bf16 straight into a swizzled page tile; int8 as the raw page, [64][128] bytes.
+template <int kPending>
+__forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory"); }
+
+// The P fragments likewise: live (their registers untouched) until the wgmma reading them has completed.
+__forceinline__ void keep_in_place(unsigned (&frag)[kKeyTile / 16][4]) {
+#pragma unroll
+    for (int i = 0; i < kKeyTile / 16; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(frag[i][e])::"memory");
+}
+
+__forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Release: this thread's earlier shared-memory writes (and reads) happen before the phase completes.
+__forceinline__ void mbarrier_arrive(unsigned bar) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+
+// Acquire: returns once the phase of parity `parity` has completed (a fresh barrier is in phase 0, so parity
+// 1 passes at once: the slots start empty).
+__forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+// Keys [0, valid_keys) of `page` for one kv head into shared memory at `dst`, copied by thread `tid` of the
+// copying warpgroup (cp.async, zero-filled past valid_keys): bf16 straight into a swizzled page tile; int8 as
+// the raw page, [64][128] bytes.
 template <bool kInt8>
-__forceinline__ void load_page(unsigned dst, const void* cache, long long page, int kv_head, int num_kv_heads, int valid_keys) {
+__forceinline__ void copy_page(unsigned dst, const void* cache, long long page, int kv_head, int num_kv_heads, int valid_keys, int tid) {
     constexpr int kChunks = kInt8 ? 8 : 16;  // 16-byte chunks per key row
     const unsigned char* base = static_cast<const unsigned char*>(cache);
 #pragma unroll
-    for (int j = 0; j < kKeyTile * kChunks / kWgThreads; ++j) {
-        const int i = threadIdx.x + j * kWgThreads;
+    for (int j = 0; j < kKeyTile * kChunks / kGroupThreads; ++j) {
+        const int i = tid + j * kGroupThreads;
         const int key = i / kChunks, chunk = i % kChunks;
         const bool valid = key < valid_keys;
         const unsigned char* src = valid ? base + ((page * kPageSize + key) * num_kv_heads + kv_head) * (kChunks * 16) + chunk * 16 : base;
@@ -106,11 +145,11 @@ __forceinline__ void load_page(unsigned dst, const void* cache, long long page, 
     }
 }
 
-// int8: the chunks of a raw page this thread copied (load_page<true>), as exact f16 into the swizzled tile.
-__forceinline__ void convert_own_chunks(unsigned tile, const unsigned char* raw) {
+// int8: the chunks of a raw page thread `tid` copied (copy_page<true>), as exact f16 into the swizzled tile.
+__forceinline__ void convert_own_chunks(unsigned tile, const unsigned char* raw, int tid) {
 #pragma unroll
-    for (int j = 0; j < kKeyTile * 8 / kWgThreads; ++j) {
-        const int i = threadIdx.x + j * kWgThreads;
+    for (int j = 0; j < kKeyTile * 8 / kGroupThreads; ++j) {
+        const int i = tid + j * kGroupThreads;
         const int key = i >> 3, chunk = 2 * (i & 7);  // 16 int8 dims -> f16 chunks `chunk`, `chunk + 1`
         uint4 lo, hi;
         int8x16_to_f16x16(*reinterpret_cast<const uint4*>(raw + i * 16), lo, hi);
@@ -120,32 +159,195 @@ __forceinline__ void convert_own_chunks(unsigned tile, const unsigned char* raw)
     }
 }
 
-// The scales of `page`'s keys for one kv head (int8 KV) into scale_tile[64], zero-filled past valid_keys.
-__forceinline__ void load_page_scales(float* scale_tile, const float* scales, long long page, int kv_head, int num_kv_heads,
-                                      int valid_keys, int first_thread) {
-    const int key = threadIdx.x - first_thread;
-    if (key >= 0 && key < kKeyTile) {
-        const bool valid = key < valid_keys;
-        cp_async4(scale_tile + key, scales + (valid ? (page * kPageSize + key) * num_kv_heads + kv_head : 0), valid);
+// The kernel's shared memory (byte offsets from the 1024-aligned base; attention_ops.prefill_sm90_smem mirrors
+// kBytes): Q [128][128] 16-bit, swizzled; kStages page slots, each a K then a V tile [64][128] 16-bit
+// (swizzled) and, int8 KV, their f32 scales [2][64]; int8 KV: kLookahead + 1 slots of raw pages in flight (K,
+// V [64][128] bytes, their scales [2][64]); the mbarriers: full[kStages] (a slot's page landed), empty[kStages]
+// (both multiplying warpgroups are done with it).
+template <bool kInt8>
+struct WsSmem {
+    static constexpr int kTile = 2 * kPageHalf;
+    static constexpr int kSlot = 2 * kTile;
+    static constexpr int kRawPage = kKeyTile * 128;
+    static constexpr int kPageScales = 2 * kKeyTile * 4;
+    static constexpr int kRawSlot = 2 * kRawPage + kPageScales;
+    static constexpr int kQ = 0;
+    static constexpr int kSlots = kQ + 2 * kQHalf;
+    static constexpr int kScales = kSlots + kStages * kSlot;
+    static constexpr int kRaw = kScales + (kInt8 ? kStages * kPageScales : 0);
+    static constexpr int kBarriers = kRaw + (kInt8 ? (kLookahead + 1) * kRawSlot : 0);
+    static constexpr int kBytes = kBarriers + 2 * kStages * 8;
+    static constexpr int full(int stage) { return kBarriers + 8 * stage; }
+    static constexpr int empty(int stage) { return kBarriers + 8 * (kStages + stage); }
+};
+
+// The copying warpgroup (thread `tid` of 128): pages kt_begin .. kt_end - 1 into slots i % kStages. Each thread
+// keeps kLookahead pages' copies in flight; when page i's have landed (and, int8, the thread has converted
+// its chunks into the slot's f16 tiles) it publishes them to the async proxy and arrives on full[slot].
+template <bool kInt8>
+__forceinline__ void copy_pages(const PrefillBlock& b, unsigned base, unsigned char* smem, const void* k_cache,
+                                const void* v_cache, const float* k_scale, const float* v_scale, int num_kv_heads, int tid) {
+    using S = WsSmem<kInt8>;
+    const int pages = b.kt_end - b.kt_begin;
+    for (int i = 0; i < pages + kLookahead; ++i) {
+        if (i < pages) {
+            const int kt = b.kt_begin + i;
+            const int keys = min(kKeyTile, b.t.ctx - kt * kKeyTile);
+            const long long page = b.pages[kt];
+            if constexpr (kInt8) {
+                const int slot = i % (kLookahead + 1);
+                const unsigned raw = base + S::kRaw + slot * S::kRawSlot;
+                copy_page<true>(raw, k_cache, page, b.kv_head, num_kv_heads, keys, tid);
+                copy_page<true>(raw + S::kRawPage, v_cache, page, b.kv_head, num_kv_heads, keys, tid);
+                const int key = tid % kKeyTile;  // threads 0-63: K scales, 64-127: V scales
+                const float* scales = tid < kKeyTile ? k_scale : v_scale;
+                float* dst = reinterpret_cast<float*>(smem + S::kRaw + slot * S::kRawSlot + 2 * S::kRawPage) + tid;
+                cp_async4(dst, scales + (key < keys ? (page * kPageSize + key) * num_kv_heads + b.kv_head : 0), key < keys);
+            } else {
+                const int stage = i % kStages;
+                mbarrier_wait(base + S::empty(stage), ((i / kStages) & 1) ^ 1);
+                const unsigned tile = base + S::kSlots + stage * S::kSlot;
+                copy_page<false>(tile, k_cache, page, b.kv_head, num_kv_heads, keys, tid);
+                copy_page<false>(tile + S::kTile, v_cache, page, b.kv_head, num_kv_heads, keys, tid);
+            }
+        }
+        cp_async_commit();  // every iteration, so the wait below always leaves kLookahead groups in flight
+        if (i < kLookahead) continue;
+        const int ready = i - kLookahead, stage = ready % kStages;
+        cp_async_wait<kLookahead>();
+        if constexpr (kInt8) {
+            mbarrier_wait(base + S::empty(stage), ((ready / kStages) & 1) ^ 1);
+            const int slot = ready % (kLookahead + 1);
+            const unsigned char* raw = smem + S::kRaw + slot * S::kRawSlot;
+            const unsigned tile = base + S::kSlots + stage * S::kSlot;
+            convert_own_chunks(tile, raw, tid);
+            convert_own_chunks(tile + S::kTile, raw + S::kRawPage, tid);
+            reinterpret_cast<float*>(smem + S::kScales + stage * S::kPageScales)[tid] =
+                reinterpret_cast<const float*>(raw + 2 * S::kRawPage)[tid];
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the slot, visible to the wgmma (async) proxy
+        mbarrier_arrive(base + S::full(stage));
     }
 }
 
-// The kernel's shared memory (byte offsets from the 1024-aligned base; attention_ops.prefill_sm90_smem mirrors
-// kBytes): Q [128][128] 16-bit; bf16 KV: two buffers of the swizzled K and V page tiles; int8 KV: one f16 K and
-// V tile, two buffers of the raw K and V pages [64][128] bytes and of their f32 scales [64].
+// A multiplying warpgroup (mg = 0, 1: M rows 64 mg .. 64 mg + 63): its Q rows, then the pages as the copying
+// warpgroup publishes them. S of page i is multiplied while P V of page i - 1 still runs, and the softmax of
+// page i overlaps that P V; the slot of page i - 1 is freed once its P V has completed.
 template <bool kInt8>
-struct WgSmem {
-    static constexpr int kTile = 2 * kPageHalf;  // a K or V page as 16-bit values
-    static constexpr int kRaw = kKeyTile * 128;  // an int8 page
-    static constexpr int kQ = 0;
-    static constexpr int kK = kQ + 2 * kQHalf;
-    static constexpr int kV = kK + (kInt8 ? 1 : 2) * kTile;
-    static constexpr int kKRaw = kV + (kInt8 ? 1 : 2) * kTile;
-    static constexpr int kVRaw = kKRaw + (kInt8 ? 2 * kRaw : 0);
-    static constexpr int kKScale = kVRaw + (kInt8 ? 2 * kRaw : 0);
-    static constexpr int kVScale = kKScale + (kInt8 ? 2 * kKeyTile * 4 : 0);
-    static constexpr int kBytes = kVScale + (kInt8 ? 2 * kKeyTile * 4 : 0);
-};
+__forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsigned char* smem, const bf16* q,
+                                    int num_q_heads, float scale, int mg, float (&o)[16][4], float (&m)[2], float (&l)[2]) {
+    using S = WsSmem<kInt8>;
+    constexpr int D = 128;
+    const PrefillTile& t = b.t;
+    const int mt = threadIdx.x % kGroupThreads;
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int warp_row = 64 * mg + 16 * (mt >> 5);
+
+    // This warpgroup's Q rows (padding rows and rows past the chunk zero-filled): thread mt copies chunks
+    // i = mt + 128 j of its 64 rows (row i / 16, 16-byte chunk i % 16).
+    const unsigned q_rows = base + S::kQ + mg * 64 * kSwizzleRow;
+    auto q_chunk = [&](int j, int& r, int& chunk) {
+        const int i = mt + j * kGroupThreads;
+        r = 64 * mg + (i >> 4);
+        chunk = i & 15;
+        return base + S::kQ + (chunk >> 3) * kQHalf + swizzled(r, chunk);
+    };
+    for (int j = 0; j < 64 * 16 / kGroupThreads; ++j) {
+        int r, chunk;
+        const unsigned to = q_chunk(j, r, chunk);
+        const int qi = tile_query(t, r);
+        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, b.kv_head, num_q_heads, D) + chunk * 8 : q;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(qi >= 0 ? 16 : 0));
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    if constexpr (kInt8) {  // int8 KV multiplies in f16 (exact int8 values): this thread's Q chunks bf16 -> f16
+        for (int j = 0; j < 64 * 16 / kGroupThreads; ++j) {
+            int r, chunk;
+            uint4* at = reinterpret_cast<uint4*>(smem + (q_chunk(j, r, chunk) - base));
+            const uint4 v = *at;
+            *at = make_uint4(pack_f16x2(bf16_lo(v.x), bf16_hi(v.x)), pack_f16x2(bf16_lo(v.y), bf16_hi(v.y)),
+                             pack_f16x2(bf16_lo(v.z), bf16_hi(v.z)), pack_f16x2(bf16_lo(v.w), bf16_hi(v.w)));
+        }
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + mg) : "memory");  // the warpgroup's Q rows are all in place
+
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    m[0] = m[1] = neg_inf();
+    l[0] = l[1] = 0.0f;
+    const int min_pos = t.first_pos + t.q_begin;  // the tile's first position: earlier pages need no mask
+    const float scale_log2 = scale * kLog2e;
+    const int pages = b.kt_end - b.kt_begin;
+    float s[8][4];
+    unsigned p[kKeyTile / 16][4];
+    float alpha[2];
+
+    auto slot = [&](int i) { return base + S::kSlots + (i % kStages) * S::kSlot; };
+    auto page_scales = [&](int i) { return reinterpret_cast<const float*>(smem + S::kScales + (i % kStages) * S::kPageScales); };
+    auto issue_qk = [&](int i) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            const unsigned half = ks >> 2, within = (ks & 3) * 32;
+            wgmma_qk<kInt8>(s, wgmma_desc(q_rows + half * kQHalf + within, 16, 1024),
+                            wgmma_desc(slot(i) + half * kPageHalf + within, 16, 1024), ks > 0);
+        }
+        wgmma_commit();
+    };
+    auto issue_pv = [&](int i) {
+#pragma unroll
+        for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+            wgmma_pv<kInt8>(o, p[kk], wgmma_desc(slot(i) + S::kTile + kk * 16 * kSwizzleRow, kPageHalf, 1024));
+        }
+        wgmma_commit();
+    };
+    auto softmax_page = [&](int i) {  // S of page i -> P (unpacked, in s); m, l, alpha
+        const int kt = b.kt_begin + i;
+        if constexpr (kInt8) scale_key_columns(s, page_scales(i), c);
+        if (kt * kKeyTile + kKeyTile - 1 > min_pos) {
+            mask_causal(s, kt, min_pos + (warp_row + g) / t.group, min_pos + (warp_row + 8 + g) / t.group, c);
+        }
+        bool grew = false;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) alpha[h] = softmax_rows(s, h, m[h], l[h], scale_log2, grew);
+    };
+    auto wait_page = [&](int i) { mbarrier_wait(base + S::full(i % kStages), (i / kStages) & 1); };
+
+    wait_page(0);
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_wait<0>();
+    keep_in_place(s);
+    softmax_page(0);
+    pack_p<kInt8>(s, p, page_scales(0) + kKeyTile, c);
+    for (int i = 1; i < pages; ++i) {
+        wait_page(i);
+        keep_in_place(s);
+        keep_in_place(p);
+        keep_in_place(o);
+        wgmma_fence();
+        issue_qk(i);
+        issue_pv(i - 1);
+        wgmma_wait<1>();  // S of page i
+        keep_in_place(s);
+        softmax_page(i);
+        wgmma_wait<0>();  // P V of page i - 1
+        keep_in_place(o);
+        keep_in_place(p);  // P stays live (its registers untouched) until the wgmma reading it is done
+        mbarrier_arrive(base + S::empty((i - 1) % kStages));
+        rescale_rows(o, alpha);
+        pack_p<kInt8>(s, p, page_scales(i) + kKeyTile, c);
+    }
+    keep_in_place(p);
+    keep_in_place(o);
+    wgmma_fence();
+    issue_pv(pages - 1);
+    wgmma_wait<0>();
+    keep_in_place(o);
+    keep_in_place(p);
+}
 
 // One block: see the header.
 template <bool kInt8>
@@ -154,130 +356,41 @@ __forceinline__ void wgmma_prefill_attention(bf16* out, float* partial_acc, floa
                                              const float* v_scale, const int* block_tables, int max_pages,
                                              const int* context_lens, const int* query_start, int decode_max_queries,
                                              int num_q_heads, int num_kv_heads, float scale, int num_splits) {
-    using S = WgSmem<kInt8>;
-    constexpr int D = 128;
-    constexpr int kDimTiles = D / 8;
+    using S = WsSmem<kInt8>;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     unsigned dynamic_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dynamic_bytes));
     if (dynamic_bytes < S::kBytes + 1024) __trap();  // attention_ops.prefill_sm90_smem must match
-    const unsigned aligned = (smem_address(wg_smem) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
-    unsigned char* const smem = wg_smem + (aligned - smem_address(wg_smem));
-    const unsigned q_at = aligned + S::kQ, k_at = aligned + S::kK, v_at = aligned + S::kV;
-    const unsigned k_raw_at = aligned + S::kKRaw, v_raw_at = aligned + S::kVRaw;
-    float* const k_scales = reinterpret_cast<float*>(smem + S::kKScale);
-    float* const v_scales = reinterpret_cast<float*>(smem + S::kVScale);
+    const unsigned base = (smem_address(wg_smem) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+    unsigned char* const smem = wg_smem + (base - smem_address(wg_smem));
 
     PrefillBlock b;
     if (!prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads,
                        num_kv_heads, num_splits)) {
         return;
     }
-    const PrefillTile& t = b.t;
-
-    const int warpgroup = threadIdx.x >> 7;
-    const int lane = threadIdx.x & 31;
-    const int g = lane >> 2, c = lane & 3;
-    const int warp_row = 64 * warpgroup + 16 * ((threadIdx.x >> 5) & 3);
-
-    // Page kt into buffer (kt - kt_begin) % 2: the tiles themselves (bf16) or the raw page and its scales (int8).
-    auto load = [&](int kt) {
-        const int keys = min(kKeyTile, t.ctx - kt * kKeyTile);
-        const int buffer = (kt - b.kt_begin) & 1;
-        if constexpr (kInt8) {
-            load_page<true>(k_raw_at + buffer * S::kRaw, k_cache, b.pages[kt], b.kv_head, num_kv_heads, keys);
-            load_page<true>(v_raw_at + buffer * S::kRaw, v_cache, b.pages[kt], b.kv_head, num_kv_heads, keys);
-            load_page_scales(k_scales + buffer * kKeyTile, k_scale, b.pages[kt], b.kv_head, num_kv_heads, keys, 0);
-            load_page_scales(v_scales + buffer * kKeyTile, v_scale, b.pages[kt], b.kv_head, num_kv_heads, keys, kKeyTile);
-        } else {
-            load_page<false>(k_at + buffer * S::kTile, k_cache, b.pages[kt], b.kv_head, num_kv_heads, keys);
-            load_page<false>(v_at + buffer * S::kTile, v_cache, b.pages[kt], b.kv_head, num_kv_heads, keys);
-        }
-    };
-
-    // Q tile (padding rows and rows past the chunk zero-filled) and the first page. Thread x copies chunks
-    // i = x + 256 j of Q: row i / 16, 16-byte chunk i % 16.
-    auto q_chunk = [&](int i) { return S::kQ + ((i & 15) >> 3) * kQHalf + swizzled(i >> 4, i & 15); };
-    for (int j = 0; j < kFlashRows * 16 / kWgThreads; ++j) {
-        const int i = threadIdx.x + j * kWgThreads;
-        const int r = i >> 4, qi = tile_query(t, r);
-        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, b.kv_head, num_q_heads, D) + (i & 15) * 8 : q;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(aligned + q_chunk(i)), "l"(src), "r"(qi >= 0 ? 16 : 0));
-    }
-    load(b.kt_begin);
-    cp_async_commit();
-    if constexpr (kInt8) {  // int8 KV multiplies in f16 (exact int8 values): this thread's Q chunks bf16 -> f16
-        cp_async_wait<0>();
-        for (int j = 0; j < kFlashRows * 16 / kWgThreads; ++j) {
-            uint4* at = reinterpret_cast<uint4*>(smem + q_chunk(threadIdx.x + j * kWgThreads));
-            const uint4 v = *at;
-            *at = make_uint4(pack_f16x2(bf16_lo(v.x), bf16_hi(v.x)), pack_f16x2(bf16_lo(v.y), bf16_hi(v.y)),
-                             pack_f16x2(bf16_lo(v.z), bf16_hi(v.z)), pack_f16x2(bf16_lo(v.w), bf16_hi(v.w)));
+    if (threadIdx.x == 0) {
+        for (int stage = 0; stage < kStages; ++stage) {
+            mbarrier_init(base + S::full(stage), kGroupThreads);
+            mbarrier_init(base + S::empty(stage), 2 * kGroupThreads);
         }
     }
-
-    float o[kDimTiles][4];
-#pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};  // rows g, g + 8
-    const int min_pos = t.first_pos + t.q_begin;  // the tile's first position: earlier pages need no mask
-    const float scale_log2 = scale * kLog2e;
-    const unsigned q_rows = q_at + warpgroup * 64 * kSwizzleRow;
-
-    for (int kt = b.kt_begin; kt < b.kt_end; ++kt) {
-        const int buffer = (kt - b.kt_begin) & 1;
-        if (kt + 1 < b.kt_end) load(kt + 1);  // the next page flies during this one's math
-        cp_async_commit();
-        cp_async_wait<1>();  // page kt (and Q) landed
-        if constexpr (kInt8) convert_own_chunks(k_at, smem + S::kKRaw + buffer * S::kRaw);
-        if constexpr (kInt8) convert_own_chunks(v_at, smem + S::kVRaw + buffer * S::kRaw);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the wgmma (async) proxy
-        __syncthreads();
-        const unsigned k_page = k_at + (kInt8 ? 0 : buffer * S::kTile), v_page = v_at + (kInt8 ? 0 : buffer * S::kTile);
-
-        float s[8][4];
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-            const unsigned half = ks >> 2, within = (ks & 3) * 32;
-            wgmma_qk<kInt8>(s, wgmma_desc(q_rows + half * kQHalf + within, 16, 1024),
-                            wgmma_desc(k_page + half * kPageHalf + within, 16, 1024), ks > 0);
-        }
-        wgmma_commit();
-        wgmma_wait_all();
-        keep_in_place(s);
-
-        if constexpr (kInt8) scale_key_columns(s, k_scales + buffer * kKeyTile, c);
-        if (kt * kKeyTile + kKeyTile - 1 > min_pos) {
-            mask_causal(s, kt, min_pos + (warp_row + g) / t.group, min_pos + (warp_row + 8 + g) / t.group, c);
-        }
-        bool grew = false;
-        float alpha[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) alpha[h] = softmax_rows(s, h, m[h], l[h], scale_log2, grew);
-        rescale_rows(o, alpha);
-        unsigned pa[kKeyTile / 16][4];
-        pack_p<kInt8>(s, pa, v_scales + buffer * kKeyTile, c);
-        keep_in_place(o);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-            wgmma_pv<kInt8>(o, pa[kk], wgmma_desc(v_page + kk * 16 * kSwizzleRow, kPageHalf, 1024));
-        }
-        wgmma_commit();
-        wgmma_wait_all();
-        keep_in_place(o);
-        __syncthreads();  // both warpgroups are done with page kt's tiles and scales before they are refilled
+    __syncthreads();
+    if (threadIdx.x < kGroupThreads) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegs));
+        copy_pages<kInt8>(b, base, smem, k_cache, v_cache, k_scale, v_scale, num_kv_heads, threadIdx.x);
+        return;
     }
-
-    prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,
-                  num_splits);
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegs));
+    const int mg = threadIdx.x / kGroupThreads - 1;
+    float o[16][4], m[2], l[2];
+    multiply_pages<kInt8>(b, base, smem, q, num_q_heads, scale, mg, o, m, l);
     const PrefillOutput dst = prefill_output(b, out, partial_acc, partial_ml, num_q_heads, num_kv_heads, num_splits);
-    store_rows<D>(dst, t, o, m, l, warp_row, g, c);
+    store_rows<128>(dst, b.t, o, m, l, 64 * mg + 16 * ((threadIdx.x >> 5) & 3), (threadIdx.x & 31) >> 2, threadIdx.x & 3);
 }
 
 #define PREFILL_SM90_KERNEL(KIND, INT8)                                                                        \
-    extern "C" __global__ void __launch_bounds__(kWgThreads, 2) prefill_attention_sm90_d128_##KIND(            \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads, 1) prefill_attention_sm90_d128_##KIND(            \
         bf16* out, float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache,                  \
         const void* v_cache, const float* k_scale, const float* v_scale, const int* block_tables,              \
         int max_pages, const int* context_lens, const int* query_start, int decode_max_queries,                \

@@ -60,7 +60,9 @@ _ROPE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.F32, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32,
 _DECODE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_SIGNATURE = (Arg.PTR,) * 9 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_COMBINE_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) * 4
-PREFILL_SM90_THREADS = 256  # prefill_attention_sm90.cu: 2 warpgroups
+PREFILL_SM90_STAGES = 4  # its page slots (kStages)
+PREFILL_SM90_LOOKAHEAD = 2  # pages a copying thread keeps in flight (kLookahead)
+PREFILL_SM90_THREADS = 384  # prefill_attention_sm90.cu: a copying and 2 multiplying warpgroups
 DECODE_COMBINE = KernelSpec("decode_attention", "decode_attention_combine", (Arg.PTR,) * 4 + (Arg.I32,) * 5)
 
 STEP_INPUT_NAMES = ("positions", "query_start", "context_lens", "block_tables", "slot_mapping")
@@ -212,13 +214,16 @@ def prefill_sm90_spec(kv_dtype: str) -> KernelSpec:
 
 
 def prefill_sm90_smem(kv_dtype: str) -> int:
-    """WgSmem<int8>::kBytes in prefill_attention_sm90.cu, plus 1 KiB to align it to the 128-byte swizzle's
-    1024-byte atoms: Q [128][128] 16-bit; bf16: two buffers of the K and V page tiles [64][128]; int8: one f16 K
-    and V tile, two buffers of the raw pages [64][128] bytes and of their 64 f32 scales each."""
-    q, tile = PREFILL_TILE_ROWS * 128 * _BF16, PAGE_SIZE * 128 * _BF16
+    """WsSmem<int8>::kBytes in prefill_attention_sm90.cu, plus 1 KiB to align it to the 128-byte swizzle's
+    1024-byte atoms: Q [128][128] 16-bit; PREFILL_SM90_STAGES page slots of K and V tiles [64][128] 16-bit (int8:
+    and their 2 x 64 f32 scales); int8: PREFILL_SM90_LOOKAHEAD + 1 slots of raw pages [64][128] bytes and their
+    scales; a full and an empty mbarrier (8 bytes) per slot."""
+    q, tile, scales = PREFILL_TILE_ROWS * 128 * _BF16, PAGE_SIZE * 128 * _BF16, 2 * PAGE_SIZE * _F32
+    barriers = 2 * PREFILL_SM90_STAGES * 8
     if kv_dtype == "int8":
-        return q + 2 * tile + 2 * 2 * PAGE_SIZE * 128 + 2 * 2 * PAGE_SIZE * _F32 + 1024
-    return q + 2 * 2 * tile + 1024
+        raw = (PREFILL_SM90_LOOKAHEAD + 1) * (2 * PAGE_SIZE * 128 + scales)
+        return q + PREFILL_SM90_STAGES * (2 * tile + scales) + raw + barriers + 1024
+    return q + PREFILL_SM90_STAGES * 2 * tile + barriers + 1024
 
 
 def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> int:
