@@ -161,7 +161,7 @@ __forceinline__ void convert_own_chunks(unsigned tile, const unsigned char* raw,
 
 // The kernel's shared memory (byte offsets from the 1024-aligned base; attention_ops.prefill_sm90_smem mirrors
 // kBytes): Q [128][128] 16-bit, swizzled; kStages page slots, each a K then a V tile [64][128] 16-bit
-// (swizzled) and, int8 KV, their f32 scales [2][64]; int8 KV: kLookahead + 1 slots of raw pages in flight (K,
+// (swizzled) and, int8 KV, their f32 scales [2][64]; int8 KV: kLookahead slots of raw pages in flight (K,
 // V [64][128] bytes, their scales [2][64]); the mbarriers: full[kStages] (a slot's page landed), empty[kStages]
 // (both multiplying warpgroups are done with it).
 template <bool kInt8>
@@ -175,27 +175,45 @@ struct WsSmem {
     static constexpr int kSlots = kQ + 2 * kQHalf;
     static constexpr int kScales = kSlots + kStages * kSlot;
     static constexpr int kRaw = kScales + (kInt8 ? kStages * kPageScales : 0);
-    static constexpr int kBarriers = kRaw + (kInt8 ? (kLookahead + 1) * kRawSlot : 0);
+    static constexpr int kBarriers = kRaw + (kInt8 ? kLookahead * kRawSlot : 0);
     static constexpr int kBytes = kBarriers + 2 * kStages * 8;
     static constexpr int full(int stage) { return kBarriers + 8 * stage; }
     static constexpr int empty(int stage) { return kBarriers + 8 * (kStages + stage); }
 };
 
 // The copying warpgroup (thread `tid` of 128): pages kt_begin .. kt_end - 1 into slots i % kStages. Each thread
-// keeps kLookahead pages' copies in flight; when page i's have landed (and, int8, the thread has converted
-// its chunks into the slot's f16 tiles) it publishes them to the async proxy and arrives on full[slot].
+// keeps the copies of kLookahead pages in flight. Iteration i first publishes page i - kLookahead (its copies
+// landed; int8: the thread converts its chunks into the slot's f16 tiles once the slot is empty) to the async
+// proxy and arrives on its full barrier, then starts page i's copies (bf16: into its slot, once empty; int8:
+// into raw slot i % kLookahead, which page i - kLookahead has just left), so a page's publication never
+// waits for a later page's slot.
 template <bool kInt8>
 __forceinline__ void copy_pages(const PrefillBlock& b, unsigned base, unsigned char* smem, const void* k_cache,
                                 const void* v_cache, const float* k_scale, const float* v_scale, int num_kv_heads, int tid) {
     using S = WsSmem<kInt8>;
     const int pages = b.kt_end - b.kt_begin;
     for (int i = 0; i < pages + kLookahead; ++i) {
+        if (i >= kLookahead) {
+            const int ready = i - kLookahead, stage = ready % kStages;
+            cp_async_wait<kLookahead - 1>();
+            if constexpr (kInt8) {
+                mbarrier_wait(base + S::empty(stage), ((ready / kStages) & 1) ^ 1);
+                const unsigned char* raw = smem + S::kRaw + (ready % kLookahead) * S::kRawSlot;
+                const unsigned tile = base + S::kSlots + stage * S::kSlot;
+                convert_own_chunks(tile, raw, tid);
+                convert_own_chunks(tile + S::kTile, raw + S::kRawPage, tid);
+                reinterpret_cast<float*>(smem + S::kScales + stage * S::kPageScales)[tid] =
+                    reinterpret_cast<const float*>(raw + 2 * S::kRawPage)[tid];
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the slot, visible to the wgmma (async) proxy
+            mbarrier_arrive(base + S::full(stage));
+        }
         if (i < pages) {
             const int kt = b.kt_begin + i;
             const int keys = min(kKeyTile, b.t.ctx - kt * kKeyTile);
             const long long page = b.pages[kt];
             if constexpr (kInt8) {
-                const int slot = i % (kLookahead + 1);
+                const int slot = i % kLookahead;
                 const unsigned raw = base + S::kRaw + slot * S::kRawSlot;
                 copy_page<true>(raw, k_cache, page, b.kv_head, num_kv_heads, keys, tid);
                 copy_page<true>(raw + S::kRawPage, v_cache, page, b.kv_head, num_kv_heads, keys, tid);
@@ -211,22 +229,7 @@ __forceinline__ void copy_pages(const PrefillBlock& b, unsigned base, unsigned c
                 copy_page<false>(tile + S::kTile, v_cache, page, b.kv_head, num_kv_heads, keys, tid);
             }
         }
-        cp_async_commit();  // every iteration, so the wait below always leaves kLookahead groups in flight
-        if (i < kLookahead) continue;
-        const int ready = i - kLookahead, stage = ready % kStages;
-        cp_async_wait<kLookahead>();
-        if constexpr (kInt8) {
-            mbarrier_wait(base + S::empty(stage), ((ready / kStages) & 1) ^ 1);
-            const int slot = ready % (kLookahead + 1);
-            const unsigned char* raw = smem + S::kRaw + slot * S::kRawSlot;
-            const unsigned tile = base + S::kSlots + stage * S::kSlot;
-            convert_own_chunks(tile, raw, tid);
-            convert_own_chunks(tile + S::kTile, raw + S::kRawPage, tid);
-            reinterpret_cast<float*>(smem + S::kScales + stage * S::kPageScales)[tid] =
-                reinterpret_cast<const float*>(raw + 2 * S::kRawPage)[tid];
-        }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the slot, visible to the wgmma (async) proxy
-        mbarrier_arrive(base + S::full(stage));
+        cp_async_commit();  // every iteration, so the wait above always leaves kLookahead - 1 groups in flight
     }
 }
 

@@ -246,7 +246,7 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
     splits = attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, attention_ops.prefill_workspace_blocks(H200_SMS))
     assert splits > 1
     assert prefill.grid == (10 * splits, 4, 3) and set(step.read) <= set(prefill.reads)
-    assert (prefill.block, prefill.smem) == (384, attention_ops.prefill_sm90_smem("int8")) == (384, 217_664)
+    assert (prefill.block, prefill.smem) == (384, attention_ops.prefill_sm90_smem("int8")) == (384, 200_768)
     assert step.out.resource not in prefill.writes and len(prefill.writes) == 2
     assert combine.grid == (10 * 128 // 16, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
     assert not any(r[0] == "kv" for r in combine.reads)
