@@ -176,7 +176,8 @@ struct WsSmem {
     static constexpr int kScales = kSlots + kStages * kSlot;
     static constexpr int kRaw = kScales + (kInt8 ? kStages * kPageScales : 0);
     static constexpr int kBarriers = kRaw + (kInt8 ? kLookahead * kRawSlot : 0);
-    static constexpr int kBytes = kBarriers + 2 * kStages * 8;
+    static constexpr int kScratch = kBarriers + 2 * kStages * 8;  // a word per multiplying thread
+    static constexpr int kBytes = kScratch + 2 * kGroupThreads * 4;
     static constexpr int full(int stage) { return kBarriers + 8 * stage; }
     static constexpr int empty(int stage) { return kBarriers + 8 * (kStages + stage); }
 };
@@ -306,43 +307,61 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
         }
         wgmma_commit();
     };
-    auto softmax_page = [&](int i) {  // S of page i -> P (unpacked, in s); m, l, alpha
+    // S of page i -> P (unpacked, in s); m, l, alpha. `masked`: the page holds keys past some row's position.
+    auto softmax_page = [&](int i, bool masked) {
         const int kt = b.kt_begin + i;
         if constexpr (kInt8) scale_key_columns(s, page_scales(i), c);
-        if (kt * kKeyTile + kKeyTile - 1 > min_pos) {
-            mask_causal(s, kt, min_pos + (warp_row + g) / t.group, min_pos + (warp_row + 8 + g) / t.group, c);
-        }
+        if (masked) mask_causal(s, kt, min_pos + (warp_row + g) / t.group, min_pos + (warp_row + 8 + g) / t.group, c);
         bool grew = false;
 #pragma unroll
         for (int h = 0; h < 2; ++h) alpha[h] = softmax_rows(s, h, m[h], l[h], scale_log2, grew);
     };
     auto wait_page = [&](int i) { mbarrier_wait(base + S::full(i % kStages), (i / kStages) & 1); };
-
-    wait_page(0);
-    wgmma_fence();
-    issue_qk(0);
-    wgmma_wait<0>();
-    keep_in_place(s);
-    softmax_page(0);
-    pack_p<kInt8>(s, p, page_scales(0) + kKeyTile, c);
-    for (int i = 1; i < pages; ++i) {
+    // A shared-memory store of the row sums (every exp2 of the page feeds them) before the P V wait: ptxas
+    // keeps memory operations in order around the wait, and would otherwise hoist the wait above the exp2s.
+    const unsigned scratch = base + S::kScratch + 4 * (threadIdx.x - kGroupThreads);
+    auto pin_softmax = [&](const float (&sums)[2]) {
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(sums[0] + sums[1]) : "memory");
+    };
+    // Page i >= 1: S of page i issued, O rescaled by page i - 1's alphas meanwhile, P V of page i - 1 issued;
+    // the softmax of page i runs during that P V. Nothing touches O between the P V's issue and its wait
+    // (ptxas would hoist the wait over the softmax to start such work early).
+    auto step = [&](int i, bool masked) {
         wait_page(i);
         keep_in_place(s);
         keep_in_place(p);
         keep_in_place(o);
         wgmma_fence();
         issue_qk(i);
+        rescale_rows(o, alpha);
+        keep_in_place(o);
+        wgmma_fence();
         issue_pv(i - 1);
         wgmma_wait<1>();  // S of page i
         keep_in_place(s);
-        softmax_page(i);
+        softmax_page(i, masked);
+        pin_softmax(l);
         wgmma_wait<0>();  // P V of page i - 1
         keep_in_place(o);
         keep_in_place(p);  // P stays live (its registers untouched) until the wgmma reading it is done
         mbarrier_arrive(base + S::empty((i - 1) % kStages));
-        rescale_rows(o, alpha);
         pack_p<kInt8>(s, p, page_scales(i) + kKeyTile, c);
-    }
+    };
+
+    // Pages from first_masked on hold keys past the tile's first position. Two loops, each without a branch
+    // in its body: ptxas otherwise places the P V wait at the top of the block after the mask's branch, ahead
+    // of the softmax it should overlap.
+    const int first_masked = min(pages, max(0, (min_pos + 1) / kKeyTile - b.kt_begin));
+    wait_page(0);
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_wait<0>();
+    keep_in_place(s);
+    softmax_page(0, first_masked == 0);
+    pack_p<kInt8>(s, p, page_scales(0) + kKeyTile, c);
+    for (int i = 1; i < first_masked; ++i) step(i, false);
+    for (int i = max(1, first_masked); i < pages; ++i) step(i, true);
+    rescale_rows(o, alpha);
     keep_in_place(p);
     keep_in_place(o);
     wgmma_fence();

@@ -217,13 +217,13 @@ def prefill_sm90_smem(kv_dtype: str) -> int:
     """WsSmem<int8>::kBytes in prefill_attention_sm90.cu, plus 1 KiB to align it to the 128-byte swizzle's
     1024-byte atoms: Q [128][128] 16-bit; PREFILL_SM90_STAGES page slots of K and V tiles [64][128] 16-bit (int8:
     and their 2 x 64 f32 scales); int8: PREFILL_SM90_LOOKAHEAD slots of raw pages [64][128] bytes and their
-    scales; a full and an empty mbarrier (8 bytes) per slot."""
+    scales; a full and an empty mbarrier (8 bytes) per slot; a word per multiplying thread."""
     q, tile, scales = PREFILL_TILE_ROWS * 128 * _BF16, PAGE_SIZE * 128 * _BF16, 2 * PAGE_SIZE * _F32
-    barriers = 2 * PREFILL_SM90_STAGES * 8
+    barriers, scratch = 2 * PREFILL_SM90_STAGES * 8, PREFILL_SM90_THREADS // 3 * 2 * _F32
     if kv_dtype == "int8":
         raw = PREFILL_SM90_LOOKAHEAD * (2 * PAGE_SIZE * 128 + scales)
-        return q + PREFILL_SM90_STAGES * (2 * tile + scales) + raw + barriers + 1024
-    return q + PREFILL_SM90_STAGES * 2 * tile + barriers + 1024
+        return q + PREFILL_SM90_STAGES * (2 * tile + scales) + raw + barriers + scratch + 1024
+    return q + PREFILL_SM90_STAGES * 2 * tile + barriers + scratch + 1024
 
 
 def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> int:
