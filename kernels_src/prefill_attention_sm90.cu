@@ -25,8 +25,13 @@
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 constexpr int kBlockThreads = 384;  // warpgroup 0 copies pages, warpgroups 1 and 2 multiply (64 M rows each)
 constexpr int kGroupThreads = 128;  // a warpgroup
-constexpr int kStages = 4;          // page slots between the copying and the multiplying warpgroups
-constexpr int kLookahead = 2;       // pages whose copies a copying thread keeps in flight
+// Page slots between the copying and the multiplying warpgroups, and pages whose copies a copying thread keeps
+// in flight (int8: raw slots as many), as deep as shared memory allows: L2's latency, not its bandwidth, bounds
+// the copies.
+template <bool kInt8>
+constexpr int kStages = kInt8 ? 4 : 6;
+template <bool kInt8>
+constexpr int kLookahead = kInt8 ? 3 : 4;
 // Registers per thread (setmaxnreg): the launch gives all 384 threads 168 (one block per SM); the copying
 // warpgroup hands most of its share to the multiplying ones (128 x 56 + 256 x 224 = 384 x 168).
 constexpr int kCopyRegs = 56;
@@ -173,13 +178,13 @@ struct WsSmem {
     static constexpr int kRawSlot = 2 * kRawPage + kPageScales;
     static constexpr int kQ = 0;
     static constexpr int kSlots = kQ + 2 * kQHalf;
-    static constexpr int kScales = kSlots + kStages * kSlot;
-    static constexpr int kRaw = kScales + (kInt8 ? kStages * kPageScales : 0);
-    static constexpr int kBarriers = kRaw + (kInt8 ? kLookahead * kRawSlot : 0);
-    static constexpr int kScratch = kBarriers + 2 * kStages * 8;  // a word per multiplying thread
+    static constexpr int kScales = kSlots + kStages<kInt8> * kSlot;
+    static constexpr int kRaw = kScales + (kInt8 ? kStages<kInt8> * kPageScales : 0);
+    static constexpr int kBarriers = kRaw + (kInt8 ? kLookahead<kInt8> * kRawSlot : 0);
+    static constexpr int kScratch = kBarriers + 2 * kStages<kInt8> * 8;  // a word per multiplying thread
     static constexpr int kBytes = kScratch + 2 * kGroupThreads * 4;
     static constexpr int full(int stage) { return kBarriers + 8 * stage; }
-    static constexpr int empty(int stage) { return kBarriers + 8 * (kStages + stage); }
+    static constexpr int empty(int stage) { return kBarriers + 8 * (kStages<kInt8> + stage); }
 };
 
 // The copying warpgroup (thread `tid` of 128): pages kt_begin .. kt_end - 1 into slots i % kStages. Each thread
@@ -193,13 +198,13 @@ __forceinline__ void copy_pages(const PrefillBlock& b, unsigned base, unsigned c
                                 const void* v_cache, const float* k_scale, const float* v_scale, int num_kv_heads, int tid) {
     using S = WsSmem<kInt8>;
     const int pages = b.kt_end - b.kt_begin;
-    for (int i = 0; i < pages + kLookahead; ++i) {
-        if (i >= kLookahead) {
-            const int ready = i - kLookahead, stage = ready % kStages;
-            cp_async_wait<kLookahead - 1>();
+    for (int i = 0; i < pages + kLookahead<kInt8>; ++i) {
+        if (i >= kLookahead<kInt8>) {
+            const int ready = i - kLookahead<kInt8>, stage = ready % kStages<kInt8>;
+            cp_async_wait<kLookahead<kInt8> - 1>();
             if constexpr (kInt8) {
-                mbarrier_wait(base + S::empty(stage), ((ready / kStages) & 1) ^ 1);
-                const unsigned char* raw = smem + S::kRaw + (ready % kLookahead) * S::kRawSlot;
+                mbarrier_wait(base + S::empty(stage), ((ready / kStages<kInt8>) & 1) ^ 1);
+                const unsigned char* raw = smem + S::kRaw + (ready % kLookahead<kInt8>) * S::kRawSlot;
                 const unsigned tile = base + S::kSlots + stage * S::kSlot;
                 convert_own_chunks(tile, raw, tid);
                 convert_own_chunks(tile + S::kTile, raw + S::kRawPage, tid);
@@ -214,7 +219,7 @@ __forceinline__ void copy_pages(const PrefillBlock& b, unsigned base, unsigned c
             const int keys = min(kKeyTile, b.t.ctx - kt * kKeyTile);
             const long long page = b.pages[kt];
             if constexpr (kInt8) {
-                const int slot = i % kLookahead;
+                const int slot = i % kLookahead<kInt8>;
                 const unsigned raw = base + S::kRaw + slot * S::kRawSlot;
                 copy_page<true>(raw, k_cache, page, b.kv_head, num_kv_heads, keys, tid);
                 copy_page<true>(raw + S::kRawPage, v_cache, page, b.kv_head, num_kv_heads, keys, tid);
@@ -223,8 +228,8 @@ __forceinline__ void copy_pages(const PrefillBlock& b, unsigned base, unsigned c
                 float* dst = reinterpret_cast<float*>(smem + S::kRaw + slot * S::kRawSlot + 2 * S::kRawPage) + tid;
                 cp_async4(dst, scales + (key < keys ? (page * kPageSize + key) * num_kv_heads + b.kv_head : 0), key < keys);
             } else {
-                const int stage = i % kStages;
-                mbarrier_wait(base + S::empty(stage), ((i / kStages) & 1) ^ 1);
+                const int stage = i % kStages<kInt8>;
+                mbarrier_wait(base + S::empty(stage), ((i / kStages<kInt8>) & 1) ^ 1);
                 const unsigned tile = base + S::kSlots + stage * S::kSlot;
                 copy_page<false>(tile, k_cache, page, b.kv_head, num_kv_heads, keys, tid);
                 copy_page<false>(tile + S::kTile, v_cache, page, b.kv_head, num_kv_heads, keys, tid);
@@ -289,8 +294,8 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
     unsigned p[kKeyTile / 16][4];
     float alpha[2];
 
-    auto slot = [&](int i) { return base + S::kSlots + (i % kStages) * S::kSlot; };
-    auto page_scales = [&](int i) { return reinterpret_cast<const float*>(smem + S::kScales + (i % kStages) * S::kPageScales); };
+    auto slot = [&](int i) { return base + S::kSlots + (i % kStages<kInt8>) * S::kSlot; };
+    auto page_scales = [&](int i) { return reinterpret_cast<const float*>(smem + S::kScales + (i % kStages<kInt8>) * S::kPageScales); };
     auto issue_qk = [&](int i) {
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
@@ -316,7 +321,7 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
 #pragma unroll
         for (int h = 0; h < 2; ++h) alpha[h] = softmax_rows(s, h, m[h], l[h], scale_log2, grew);
     };
-    auto wait_page = [&](int i) { mbarrier_wait(base + S::full(i % kStages), (i / kStages) & 1); };
+    auto wait_page = [&](int i) { mbarrier_wait(base + S::full(i % kStages<kInt8>), (i / kStages<kInt8>) & 1); };
     // A shared-memory store of the row sums (every exp2 of the page feeds them) before the P V wait: ptxas
     // keeps memory operations in order around the wait, and would otherwise hoist the wait above the exp2s.
     const unsigned scratch = base + S::kScratch + 4 * (threadIdx.x - kGroupThreads);
@@ -344,7 +349,7 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
         wgmma_wait<0>();  // P V of page i - 1
         keep_in_place(o);
         keep_in_place(p);  // P stays live (its registers untouched) until the wgmma reading it is done
-        mbarrier_arrive(base + S::empty((i - 1) % kStages));
+        mbarrier_arrive(base + S::empty((i - 1) % kStages<kInt8>));
         pack_p<kInt8>(s, p, page_scales(i) + kKeyTile, c);
     };
 
@@ -392,7 +397,7 @@ __forceinline__ void wgmma_prefill_attention(bf16* out, float* partial_acc, floa
         return;
     }
     if (threadIdx.x == 0) {
-        for (int stage = 0; stage < kStages; ++stage) {
+        for (int stage = 0; stage < kStages<kInt8>; ++stage) {
             mbarrier_init(base + S::full(stage), kGroupThreads);
             mbarrier_init(base + S::empty(stage), 2 * kGroupThreads);
         }

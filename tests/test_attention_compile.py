@@ -246,7 +246,7 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
     splits = attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, attention_ops.prefill_workspace_blocks(H200_SMS))
     assert splits > 1
     assert prefill.grid == (10 * splits, 4, 3) and set(step.read) <= set(prefill.reads)
-    assert (prefill.block, prefill.smem) == (384, attention_ops.prefill_sm90_smem("int8")) == (384, 201_792)
+    assert (prefill.block, prefill.smem) == (384, attention_ops.prefill_sm90_smem("int8")) == (384, 218_688)
     assert step.out.resource not in prefill.writes and len(prefill.writes) == 2
     assert combine.grid == (10 * 128 // 16, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
     assert not any(r[0] == "kv" for r in combine.reads)
@@ -259,7 +259,7 @@ def test_prefill_only_step_launches_no_decode_kernels() -> None:
     assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", "prefill_attention_sm90_d128_bf16"]
     prefill = lib.launches[1]
     assert prefill.grid == (4, 4, 1) and prefill.writes == (step.out.resource,)
-    assert (prefill.block, prefill.smem) == (384, attention_ops.prefill_sm90_smem("bf16")) == (384, 165_952)
+    assert (prefill.block, prefill.smem) == (384, attention_ops.prefill_sm90_smem("bf16")) == (384, 231_520)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_120a"])

@@ -60,8 +60,8 @@ _ROPE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.F32, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32,
 _DECODE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_SIGNATURE = (Arg.PTR,) * 9 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_COMBINE_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) * 4
-PREFILL_SM90_STAGES = 4  # its page slots (kStages)
-PREFILL_SM90_LOOKAHEAD = 2  # pages a copying thread keeps in flight (kLookahead)
+PREFILL_SM90_STAGES = {"bf16": 6, "int8": 4}  # its page slots (kStages)
+PREFILL_SM90_LOOKAHEAD = {"bf16": 4, "int8": 3}  # pages a copying thread keeps in flight (kLookahead)
 PREFILL_SM90_THREADS = 384  # prefill_attention_sm90.cu: a copying and 2 multiplying warpgroups
 DECODE_COMBINE = KernelSpec("decode_attention", "decode_attention_combine", (Arg.PTR,) * 4 + (Arg.I32,) * 5)
 
@@ -219,11 +219,12 @@ def prefill_sm90_smem(kv_dtype: str) -> int:
     and their 2 x 64 f32 scales); int8: PREFILL_SM90_LOOKAHEAD slots of raw pages [64][128] bytes and their
     scales; a full and an empty mbarrier (8 bytes) per slot; a word per multiplying thread."""
     q, tile, scales = PREFILL_TILE_ROWS * 128 * _BF16, PAGE_SIZE * 128 * _BF16, 2 * PAGE_SIZE * _F32
-    barriers, scratch = 2 * PREFILL_SM90_STAGES * 8, PREFILL_SM90_THREADS // 3 * 2 * _F32
+    stages, lookahead = PREFILL_SM90_STAGES[kv_dtype], PREFILL_SM90_LOOKAHEAD[kv_dtype]
+    barriers, scratch = 2 * stages * 8, PREFILL_SM90_THREADS // 3 * 2 * _F32
     if kv_dtype == "int8":
-        raw = PREFILL_SM90_LOOKAHEAD * (2 * PAGE_SIZE * 128 + scales)
-        return q + PREFILL_SM90_STAGES * (2 * tile + scales) + raw + barriers + scratch + 1024
-    return q + PREFILL_SM90_STAGES * 2 * tile + barriers + scratch + 1024
+        raw = lookahead * (2 * PAGE_SIZE * 128 + scales)
+        return q + stages * (2 * tile + scales) + raw + barriers + scratch + 1024
+    return q + stages * 2 * tile + barriers + scratch + 1024
 
 
 def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> int:
