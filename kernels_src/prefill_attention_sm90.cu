@@ -328,11 +328,17 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
     auto pin_softmax = [&](const float (&sums)[2]) {
         asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(sums[0] + sums[1]) : "memory");
     };
+    // The two multiplying warpgroups take turns issuing their MMAs (named barrier 3 + mg is mg's turn): one's
+    // softmax runs while the other's MMAs hold the tensor cores (FA3's ping-pong). Warpgroup 0 goes first.
+    auto take_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(3 + mg) : "memory"); };
+    auto pass_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - mg) : "memory"); };
+    if (mg == 1) pass_turn();
     // Page i >= 1: S of page i issued, O rescaled by page i - 1's alphas meanwhile, P V of page i - 1 issued;
     // the softmax of page i runs during that P V. Nothing touches O between the P V's issue and its wait
     // (ptxas would hoist the wait over the softmax to start such work early).
     auto step = [&](int i, bool masked) {
         wait_page(i);
+        take_turn();
         keep_in_place(s);
         keep_in_place(p);
         keep_in_place(o);
@@ -342,6 +348,7 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
         keep_in_place(o);
         wgmma_fence();
         issue_pv(i - 1);
+        pass_turn();
         wgmma_wait<1>();  // S of page i
         keep_in_place(s);
         softmax_page(i, masked);
@@ -358,8 +365,10 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
     // of the softmax it should overlap.
     const int first_masked = min(pages, max(0, (min_pos + 1) / kKeyTile - b.kt_begin));
     wait_page(0);
+    take_turn();
     wgmma_fence();
     issue_qk(0);
+    pass_turn();
     wgmma_wait<0>();
     keep_in_place(s);
     softmax_page(0, first_masked == 0);
@@ -367,13 +376,16 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
     for (int i = 1; i < first_masked; ++i) step(i, false);
     for (int i = max(1, first_masked); i < pages; ++i) step(i, true);
     rescale_rows(o, alpha);
+    take_turn();
     keep_in_place(p);
     keep_in_place(o);
     wgmma_fence();
     issue_pv(pages - 1);
+    pass_turn();
     wgmma_wait<0>();
     keep_in_place(o);
     keep_in_place(p);
+    if (mg == 0) take_turn();  // warpgroup 1's last pass: every arrival on the barriers is consumed
 }
 
 // One block: see the header.
