@@ -73,14 +73,6 @@ __forceinline__ void int8x16_to_f16(unsigned short* dst, uint4 raw) {
 
 // ---- The kernel: 128 M rows per block (4 warps x 32), Q in shared memory, every fragment through ldmatrix --
 
-// Four 8x8 16-bit matrices from shared memory (non-transposed); lanes 8i..8i+7 give matrix i's row addresses.
-__forceinline__ void ldmatrix_x4_at(unsigned (&frag)[4], unsigned address) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
-                 : "r"(address)
-                 : "memory");
-}
-
 __forceinline__ void ldmatrix_x4_trans_at(unsigned (&frag)[4], unsigned address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])

@@ -70,19 +70,20 @@ __forceinline__ void keep_in_place(float (&acc)[N][4]) {
 #define WGMMA_O_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 #define WGMMA_O_OPERANDS(o) "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]), "+f"(o[1][2]), "+f"(o[1][3]), "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]), "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]), "+f"(o[4][0]), "+f"(o[4][1]), "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]), "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]), "+f"(o[7][2]), "+f"(o[7][3]), "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]), "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]), "+f"(o[10][0]), "+f"(o[10][1]), "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]), "+f"(o[11][2]), "+f"(o[11][3]), "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]), "+f"(o[12][3]), "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]), "+f"(o[14][0]), "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]), "+f"(o[15][1]), "+f"(o[15][2]), "+f"(o[15][3])
 
-// s (= or +=) Q[64 rows, 16 dims] K[64 keys, 16 dims]^T; 16-bit inputs: f16 (kF16, int8 KV) or bf16.
+// s (= or +=) Q[64 rows, 16 dims] (A fragments in registers) K[64 keys, 16 dims]^T; 16-bit inputs: f16
+// (kF16, int8 KV) or bf16.
 template <bool kF16>
-__forceinline__ void wgmma_qk(float (&s)[8][4], unsigned long long q_desc, unsigned long long k_desc, int accumulate) {
+__forceinline__ void wgmma_qk(float (&s)[8][4], const unsigned (&q)[4], unsigned long long k_desc, int accumulate) {
     if constexpr (kF16) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " WGMMA_S_REGS ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " WGMMA_S_REGS ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
                      : WGMMA_S_OPERANDS(s)
-                     : "l"(q_desc), "l"(k_desc), "r"(accumulate));
+                     : "r"(q[0]), "r"(q[1]), "r"(q[2]), "r"(q[3]), "l"(k_desc), "r"(accumulate));
     } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WGMMA_S_REGS ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WGMMA_S_REGS ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
                      : WGMMA_S_OPERANDS(s)
-                     : "l"(q_desc), "l"(k_desc), "r"(accumulate));
+                     : "r"(q[0]), "r"(q[1]), "r"(q[2]), "r"(q[3]), "l"(k_desc), "r"(accumulate));
     }
 }
 
@@ -255,7 +256,6 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
 
     // This warpgroup's Q rows (padding rows and rows past the chunk zero-filled): thread mt copies chunks
     // i = mt + 128 j of its 64 rows (row i / 16, 16-byte chunk i % 16).
-    const unsigned q_rows = base + S::kQ + mg * 64 * kSwizzleRow;
     auto q_chunk = [&](int j, int& r, int& chunk) {
         const int i = mt + j * kGroupThreads;
         r = 64 * mg + (i >> 4);
@@ -282,6 +282,14 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + mg) : "memory");  // the warpgroup's Q rows are all in place
+    // Q as the A fragments of S's MMAs, held in registers for the whole walk (K alone is read from shared
+    // memory per page): k step ks of the warp's 16 rows, lane l addressing row l % 16, dims 16 ks + 8 (l / 16).
+    unsigned qa[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const int dim = 16 * ks + 8 * (lane >> 4);
+        ldmatrix_x4_at(qa[ks], base + S::kQ + (dim >> 6) * kQHalf + swizzled(warp_row + (lane & 15), (dim & 63) >> 3));
+    }
 
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
@@ -300,8 +308,7 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
             const unsigned half = ks >> 2, within = (ks & 3) * 32;
-            wgmma_qk<kInt8>(s, wgmma_desc(q_rows + half * kQHalf + within, 16, 1024),
-                            wgmma_desc(slot(i) + half * kPageHalf + within, 16, 1024), ks > 0);
+            wgmma_qk<kInt8>(s, qa[ks], wgmma_desc(slot(i) + half * kPageHalf + within, 16, 1024), ks > 0);
         }
         wgmma_commit();
     };

@@ -93,6 +93,14 @@ __forceinline__ unsigned smem_address(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+// Four 8x8 16-bit matrices from shared memory (non-transposed); lanes 8i..8i+7 give matrix i's row addresses.
+__forceinline__ void ldmatrix_x4_at(unsigned (&frag)[4], unsigned address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
+                 : "r"(address)
+                 : "memory");
+}
+
 // 2^x on the SFU (ex2.approx.ftz: 2 ulp; -inf -> +0).
 __forceinline__ float fast_exp2(float x) {
     float y;
