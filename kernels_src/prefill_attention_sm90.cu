@@ -298,7 +298,7 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
     const int min_pos = t.first_pos + t.q_begin;  // the tile's first position: earlier pages need no mask
     const float scale_log2 = scale * kLog2e;
     const int pages = b.kt_end - b.kt_begin;
-    float s[8][4], s_hi[8][4];  // S over dims 0-63 and 64-127: two independent chains of MMAs
+    float s[8][4];
     unsigned p[kKeyTile / 16][4];
     float alpha[2];
 
@@ -306,17 +306,11 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
     auto page_scales = [&](int i) { return reinterpret_cast<const float*>(smem + S::kScales + (i % kStages<kInt8>) * S::kPageScales); };
     auto issue_qk = [&](int i) {
 #pragma unroll
-        for (int ks = 0; ks < D / 32; ++ks) {
-            wgmma_qk<kInt8>(s, qa[ks], wgmma_desc(slot(i) + ks * 32, 16, 1024), ks > 0);
-            wgmma_qk<kInt8>(s_hi, qa[ks + 4], wgmma_desc(slot(i) + kPageHalf + ks * 32, 16, 1024), ks > 0);
+        for (int ks = 0; ks < D / 16; ++ks) {
+            const unsigned half = ks >> 2, within = (ks & 3) * 32;
+            wgmma_qk<kInt8>(s, qa[ks], wgmma_desc(slot(i) + half * kPageHalf + within, 16, 1024), ks > 0);
         }
         wgmma_commit();
-    };
-    auto add_halves = [&] {
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] += s_hi[nt][e];
     };
     auto issue_pv = [&](int i) {
 #pragma unroll
@@ -353,7 +347,6 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
         wait_page(i);
         take_turn();
         keep_in_place(s);
-        keep_in_place(s_hi);
         keep_in_place(p);
         keep_in_place(o);
         wgmma_fence();
@@ -365,8 +358,6 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
         pass_turn();
         wgmma_wait<1>();  // S of page i
         keep_in_place(s);
-        keep_in_place(s_hi);
-        add_halves();
         softmax_page(i, masked);
         pin_softmax(l);
         wgmma_wait<0>();  // P V of page i - 1
@@ -387,8 +378,6 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
     pass_turn();
     wgmma_wait<0>();
     keep_in_place(s);
-    keep_in_place(s_hi);
-    add_halves();
     softmax_page(0, first_masked == 0);
     pack_p<kInt8>(s, p, page_scales(0) + kKeyTile, c);
     for (int i = 1; i < first_masked; ++i) step(i, false);
