@@ -301,22 +301,25 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
     float s[8][4];
     unsigned p[kKeyTile / 16][4];
     float alpha[2];
+    bool rescale = false;  // some row of the warp has alpha < 1: O needs the rescale (alpha = 1 exactly otherwise)
 
     auto slot = [&](int i) { return base + S::kSlots + (i % kStages<kInt8>) * S::kSlot; };
     auto page_scales = [&](int i) { return reinterpret_cast<const float*>(smem + S::kScales + (i % kStages<kInt8>) * S::kPageScales); };
+    // One descriptor per tile, the k steps' offsets added to its address field (addresses stay below 2^18, so
+    // the field never carries): ptxas rebuilt every descriptor from scratch, ~70 uniform instructions a page.
     auto issue_qk = [&](int i) {
+        const unsigned long long k_desc = wgmma_desc(slot(i), 16, 1024);
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
             const unsigned half = ks >> 2, within = (ks & 3) * 32;
-            wgmma_qk<kInt8>(s, qa[ks], wgmma_desc(slot(i) + half * kPageHalf + within, 16, 1024), ks > 0);
+            wgmma_qk<kInt8>(s, qa[ks], k_desc + ((half * kPageHalf + within) >> 4), ks > 0);
         }
         wgmma_commit();
     };
     auto issue_pv = [&](int i) {
+        const unsigned long long v_desc = wgmma_desc(slot(i) + S::kTile, kPageHalf, 1024);
 #pragma unroll
-        for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-            wgmma_pv<kInt8>(o, p[kk], wgmma_desc(slot(i) + S::kTile + kk * 16 * kSwizzleRow, kPageHalf, 1024));
-        }
+        for (int kk = 0; kk < kKeyTile / 16; ++kk) wgmma_pv<kInt8>(o, p[kk], v_desc + ((kk * 16 * kSwizzleRow) >> 4));
         wgmma_commit();
     };
     // S of page i -> P (unpacked, in s); m, l, alpha. `masked`: the page holds keys past some row's position.
@@ -327,6 +330,7 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
         bool grew = false;
 #pragma unroll
         for (int h = 0; h < 2; ++h) alpha[h] = softmax_rows(s, h, m[h], l[h], scale_log2, grew);
+        rescale = __any_sync(0xffffffffu, grew);
     };
     auto wait_page = [&](int i) { mbarrier_wait(base + S::full(i % kStages<kInt8>), (i / kStages<kInt8>) & 1); };
     // A shared-memory store of the row sums (every exp2 of the page feeds them) before the P V wait: ptxas
@@ -351,7 +355,7 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
         keep_in_place(o);
         wgmma_fence();
         issue_qk(i);
-        rescale_rows(o, alpha);
+        if (rescale) rescale_rows(o, alpha);
         keep_in_place(o);
         wgmma_fence();
         issue_pv(i - 1);
@@ -382,7 +386,7 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
     pack_p<kInt8>(s, p, page_scales(0) + kKeyTile, c);
     for (int i = 1; i < first_masked; ++i) step(i, false);
     for (int i = max(1, first_masked); i < pages; ++i) step(i, true);
-    rescale_rows(o, alpha);
+    if (rescale) rescale_rows(o, alpha);
     take_turn();
     keep_in_place(p);
     keep_in_place(o);
