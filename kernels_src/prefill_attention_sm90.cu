@@ -1,456 +1,151 @@
-// Causal flash attention for prefill chunks on Hopper's warpgroup MMAs (wgmma, sm_90a only), at head_dim 128
-// (attention_ops.prefill_kernel picks it there; prefill_attention.cu's mma.sync kernel runs on every arch).
-// Same math, tiles, splits, masks and outputs as prefill_attention.cu (its header): a block owns one kv head
-// and a tile of R = 128 M rows (chunk rows x the GQA group's q heads), walks the pages of its split, and writes
-// out (one split) or its f32 partials, which prefill_attention_combine_d128 merges.
+// Causal flash attention for prefill chunks over bf16 KV on Hopper's warpgroup MMAs (wgmma, sm_90a only), at
+// head_dim 128 (attention_ops.prefill_kernel picks it there; int8 KV runs prefill_attention_sm90_int8.cu, other
+// archs prefill_attention.cu's mma.sync kernel). Same math, tiles, splits, masks and outputs as
+// prefill_attention.cu (its header): a block owns one kv head and a tile of R = 128 M rows (chunk rows x the
+// GQA group's q heads), walks the pages of its split, and writes out (one split) or its f32 partials, which
+// prefill_attention_combine_d128 merges.
 //
 // S = Q K^T: 8 x wgmma m64n64k16 per page (A = Q, B = K, both K-major in shared memory), f32; online softmax
 // in f32 (log2 domain, prefill_common.cuh); O += P V: 4 x wgmma m64n128k16 (A = P from registers: the S
-// accumulator layout repacked as in the mma.sync kernel; B = V, N-major in shared memory). bf16 KV: bf16
-// inputs, P rounded to bf16. int8 KV: f16 inputs on the exact int8 values (each thread converts the raw
-// chunks it copied into the f16 tiles), Q rounded bf16 -> f16, the per-key scales applied in f32 to S's
-// columns (K) and to P's columns before P is rounded to f16 (V): the mma.sync kernel's int8 math.
-// Layout: q bf16 [T, Hq, 128]; K, V [num_pages, 64, Hkv, 128] bf16 or int8 (+ f32 scales [num_pages, 64,
-// Hkv]); block_tables, context_lens, query_start, out and the workspace as in prefill_attention.cu.
-// Shared memory (dynamic, WgSmem below, 1024-aligned inside: attention_ops.prefill_sm90_smem bytes): Q and the
-// K and V tiles as 64-dim halves of 128-byte rows in the 128-byte swizzle wgmma reads (16-byte chunk c of row
-// r at r * 128 + ((c ^ (r % 8)) << 4)); bf16: two buffers of the K and V tiles; int8: one f16 tile each and
-// two buffers of the raw pages and scales. Page kt + 1 is copied (cp.async) while page kt is multiplied.
-// Launch: prefill_attention_sm90_d128_{bf16,int8}: grid as prefill_attention.cu's kernels (tiles * num_splits,
-// Hkv, B); block 256 = 2 warpgroups x 64 M rows (warp w of warpgroup j: M rows 64 j + 16 w .. + 15); two
-// blocks per SM (128 registers). Compiled for other archs the file holds no kernel.
+// accumulator layout repacked as in the mma.sync kernel, rounded to bf16; B = V, N-major in shared memory).
+// Layout: q bf16 [T, Hq, 128]; K, V [num_pages, 64, Hkv, 128] bf16; block_tables, context_lens, query_start,
+// out and the workspace as in prefill_attention.cu.
+// Shared memory (dynamic, WgSmem below, 1024-aligned inside: attention_ops.prefill_sm90_smem bytes): Q and two
+// buffers of the K and V page tiles as 64-dim halves of 128-byte rows in the 128-byte swizzle wgmma reads
+// (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) << 4)). Page kt + 1 is copied (cp.async) while page
+// kt is multiplied.
+// Launch: prefill_attention_sm90_d128_bf16: grid as prefill_attention.cu's kernels (tiles * num_splits, Hkv,
+// B); block 256 = 2 warpgroups x 64 M rows (warp w of warpgroup j: M rows 64 j + 16 w .. + 15); two blocks
+// per SM (128 registers). Compiled for other archs the file holds no kernel.
 #include "attention_common.cuh"
 #include "prefill_common.cuh"
+#include "wgmma_sm90.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-constexpr int kBlockThreads = 384;  // warpgroup 0 copies pages, warpgroups 1 and 2 multiply (64 M rows each)
-constexpr int kGroupThreads = 128;  // a warpgroup
-// Page slots between the copying and the multiplying warpgroups, and pages whose copies a copying thread keeps
-// in flight (int8: raw slots as many), as deep as shared memory allows: L2's latency, not its bandwidth, bounds
-// the copies.
-template <bool kInt8>
-constexpr int kStages = kInt8 ? 4 : 6;
-template <bool kInt8>
-constexpr int kLookahead = kInt8 ? 3 : 4;
-// Registers per thread (setmaxnreg): the launch gives all 384 threads 168 (one block per SM); the copying
-// warpgroup hands most of its share to the multiplying ones (128 x 56 + 256 x 224 = 384 x 168).
-constexpr int kCopyRegs = 56;
-constexpr int kMathRegs = 224;
-constexpr int kSwizzleRow = 128;                       // bytes per swizzled row (64 bf16 dims)
-constexpr int kQHalf = kFlashRows * kSwizzleRow;       // one 64-dim half of Q
-constexpr int kPageHalf = kKeyTile * kSwizzleRow;      // one 64-dim half of a K or V page
-
-__forceinline__ unsigned swizzled(int row, int chunk) {  // chunk: 16-byte unit within the row's 128 bytes
-    return row * kSwizzleRow + (((chunk & 7) ^ (row & 7)) << 4);
-}
-
-// Shared-memory matrix descriptor of a 128-byte-swizzled operand starting at `address` (PTX ISA, "matrix
-// descriptor"): `stride` = bytes between groups of 8 rows (1024 here); `leading` = bytes between the 64-dim
-// halves of an N-major operand (V), unused for K-major ones (Q, K). A k step within a half advances the start
-// address by 32 bytes; the hardware applies the swizzle to the final address, hence the 1024-byte alignment.
-__forceinline__ unsigned long long wgmma_desc(unsigned address, unsigned leading, unsigned stride) {
-    return (unsigned long long)((address & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16) |
-           ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
-}
-
-__forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Pins the accumulators in program order around the wgmma fences: the compiler sees no access to `acc` in the
-// fence and wait asm statements, and would otherwise move reads and writes of them across.
-template <int N>
-__forceinline__ void keep_in_place(float (&acc)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][e])::"memory");
-}
-
-#define WGMMA_S_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define WGMMA_S_OPERANDS(s) "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]), "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3]), "+f"(s[4][0]), "+f"(s[4][1]), "+f"(s[4][2]), "+f"(s[4][3]), "+f"(s[5][0]), "+f"(s[5][1]), "+f"(s[5][2]), "+f"(s[5][3]), "+f"(s[6][0]), "+f"(s[6][1]), "+f"(s[6][2]), "+f"(s[6][3]), "+f"(s[7][0]), "+f"(s[7][1]), "+f"(s[7][2]), "+f"(s[7][3])
-#define WGMMA_O_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
-#define WGMMA_O_OPERANDS(o) "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]), "+f"(o[1][2]), "+f"(o[1][3]), "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]), "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]), "+f"(o[4][0]), "+f"(o[4][1]), "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]), "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]), "+f"(o[7][2]), "+f"(o[7][3]), "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]), "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]), "+f"(o[10][0]), "+f"(o[10][1]), "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]), "+f"(o[11][2]), "+f"(o[11][3]), "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]), "+f"(o[12][3]), "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]), "+f"(o[14][0]), "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]), "+f"(o[15][1]), "+f"(o[15][2]), "+f"(o[15][3])
-
-// s (= or +=) Q[64 rows, 16 dims] (A fragments in registers) K[64 keys, 16 dims]^T; 16-bit inputs: f16
-// (kF16, int8 KV) or bf16.
-template <bool kF16>
-__forceinline__ void wgmma_qk(float (&s)[8][4], const unsigned (&q)[4], unsigned long long k_desc, int accumulate) {
-    if constexpr (kF16) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " WGMMA_S_REGS ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                     : WGMMA_S_OPERANDS(s)
-                     : "r"(q[0]), "r"(q[1]), "r"(q[2]), "r"(q[3]), "l"(k_desc), "r"(accumulate));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WGMMA_S_REGS ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                     : WGMMA_S_OPERANDS(s)
-                     : "r"(q[0]), "r"(q[1]), "r"(q[2]), "r"(q[3]), "l"(k_desc), "r"(accumulate));
-    }
-}
-
-// o += P[64 rows, 16 keys] (registers) V[16 keys, 128 dims].
-template <bool kF16>
-__forceinline__ void wgmma_pv(float (&o)[16][4], const unsigned (&p)[4], unsigned long long v_desc) {
-    if constexpr (kF16) {
-        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WGMMA_O_REGS ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-                     : WGMMA_O_OPERANDS(o)
-                     : "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3]), "l"(v_desc));
-    } else {
-        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WGMMA_O_REGS ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-                     : WGMMA_O_OPERANDS(o)
-                     : "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3]), "l"(v_desc));
-    }
-}
-
-template <int kPending>
-__forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory"); }
-
-// The P fragments likewise: live (their registers untouched) until the wgmma reading them has completed.
-__forceinline__ void keep_in_place(unsigned (&frag)[kKeyTile / 16][4]) {
-#pragma unroll
-    for (int i = 0; i < kKeyTile / 16; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(frag[i][e])::"memory");
-}
-
-__forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Release: this thread's earlier shared-memory writes (and reads) happen before the phase completes.
-__forceinline__ void mbarrier_arrive(unsigned bar) {
-    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-
-// Acquire: returns once the phase of parity `parity` has completed (a fresh barrier is in phase 0, so parity
-// 1 passes at once: the slots start empty).
-__forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
-// Keys [0, valid_keys) of `page` for one kv head into shared memory at `dst`, copied by thread `tid` of the
-// copying warpgroup (cp.async, zero-filled past valid_keys): bf16 straight into a swizzled page tile; int8 as
-// the raw page, [64][128] bytes.
-template <bool kInt8>
-__forceinline__ void copy_page(unsigned dst, const void* cache, long long page, int kv_head, int num_kv_heads, int valid_keys, int tid) {
-    constexpr int kChunks = kInt8 ? 8 : 16;  // 16-byte chunks per key row
-    const unsigned char* base = static_cast<const unsigned char*>(cache);
-#pragma unroll
-    for (int j = 0; j < kKeyTile * kChunks / kGroupThreads; ++j) {
-        const int i = tid + j * kGroupThreads;
-        const int key = i / kChunks, chunk = i % kChunks;
-        const bool valid = key < valid_keys;
-        const unsigned char* src = valid ? base + ((page * kPageSize + key) * num_kv_heads + kv_head) * (kChunks * 16) + chunk * 16 : base;
-        const unsigned to = dst + (kInt8 ? i * 16 : (chunk >> 3) * kPageHalf + swizzled(key, chunk));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 16 : 0));
-    }
-}
-
-// int8: the chunks of a raw page thread `tid` copied (copy_page<true>), as exact f16 into the swizzled tile.
-__forceinline__ void convert_own_chunks(unsigned tile, const unsigned char* raw, int tid) {
-#pragma unroll
-    for (int j = 0; j < kKeyTile * 8 / kGroupThreads; ++j) {
-        const int i = tid + j * kGroupThreads;
-        const int key = i >> 3, chunk = 2 * (i & 7);  // 16 int8 dims -> f16 chunks `chunk`, `chunk + 1`
-        uint4 lo, hi;
-        int8x16_to_f16x16(*reinterpret_cast<const uint4*>(raw + i * 16), lo, hi);
-        const unsigned half = tile + (chunk >> 3) * kPageHalf;
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(half + swizzled(key, chunk)), "r"(lo.x), "r"(lo.y), "r"(lo.z), "r"(lo.w));
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(half + swizzled(key, chunk + 1)), "r"(hi.x), "r"(hi.y), "r"(hi.z), "r"(hi.w));
-    }
-}
+constexpr int kBlockThreads = 256;
 
 // The kernel's shared memory (byte offsets from the 1024-aligned base; attention_ops.prefill_sm90_smem mirrors
-// kBytes): Q [128][128] 16-bit, swizzled; kStages page slots, each a K then a V tile [64][128] 16-bit
-// (swizzled) and, int8 KV, their f32 scales [2][64]; int8 KV: kLookahead slots of raw pages in flight (K,
-// V [64][128] bytes, their scales [2][64]); the mbarriers: full[kStages] (a slot's page landed), empty[kStages]
-// (both multiplying warpgroups are done with it).
-template <bool kInt8>
-struct WsSmem {
-    static constexpr int kTile = 2 * kPageHalf;
-    static constexpr int kSlot = 2 * kTile;
-    static constexpr int kRawPage = kKeyTile * 128;
-    static constexpr int kPageScales = 2 * kKeyTile * 4;
-    static constexpr int kRawSlot = 2 * kRawPage + kPageScales;
+// kBytes): Q [128][128] bf16; two buffers of the swizzled K and V page tiles [64][128] bf16.
+struct WgSmem {
+    static constexpr int kTile = 2 * kPageHalf;  // a K or V page
     static constexpr int kQ = 0;
-    static constexpr int kSlots = kQ + 2 * kQHalf;
-    static constexpr int kScales = kSlots + kStages<kInt8> * kSlot;
-    static constexpr int kRaw = kScales + (kInt8 ? kStages<kInt8> * kPageScales : 0);
-    static constexpr int kBarriers = kRaw + (kInt8 ? kLookahead<kInt8> * kRawSlot : 0);
-    static constexpr int kScratch = kBarriers + 2 * kStages<kInt8> * 8;  // a word per multiplying thread
-    static constexpr int kBytes = kScratch + 2 * kGroupThreads * 4;
-    static constexpr int full(int stage) { return kBarriers + 8 * stage; }
-    static constexpr int empty(int stage) { return kBarriers + 8 * (kStages<kInt8> + stage); }
+    static constexpr int kK = kQ + 2 * kQHalf;
+    static constexpr int kV = kK + 2 * kTile;
+    static constexpr int kBytes = kV + 2 * kTile;
 };
 
-// The copying warpgroup (thread `tid` of 128): pages kt_begin .. kt_end - 1 into slots i % kStages. Each thread
-// keeps the copies of kLookahead pages in flight. Iteration i first publishes page i - kLookahead (its copies
-// landed; int8: the thread converts its chunks into the slot's f16 tiles once the slot is empty) to the async
-// proxy and arrives on its full barrier, then starts page i's copies (bf16: into its slot, once empty; int8:
-// into raw slot i % kLookahead, which page i - kLookahead has just left), so a page's publication never
-// waits for a later page's slot.
-template <bool kInt8>
-__forceinline__ void copy_pages(const PrefillBlock& b, unsigned base, unsigned char* smem, const void* k_cache,
-                                const void* v_cache, const float* k_scale, const float* v_scale, int num_kv_heads, int tid) {
-    using S = WsSmem<kInt8>;
-    const int pages = b.kt_end - b.kt_begin;
-    for (int i = 0; i < pages + kLookahead<kInt8>; ++i) {
-        if (i >= kLookahead<kInt8>) {
-            const int ready = i - kLookahead<kInt8>, stage = ready % kStages<kInt8>;
-            cp_async_wait<kLookahead<kInt8> - 1>();
-            if constexpr (kInt8) {
-                mbarrier_wait(base + S::empty(stage), ((ready / kStages<kInt8>) & 1) ^ 1);
-                const unsigned char* raw = smem + S::kRaw + (ready % kLookahead<kInt8>) * S::kRawSlot;
-                const unsigned tile = base + S::kSlots + stage * S::kSlot;
-                convert_own_chunks(tile, raw, tid);
-                convert_own_chunks(tile + S::kTile, raw + S::kRawPage, tid);
-                reinterpret_cast<float*>(smem + S::kScales + stage * S::kPageScales)[tid] =
-                    reinterpret_cast<const float*>(raw + 2 * S::kRawPage)[tid];
-            }
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the slot, visible to the wgmma (async) proxy
-            mbarrier_arrive(base + S::full(stage));
-        }
-        if (i < pages) {
-            const int kt = b.kt_begin + i;
-            const int keys = min(kKeyTile, b.t.ctx - kt * kKeyTile);
-            const long long page = b.pages[kt];
-            if constexpr (kInt8) {
-                const int slot = i % kLookahead<kInt8>;
-                const unsigned raw = base + S::kRaw + slot * S::kRawSlot;
-                copy_page<true>(raw, k_cache, page, b.kv_head, num_kv_heads, keys, tid);
-                copy_page<true>(raw + S::kRawPage, v_cache, page, b.kv_head, num_kv_heads, keys, tid);
-                const int key = tid % kKeyTile;  // threads 0-63: K scales, 64-127: V scales
-                const float* scales = tid < kKeyTile ? k_scale : v_scale;
-                float* dst = reinterpret_cast<float*>(smem + S::kRaw + slot * S::kRawSlot + 2 * S::kRawPage) + tid;
-                cp_async4(dst, scales + (key < keys ? (page * kPageSize + key) * num_kv_heads + b.kv_head : 0), key < keys);
-            } else {
-                const int stage = i % kStages<kInt8>;
-                mbarrier_wait(base + S::empty(stage), ((i / kStages<kInt8>) & 1) ^ 1);
-                const unsigned tile = base + S::kSlots + stage * S::kSlot;
-                copy_page<false>(tile, k_cache, page, b.kv_head, num_kv_heads, keys, tid);
-                copy_page<false>(tile + S::kTile, v_cache, page, b.kv_head, num_kv_heads, keys, tid);
-            }
-        }
-        cp_async_commit();  // every iteration, so the wait above always leaves kLookahead - 1 groups in flight
-    }
-}
-
-// A multiplying warpgroup (mg = 0, 1: M rows 64 mg .. 64 mg + 63): its Q rows, then the pages as the copying
-// warpgroup publishes them. S of page i is multiplied while P V of page i - 1 still runs, and the softmax of
-// page i overlaps that P V; the slot of page i - 1 is freed once its P V has completed.
-template <bool kInt8>
-__forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsigned char* smem, const bf16* q,
-                                    int num_q_heads, float scale, int mg, float (&o)[16][4], float (&m)[2], float (&l)[2]) {
-    using S = WsSmem<kInt8>;
-    constexpr int D = 128;
-    const PrefillTile& t = b.t;
-    const int mt = threadIdx.x % kGroupThreads;
-    const int lane = threadIdx.x & 31;
-    const int g = lane >> 2, c = lane & 3;
-    const int warp_row = 64 * mg + 16 * (mt >> 5);
-
-    // This warpgroup's Q rows (padding rows and rows past the chunk zero-filled): thread mt copies chunks
-    // i = mt + 128 j of its 64 rows (row i / 16, 16-byte chunk i % 16).
-    auto q_chunk = [&](int j, int& r, int& chunk) {
-        const int i = mt + j * kGroupThreads;
-        r = 64 * mg + (i >> 4);
-        chunk = i & 15;
-        return base + S::kQ + (chunk >> 3) * kQHalf + swizzled(r, chunk);
-    };
-    for (int j = 0; j < 64 * 16 / kGroupThreads; ++j) {
-        int r, chunk;
-        const unsigned to = q_chunk(j, r, chunk);
-        const int qi = tile_query(t, r);
-        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, b.kv_head, num_q_heads, D) + chunk * 8 : q;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(qi >= 0 ? 16 : 0));
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    if constexpr (kInt8) {  // int8 KV multiplies in f16 (exact int8 values): this thread's Q chunks bf16 -> f16
-        for (int j = 0; j < 64 * 16 / kGroupThreads; ++j) {
-            int r, chunk;
-            uint4* at = reinterpret_cast<uint4*>(smem + (q_chunk(j, r, chunk) - base));
-            const uint4 v = *at;
-            *at = make_uint4(pack_f16x2(bf16_lo(v.x), bf16_hi(v.x)), pack_f16x2(bf16_lo(v.y), bf16_hi(v.y)),
-                             pack_f16x2(bf16_lo(v.z), bf16_hi(v.z)), pack_f16x2(bf16_lo(v.w), bf16_hi(v.w)));
-        }
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + mg) : "memory");  // the warpgroup's Q rows are all in place
-    // Q as the A fragments of S's MMAs, held in registers for the whole walk (K alone is read from shared
-    // memory per page): k step ks of the warp's 16 rows, lane l addressing row l % 16, dims 16 ks + 8 (l / 16).
-    unsigned qa[D / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-        const int dim = 16 * ks + 8 * (lane >> 4);
-        ldmatrix_x4_at(qa[ks], base + S::kQ + (dim >> 6) * kQHalf + swizzled(warp_row + (lane & 15), (dim & 63) >> 3));
-    }
-
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-    m[0] = m[1] = neg_inf();
-    l[0] = l[1] = 0.0f;
-    const int min_pos = t.first_pos + t.q_begin;  // the tile's first position: earlier pages need no mask
-    const float scale_log2 = scale * kLog2e;
-    const int pages = b.kt_end - b.kt_begin;
-    float s[8][4];
-    unsigned p[kKeyTile / 16][4];
-    float alpha[2];
-    bool rescale = false;  // some row of the warp has alpha < 1: O needs the rescale (alpha = 1 exactly otherwise)
-
-    auto slot = [&](int i) { return base + S::kSlots + (i % kStages<kInt8>) * S::kSlot; };
-    auto page_scales = [&](int i) { return reinterpret_cast<const float*>(smem + S::kScales + (i % kStages<kInt8>) * S::kPageScales); };
-    // One descriptor per tile, the k steps' offsets added to its address field (addresses stay below 2^18, so
-    // the field never carries): ptxas rebuilt every descriptor from scratch, ~70 uniform instructions a page.
-    auto issue_qk = [&](int i) {
-        const unsigned long long k_desc = wgmma_desc(slot(i), 16, 1024);
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-            const unsigned half = ks >> 2, within = (ks & 3) * 32;
-            wgmma_qk<kInt8>(s, qa[ks], k_desc + ((half * kPageHalf + within) >> 4), ks > 0);
-        }
-        wgmma_commit();
-    };
-    auto issue_pv = [&](int i) {
-        const unsigned long long v_desc = wgmma_desc(slot(i) + S::kTile, kPageHalf, 1024);
-#pragma unroll
-        for (int kk = 0; kk < kKeyTile / 16; ++kk) wgmma_pv<kInt8>(o, p[kk], v_desc + ((kk * 16 * kSwizzleRow) >> 4));
-        wgmma_commit();
-    };
-    // S of page i -> P (unpacked, in s); m, l, alpha. `masked`: the page holds keys past some row's position.
-    auto softmax_page = [&](int i, bool masked) {
-        const int kt = b.kt_begin + i;
-        if constexpr (kInt8) scale_key_columns(s, page_scales(i), c);
-        if (masked) mask_causal(s, kt, min_pos + (warp_row + g) / t.group, min_pos + (warp_row + 8 + g) / t.group, c);
-        bool grew = false;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) alpha[h] = softmax_rows(s, h, m[h], l[h], scale_log2, grew);
-        rescale = __any_sync(0xffffffffu, grew);
-    };
-    auto wait_page = [&](int i) { mbarrier_wait(base + S::full(i % kStages<kInt8>), (i / kStages<kInt8>) & 1); };
-    // A shared-memory store of the row sums (every exp2 of the page feeds them) before the P V wait: ptxas
-    // keeps memory operations in order around the wait, and would otherwise hoist the wait above the exp2s.
-    const unsigned scratch = base + S::kScratch + 4 * (threadIdx.x - kGroupThreads);
-    auto pin_softmax = [&](const float (&sums)[2]) {
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(sums[0] + sums[1]) : "memory");
-    };
-    // The two multiplying warpgroups take turns issuing their MMAs (named barrier 3 + mg is mg's turn): one's
-    // softmax runs while the other's MMAs hold the tensor cores (FA3's ping-pong). Warpgroup 0 goes first.
-    auto take_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(3 + mg) : "memory"); };
-    auto pass_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - mg) : "memory"); };
-    if (mg == 1) pass_turn();
-    // Page i >= 1: S of page i issued, O rescaled by page i - 1's alphas meanwhile, P V of page i - 1 issued;
-    // the softmax of page i runs during that P V. Nothing touches O between the P V's issue and its wait
-    // (ptxas would hoist the wait over the softmax to start such work early).
-    auto step = [&](int i, bool masked) {
-        wait_page(i);
-        take_turn();
-        keep_in_place(s);
-        keep_in_place(p);
-        keep_in_place(o);
-        wgmma_fence();
-        issue_qk(i);
-        if (rescale) rescale_rows(o, alpha);
-        keep_in_place(o);
-        wgmma_fence();
-        issue_pv(i - 1);
-        pass_turn();
-        wgmma_wait<1>();  // S of page i
-        keep_in_place(s);
-        softmax_page(i, masked);
-        pin_softmax(l);
-        wgmma_wait<0>();  // P V of page i - 1
-        keep_in_place(o);
-        keep_in_place(p);  // P stays live (its registers untouched) until the wgmma reading it is done
-        mbarrier_arrive(base + S::empty((i - 1) % kStages<kInt8>));
-        pack_p<kInt8>(s, p, page_scales(i) + kKeyTile, c);
-    };
-
-    // Pages from first_masked on hold keys past the tile's first position. Two loops, each without a branch
-    // in its body: ptxas otherwise places the P V wait at the top of the block after the mask's branch, ahead
-    // of the softmax it should overlap.
-    const int first_masked = min(pages, max(0, (min_pos + 1) / kKeyTile - b.kt_begin));
-    wait_page(0);
-    take_turn();
-    wgmma_fence();
-    issue_qk(0);
-    pass_turn();
-    wgmma_wait<0>();
-    keep_in_place(s);
-    softmax_page(0, first_masked == 0);
-    pack_p<kInt8>(s, p, page_scales(0) + kKeyTile, c);
-    for (int i = 1; i < first_masked; ++i) step(i, false);
-    for (int i = max(1, first_masked); i < pages; ++i) step(i, true);
-    if (rescale) rescale_rows(o, alpha);
-    take_turn();
-    keep_in_place(p);
-    keep_in_place(o);
-    wgmma_fence();
-    issue_pv(pages - 1);
-    pass_turn();
-    wgmma_wait<0>();
-    keep_in_place(o);
-    keep_in_place(p);
-    if (mg == 0) take_turn();  // warpgroup 1's last pass: every arrival on the barriers is consumed
-}
-
 // One block: see the header.
-template <bool kInt8>
-__forceinline__ void wgmma_prefill_attention(bf16* out, float* partial_acc, float* partial_ml, const bf16* q,
-                                             const void* k_cache, const void* v_cache, const float* k_scale,
-                                             const float* v_scale, const int* block_tables, int max_pages,
-                                             const int* context_lens, const int* query_start, int decode_max_queries,
-                                             int num_q_heads, int num_kv_heads, float scale, int num_splits) {
-    using S = WsSmem<kInt8>;
+__forceinline__ void prefill_attention_sm90_bf16_block(bf16* out, float* partial_acc, float* partial_ml, const bf16* q,
+                                                       const void* k_cache, const void* v_cache, const int* block_tables,
+                                                       int max_pages, const int* context_lens, const int* query_start,
+                                                       int decode_max_queries, int num_q_heads, int num_kv_heads,
+                                                       float scale, int num_splits) {
+    using S = WgSmem;
+    constexpr int D = 128;
+    constexpr int kDimTiles = D / 8;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     unsigned dynamic_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dynamic_bytes));
     if (dynamic_bytes < S::kBytes + 1024) __trap();  // attention_ops.prefill_sm90_smem must match
-    const unsigned base = (smem_address(wg_smem) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
-    unsigned char* const smem = wg_smem + (base - smem_address(wg_smem));
+    const unsigned aligned = (smem_address(wg_smem) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+    const unsigned q_at = aligned + S::kQ, k_at = aligned + S::kK, v_at = aligned + S::kV;
 
     PrefillBlock b;
     if (!prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads,
                        num_kv_heads, num_splits)) {
         return;
     }
-    if (threadIdx.x == 0) {
-        for (int stage = 0; stage < kStages<kInt8>; ++stage) {
-            mbarrier_init(base + S::full(stage), kGroupThreads);
-            mbarrier_init(base + S::empty(stage), 2 * kGroupThreads);
+    const PrefillTile& t = b.t;
+
+    const int warpgroup = threadIdx.x >> 7;
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int warp_row = 64 * warpgroup + 16 * ((threadIdx.x >> 5) & 3);
+
+    auto load = [&](int kt) {  // page kt into buffer (kt - kt_begin) % 2
+        const int keys = min(kKeyTile, t.ctx - kt * kKeyTile);
+        const int buffer = (kt - b.kt_begin) & 1;
+        copy_page<false, kBlockThreads>(k_at + buffer * S::kTile, k_cache, b.pages[kt], b.kv_head, num_kv_heads, keys, threadIdx.x);
+        copy_page<false, kBlockThreads>(v_at + buffer * S::kTile, v_cache, b.pages[kt], b.kv_head, num_kv_heads, keys, threadIdx.x);
+    };
+
+    // Q tile (padding rows and rows past the chunk zero-filled) and the first page. Thread x copies chunks
+    // i = x + 256 j of Q: row i / 16, 16-byte chunk i % 16.
+    for (int j = 0; j < kFlashRows * 16 / kBlockThreads; ++j) {
+        const int i = threadIdx.x + j * kBlockThreads;
+        const int r = i >> 4, qi = tile_query(t, r);
+        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, b.kv_head, num_q_heads, D) + (i & 15) * 8 : q;
+        const unsigned to = q_at + ((i & 15) >> 3) * kQHalf + swizzled(r, i & 15);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(qi >= 0 ? 16 : 0));
+    }
+    load(b.kt_begin);
+    cp_async_commit();
+
+    float o[kDimTiles][4];
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};  // rows g, g + 8
+    const int min_pos = t.first_pos + t.q_begin;  // the tile's first position: earlier pages need no mask
+    const float scale_log2 = scale * kLog2e;
+    const unsigned q_rows = q_at + warpgroup * 64 * kSwizzleRow;
+
+    for (int kt = b.kt_begin; kt < b.kt_end; ++kt) {
+        const int buffer = (kt - b.kt_begin) & 1;
+        if (kt + 1 < b.kt_end) load(kt + 1);  // the next page flies during this one's math
+        cp_async_commit();
+        cp_async_wait<1>();  // page kt (and Q) landed
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the wgmma (async) proxy
+        __syncthreads();
+        // K's and V's tiles: one descriptor each, the k steps' offsets added to its address field (addresses
+        // stay below 2^18, so the field never carries); Q's are rebuilt per step (a 64-bit descriptor held
+        // through the loop spills).
+        const unsigned long long k_desc = wgmma_desc(k_at + buffer * S::kTile, 16, 1024);
+        float s[8][4];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            const unsigned half = ks >> 2, within = (ks & 3) * 32;
+            wgmma_qk(s, wgmma_desc(q_rows + half * kQHalf + within, 16, 1024), k_desc + ((half * kPageHalf + within) >> 4), ks > 0);
         }
+        wgmma_commit();
+        wgmma_wait<0>();
+        keep_in_place(s);
+
+        if (kt * kKeyTile + kKeyTile - 1 > min_pos) {
+            mask_causal(s, kt, min_pos + (warp_row + g) / t.group, min_pos + (warp_row + 8 + g) / t.group, c);
+        }
+        bool grew = false;
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) alpha[h] = softmax_rows(s, h, m[h], l[h], scale_log2, grew);
+        if (__any_sync(0xffffffffu, grew)) rescale_rows(o, alpha);  // else every alpha is exactly 1
+        unsigned pa[kKeyTile / 16][4];
+        pack_p<false>(s, pa, nullptr, c);
+        keep_in_place(o);
+        const unsigned long long v_desc = wgmma_desc(v_at + buffer * S::kTile, kPageHalf, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kKeyTile / 16; ++kk) wgmma_pv<false>(o, pa[kk], v_desc + ((kk * 16 * kSwizzleRow) >> 4));
+        wgmma_commit();
+        wgmma_wait<0>();
+        keep_in_place(o);
+        __syncthreads();  // both warpgroups are done with page kt's tiles before they are refilled
     }
-    __syncthreads();
-    if (threadIdx.x < kGroupThreads) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegs));
-        copy_pages<kInt8>(b, base, smem, k_cache, v_cache, k_scale, v_scale, num_kv_heads, threadIdx.x);
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegs));
-    const int mg = threadIdx.x / kGroupThreads - 1;
-    float o[16][4], m[2], l[2];
-    multiply_pages<kInt8>(b, base, smem, q, num_q_heads, scale, mg, o, m, l);
+
+    prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,
+                  num_splits);
     const PrefillOutput dst = prefill_output(b, out, partial_acc, partial_ml, num_q_heads, num_kv_heads, num_splits);
-    store_rows<128>(dst, b.t, o, m, l, 64 * mg + 16 * ((threadIdx.x >> 5) & 3), (threadIdx.x & 31) >> 2, threadIdx.x & 3);
+    store_rows<D>(dst, t, o, m, l, warp_row, g, c);
 }
 
-#define PREFILL_SM90_KERNEL(KIND, INT8)                                                                        \
-    extern "C" __global__ void __launch_bounds__(kBlockThreads, 1) prefill_attention_sm90_d128_##KIND(            \
-        bf16* out, float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache,                  \
-        const void* v_cache, const float* k_scale, const float* v_scale, const int* block_tables,              \
-        int max_pages, const int* context_lens, const int* query_start, int decode_max_queries,                \
-        int num_q_heads, int num_kv_heads, float scale, int num_splits) {                                     \
-        enter_dependent_kernel();                                                                             \
-        wgmma_prefill_attention<INT8>(out, partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale,    \
-                                      block_tables, max_pages, context_lens, query_start, decode_max_queries, \
-                                      num_q_heads, num_kv_heads, scale, num_splits);                          \
-    }
-
-PREFILL_SM90_KERNEL(bf16, false)
-PREFILL_SM90_KERNEL(int8, true)
+// k_scale and v_scale are unused (bf16 KV): the signature is every prefill attention kernel's.
+extern "C" __global__ void __launch_bounds__(kBlockThreads, 2) prefill_attention_sm90_d128_bf16(
+    bf16* out, float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache, const void* v_cache,
+    const float* k_scale, const float* v_scale, const int* block_tables, int max_pages, const int* context_lens,
+    const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, float scale, int num_splits) {
+    enter_dependent_kernel();
+    prefill_attention_sm90_bf16_block(out, partial_acc, partial_ml, q, k_cache, v_cache, block_tables, max_pages,
+                                      context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads, scale,
+                                      num_splits);
+}
 #endif

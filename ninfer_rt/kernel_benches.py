@@ -9,6 +9,7 @@ A bench function takes a `BenchSession` and a shape (ninfer_rt.model.shapes) and
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -360,5 +361,7 @@ BENCHES: dict[str, BenchFunction] = {
     "rope_kv": bench_rope_kv,
     "decode_attention": bench_decode_attention,
     "prefill_attention": bench_prefill_attention,
-    "prefill_attention_sm90": bench_prefill_attention,  # times both prefill kernels where the sm_90a one runs
+    # time the sm_90a kernels and the mma.sync one in the same run
+    "prefill_attention_sm90": partial(bench_prefill_attention, kv_kinds=("bf16",)),
+    "prefill_attention_sm90_int8": partial(bench_prefill_attention, kv_kinds=("int8",)),
 }

@@ -50,6 +50,7 @@ _SHARED_TEST_FILES = {
     "prefill_attention": ReferenceTests(("test_attention_kernels_gpu.py",), "prefill_attention or attention_op"),
     # the same tests: on sm_90a they run the wgmma kernel where it applies, and the mma.sync one as `portable`
     "prefill_attention_sm90": ReferenceTests(("test_attention_kernels_gpu.py",), "prefill_attention or attention_op"),
+    "prefill_attention_sm90_int8": ReferenceTests(("test_attention_kernels_gpu.py",), "prefill_attention or attention_op"),
     "gemv": ReferenceTests(("test_gemv_gpu.py",), "gemv or swiglu"),
     "embedding": ReferenceTests(("test_gemv_gpu.py",), "gather_rows"),
 }

@@ -259,7 +259,7 @@ def test_prefill_only_step_launches_no_decode_kernels() -> None:
     assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", "prefill_attention_sm90_d128_bf16"]
     prefill = lib.launches[1]
     assert prefill.grid == (4, 4, 1) and prefill.writes == (step.out.resource,)
-    assert (prefill.block, prefill.smem) == (384, attention_ops.prefill_sm90_smem("bf16")) == (384, 231_520)
+    assert (prefill.block, prefill.smem) == (256, attention_ops.prefill_sm90_smem("bf16")) == (256, 99_328)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_120a"])

@@ -1,5 +1,5 @@
 """Launch wrappers for the attention families (kernels_src/{rope_kv,decode_attention,prefill_attention,
-prefill_attention_sm90}.cu).
+prefill_attention_sm90,prefill_attention_sm90_int8}.cu).
 
 A step's attention is three launches over the same step inputs: `rope_kv` (q/k norm, RoPE, K/V into the
 pages), then per sequence either flash-decoding (`decode_attention`, sequences with at most
@@ -60,9 +60,12 @@ _ROPE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.F32, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32,
 _DECODE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_SIGNATURE = (Arg.PTR,) * 9 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_COMBINE_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) * 4
-PREFILL_SM90_STAGES = {"bf16": 6, "int8": 4}  # its page slots (kStages)
-PREFILL_SM90_LOOKAHEAD = {"bf16": 4, "int8": 3}  # pages a copying thread keeps in flight (kLookahead)
-PREFILL_SM90_THREADS = 384  # prefill_attention_sm90.cu: a copying and 2 multiplying warpgroups
+# sm_90a prefill kernels: bf16 KV, 2 warpgroups (prefill_attention_sm90.cu); int8 KV, a copying and 2
+# multiplying warpgroups (prefill_attention_sm90_int8.cu) with PREFILL_SM90_INT8_STAGES page slots and
+# PREFILL_SM90_INT8_LOOKAHEAD raw pages in flight (its kStages, kLookahead)
+PREFILL_SM90_THREADS = {"bf16": 256, "int8": 384}
+PREFILL_SM90_INT8_STAGES = 4
+PREFILL_SM90_INT8_LOOKAHEAD = 3
 DECODE_COMBINE = KernelSpec("decode_attention", "decode_attention_combine", (Arg.PTR,) * 4 + (Arg.I32,) * 5)
 
 STEP_INPUT_NAMES = ("positions", "query_start", "context_lens", "block_tables", "slot_mapping")
@@ -199,32 +202,33 @@ class PrefillKernel:
 
 
 def prefill_kernel(arch: str, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> PrefillKernel:
-    """The prefill attention kernel for `arch`: on sm_90a at head_dim 128 the warpgroup-MMA one
-    (prefill_attention_sm90.cu), else, or with `wgmma` False, the mma.sync one every arch runs."""
+    """The prefill attention kernel for `arch`: on sm_90a at head_dim 128 the warpgroup-MMA one of the KV
+    dtype (prefill_attention_sm90{,_int8}.cu), else, or with `wgmma` False, the mma.sync one every arch runs."""
     applies = arch == "sm_90a" and head_dim == 128
     if wgmma and not applies:
         raise ValueError(f"prefill_attention: the wgmma kernel needs sm_90a and head_dim 128 ({arch}, {head_dim})")
     if applies and wgmma is not False:
-        return PrefillKernel(prefill_sm90_spec(kv_dtype), PREFILL_SM90_THREADS, prefill_sm90_smem(kv_dtype))
+        return PrefillKernel(prefill_sm90_spec(kv_dtype), PREFILL_SM90_THREADS[kv_dtype], prefill_sm90_smem(kv_dtype))
     return PrefillKernel(prefill_spec(head_dim, kv_dtype), _THREADS, prefill_smem_bytes(head_dim, kv_dtype))
 
 
 def prefill_sm90_spec(kv_dtype: str) -> KernelSpec:
-    return KernelSpec("prefill_attention_sm90", f"prefill_attention_sm90_d128_{kv_dtype}", _PREFILL_SIGNATURE)
+    family = "prefill_attention_sm90_int8" if kv_dtype == "int8" else "prefill_attention_sm90"
+    return KernelSpec(family, f"prefill_attention_sm90_d128_{kv_dtype}", _PREFILL_SIGNATURE)
 
 
 def prefill_sm90_smem(kv_dtype: str) -> int:
-    """WsSmem<int8>::kBytes in prefill_attention_sm90.cu, plus 1 KiB to align it to the 128-byte swizzle's
-    1024-byte atoms: Q [128][128] 16-bit; PREFILL_SM90_STAGES page slots of K and V tiles [64][128] 16-bit (int8:
-    and their 2 x 64 f32 scales); int8: PREFILL_SM90_LOOKAHEAD slots of raw pages [64][128] bytes and their
-    scales; a full and an empty mbarrier (8 bytes) per slot; a word per multiplying thread."""
+    """The sm_90a kernel's WgSmem / WsSmem::kBytes, plus 1 KiB to align it to the 128-byte swizzle's 1024-byte
+    atoms. Q [128][128] 16-bit, then bf16: two buffers of the K and V page tiles [64][128]; int8: page slots of
+    f16 K and V tiles and their 2 x 64 f32 scales, slots of raw pages [64][128] bytes and their scales, a full
+    and an empty mbarrier (8 bytes) per page slot, a scratch word per multiplying thread."""
     q, tile, scales = PREFILL_TILE_ROWS * 128 * _BF16, PAGE_SIZE * 128 * _BF16, 2 * PAGE_SIZE * _F32
-    stages, lookahead = PREFILL_SM90_STAGES[kv_dtype], PREFILL_SM90_LOOKAHEAD[kv_dtype]
-    barriers, scratch = 2 * stages * 8, PREFILL_SM90_THREADS // 3 * 2 * _F32
     if kv_dtype == "int8":
-        raw = lookahead * (2 * PAGE_SIZE * 128 + scales)
-        return q + stages * (2 * tile + scales) + raw + barriers + scratch + 1024
-    return q + stages * 2 * tile + barriers + scratch + 1024
+        slots = PREFILL_SM90_INT8_STAGES * (2 * tile + scales)
+        raw = PREFILL_SM90_INT8_LOOKAHEAD * (2 * PAGE_SIZE * 128 + scales)
+        barriers, scratch = 2 * PREFILL_SM90_INT8_STAGES * 8, 2 * 128 * _F32
+        return q + slots + raw + barriers + scratch + 1024
+    return q + 2 * 2 * tile + 1024
 
 
 def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> int:
