@@ -91,11 +91,13 @@ __forceinline__ void prefill_attention_sm90_bf16_block(bf16* out, float* partial
 
     for (int kt = b.kt_begin; kt < b.kt_end; ++kt) {
         const int buffer = (kt - b.kt_begin) & 1;
-        if (kt + 1 < b.kt_end) load(kt + 1);  // the next page flies during this one's math
-        cp_async_commit();
-        cp_async_wait<1>();  // page kt (and Q) landed
+        cp_async_wait<0>();  // page kt (and Q) landed
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the wgmma (async) proxy
+        // One barrier a page: every thread's copies of page kt are in, and both warpgroups are done with page
+        // kt - 1, whose buffer page kt + 1 takes (it flies during this page's math).
         __syncthreads();
+        if (kt + 1 < b.kt_end) load(kt + 1);
+        cp_async_commit();
         // K's and V's tiles: one descriptor each, the k steps' offsets added to its address field (addresses
         // stay below 2^18, so the field never carries); Q's are rebuilt per step (a 64-bit descriptor held
         // through the loop spills).
@@ -129,7 +131,6 @@ __forceinline__ void prefill_attention_sm90_bf16_block(bf16* out, float* partial
         wgmma_commit();
         wgmma_wait<0>();
         keep_in_place(o);
-        __syncthreads();  // both warpgroups are done with page kt's tiles before they are refilled
     }
 
     prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,
