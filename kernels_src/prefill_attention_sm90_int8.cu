@@ -262,9 +262,8 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
         pack_p<true>(s, p, page_scales(i) + kKeyTile, c);
     };
 
-    // Pages from first_masked on hold keys past the tile's first position. Two loops, each without a branch
-    // in its body: ptxas otherwise places the P V wait at the top of the block after the mask's branch, ahead
-    // of the softmax it should overlap.
+    // Pages from first_masked on hold keys past the tile's first position: two loops, so neither body branches
+    // on the mask (with the branch, ptxas put the P V wait at the top of the block after it).
     const int first_masked = min(pages, max(0, (min_pos + 1) / kKeyTile - b.kt_begin));
     wait_page(0);
     take_turn();
