@@ -44,10 +44,7 @@ __forceinline__ void prefill_attention_sm90_bf16_block(bf16* out, float* partial
     constexpr int D = 128;
     constexpr int kDimTiles = D / 8;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
-    unsigned dynamic_bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dynamic_bytes));
-    if (dynamic_bytes < S::kBytes + 1024) __trap();  // attention_ops.prefill_sm90_smem must match
-    const unsigned aligned = (smem_address(wg_smem) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+    const unsigned aligned = swizzle_aligned_base(wg_smem, S::kBytes);
     const unsigned q_at = aligned + S::kQ, k_at = aligned + S::kK, v_at = aligned + S::kV;
 
     PrefillBlock b;

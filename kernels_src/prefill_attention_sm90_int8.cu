@@ -297,10 +297,7 @@ __forceinline__ void prefill_attention_sm90_int8_block(bf16* out, float* partial
                                              int num_q_heads, int num_kv_heads, float scale, int num_splits) {
     using S = WsSmem;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
-    unsigned dynamic_bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dynamic_bytes));
-    if (dynamic_bytes < S::kBytes + 1024) __trap();  // attention_ops.prefill_sm90_smem must match
-    const unsigned base = (smem_address(wg_smem) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+    const unsigned base = swizzle_aligned_base(wg_smem, S::kBytes);
     unsigned char* const smem = wg_smem + (base - smem_address(wg_smem));
 
     PrefillBlock b;

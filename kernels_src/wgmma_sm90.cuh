@@ -15,6 +15,16 @@ __forceinline__ unsigned swizzled(int row, int chunk) {  // chunk: 16-byte unit 
     return row * kSwizzleRow + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
+// The shared-address base of the kernel's dynamic shared memory rounded up to the 1024-byte alignment the
+// 128-byte swizzle's atoms need; traps unless the launch gave `bytes` past it (attention_ops.prefill_sm90_smem
+// adds the 1 KiB of slack).
+__forceinline__ unsigned swizzle_aligned_base(const unsigned char* dynamic_smem, unsigned bytes) {
+    unsigned dynamic_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dynamic_bytes));
+    if (dynamic_bytes < bytes + 1024) __trap();
+    return (smem_address(dynamic_smem) + 1023u) & ~1023u;
+}
+
 // Shared-memory matrix descriptor of a 128-byte-swizzled operand starting at `address` (PTX ISA, "matrix
 // descriptor"): `stride` = bytes between groups of 8 rows (1024 here); `leading` = bytes between the 64-dim
 // halves of an N-major operand (V), unused for K-major ones (Q, K). A k step within a half advances the start

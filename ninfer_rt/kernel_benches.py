@@ -288,8 +288,8 @@ def bench_prefill_attention(
     unsplit: bool = True,
 ) -> list[Measurement]:
     """One sequence of `chunk` new rows over `context` keys per case; the split count as the executor picks
-    it, split cases also timed unsplit (`unsplit`). Where the arch has its own kernel (sm_90a, bf16 KV) the
-    portable mma.sync one is timed too, in the same run."""
+    it, split cases also timed unsplit (`unsplit`). Where the arch has its own kernel (sm_90a: bf16 and int8
+    KV) the portable mma.sync one is timed too, in the same run."""
     attn = attention_shape(shape)
     d = attn.head_dim
     arch = s.lib.target_arch
