@@ -1,5 +1,5 @@
 // Hopper warpgroup-MMA (wgmma) building blocks of the sm_90a prefill attention kernels at head_dim 128
-// (prefill_attention_sm90.cu, bf16 KV; prefill_attention_sm90_int8.cu, int8 KV): 128-byte-swizzled tiles and
+// (prefill_attention_sm90.cu, bf16 and widened int8 KV; prefill_attention_sm90_int8.cu, int8 KV): 128-byte-swizzled tiles and
 // their shared-memory matrix descriptors, S = Q K^T (Q from shared memory or registers) and O += P V, the
 // fences that keep the compiler off accumulators in flight, and the cp.async page copy. Empty unless compiled
 // for sm_90a. Included after prefill_common.cuh; part of the including files' cache keys.
@@ -51,12 +51,21 @@ __forceinline__ void keep_in_place(float (&acc)[N][4]) {
 #define WGMMA_O_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 #define WGMMA_O_OPERANDS(o) "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]), "+f"(o[1][2]), "+f"(o[1][3]), "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]), "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]), "+f"(o[4][0]), "+f"(o[4][1]), "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]), "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]), "+f"(o[7][2]), "+f"(o[7][3]), "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]), "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]), "+f"(o[10][0]), "+f"(o[10][1]), "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]), "+f"(o[11][2]), "+f"(o[11][3]), "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]), "+f"(o[12][3]), "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]), "+f"(o[14][0]), "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]), "+f"(o[15][1]), "+f"(o[15][2]), "+f"(o[15][3])
 
-// s (= or +=) Q[64 rows, 16 dims] K[64 keys, 16 dims]^T, bf16, both from shared memory (bf16 KV).
+// s (= or +=) Q[64 rows, 16 dims] K[64 keys, 16 dims]^T, both from shared memory: bf16 (bf16 KV) or f16
+// (widened int8 KV: exact int8 values of K as f16).
+template <bool kF16>
 __forceinline__ void wgmma_qk(float (&s)[8][4], unsigned long long q_desc, unsigned long long k_desc, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WGMMA_S_REGS ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : WGMMA_S_OPERANDS(s)
-                 : "l"(q_desc), "l"(k_desc), "r"(accumulate));
+    if constexpr (kF16) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " WGMMA_S_REGS ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : WGMMA_S_OPERANDS(s)
+                     : "l"(q_desc), "l"(k_desc), "r"(accumulate));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WGMMA_S_REGS ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : WGMMA_S_OPERANDS(s)
+                     : "l"(q_desc), "l"(k_desc), "r"(accumulate));
+    }
 }
 
 // The same in f16 with Q's A fragments in registers (int8 KV: exact int8 values of K as f16).

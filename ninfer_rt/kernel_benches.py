@@ -289,7 +289,8 @@ def bench_prefill_attention(
 ) -> list[Measurement]:
     """One sequence of `chunk` new rows over `context` keys per case; the split count as the executor picks
     it, split cases also timed unsplit (`unsplit`). Where the arch has its own kernel (sm_90a: bf16 and int8
-    KV) the portable mma.sync one is timed too, in the same run."""
+    KV) the portable mma.sync one is timed too, in the same run; int8 KV there also widened (the widening
+    launch timed with the kernel)."""
     attn = attention_shape(shape)
     d = attn.head_dim
     arch = s.lib.target_arch
@@ -299,7 +300,9 @@ def bench_prefill_attention(
         for chunk, context in cases:
             prefill = _PrefillCase(s, attn, chunk, context, kv_dtype)
             for wgmma in (None, False) if own else (None,):
-                results += prefill.measure(wgmma, unsplit)
+                results += prefill.measure(wgmma, unsplit, widen=False)
+            if attention_ops.prefill_widens(arch, d, kv_dtype, attention_ops.PREFILL_WIDEN_MIN_QUERIES):
+                results += prefill.measure(None, unsplit, widen=True)
             s.release()
     return results
 
@@ -315,16 +318,20 @@ class _PrefillCase:
         rows_bytes = chunk * attn.num_heads * attn.head_dim * BF16
         self.q, self.out = s.filled(rows_bytes, "q"), s.filled(rows_bytes, "out")
 
-    def measure(self, wgmma: bool | None, unsplit: bool) -> list[Measurement]:
-        """The kernel prefill_kernel picks with `wgmma`, at the split count the executor would use (and,
-        with `unsplit`, at one split too); the workspace is made here, as graph capture must not allocate."""
+    def measure(self, wgmma: bool | None, unsplit: bool, widen: bool) -> list[Measurement]:
+        """The kernel prefill_kernel picks with `wgmma` (or the widened one, after the widening, with `widen`),
+        at the split count the executor would use (and, with `unsplit`, at one split too); the workspace is
+        made here, as graph capture must not allocate."""
         s, attn, d = self.s, self.attn, self.attn.head_dim
-        spec = attention_ops.prefill_kernel(s.lib.target_arch, d, self.kv_dtype, wgmma).spec
+        kind = "widened" if widen else self.kv_dtype
+        spec = attention_ops.prefill_kernel(s.lib.target_arch, d, kind, wgmma).spec
         blocks = attention_ops.prefill_grid_blocks(self.chunk, 1, attn.num_heads, attn.num_kv_heads)
-        resident = attention_ops.prefill_blocks_per_sm(s.lib, d, self.kv_dtype, wgmma)
+        resident = attention_ops.prefill_blocks_per_sm(s.lib, d, kind, wgmma)
         splits = attention_ops.prefill_num_splits(
             blocks, s.device.sm_count, resident, self.context, attention_ops.prefill_workspace_blocks(s.device.sm_count)
         )
+        if widen:
+            attention_ops.widened_kv(s.lib, self.q, attn.num_kv_heads, d, self.inputs.block_tables.nbytes)
         results = []
         for num_splits in (splits, 1) if splits > 1 and unsplit else (splits,):
             acc, ml = attention_ops.prefill_workspace_bytes(blocks * num_splits, d)
@@ -334,6 +341,7 @@ class _PrefillCase:
                 attention_ops.prefill_attention(
                     s.lib, s.stream, self.q, self.out, self.layers[i % len(self.layers)], attn, self.inputs, [self.chunk],
                     self.pages, kv_dtype=self.kv_dtype, pages_read=(), num_splits=num_splits, workspace=workspace, wgmma=wgmma,
+                    widen=widen,
                 )
 
             seconds = s.time(launch, len(self.layers))
@@ -341,14 +349,39 @@ class _PrefillCase:
             attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
             moved = 2 * chunk * attn.num_heads * d * BF16 + kv_bytes(attn, context, self.kv_dtype)
             params = {
-                "kernel": spec.name, "chunk": chunk, "context": context, "kv": self.kv_dtype, "q_heads": attn.num_heads,
+                "kernel": ("widen_int8_kv + " if widen else "") + spec.name, "chunk": chunk, "context": context, "kv": self.kv_dtype, "q_heads": attn.num_heads,
                 "kv_heads": attn.num_kv_heads, "head_dim": d, "blocks_per_sm": resident, "num_splits": num_splits,
                 "kv_copies": len(self.layers),
             }
-            name = spec.name + (" (split+combine)" if num_splits > 1 else "")
+            name = params["kernel"] + (" (split+combine)" if num_splits > 1 else "")
             case = f"chunk={chunk} context={context} kv={self.kv_dtype} splits={num_splits}"
             results.append(Measurement(name, case, seconds, moved, 4 * attn.num_heads * d * attended, params))
         return results
+
+
+def bench_kv_widen(s: BenchSession, shape: Shape, contexts: tuple[int, ...] = (8192, 114812)) -> list[Measurement]:
+    """One prefill sequence's int8 pages widened to f16 (kv_widen.cu): int8 and scales read, f16 and scales
+    written."""
+    attn = attention_shape(shape)
+    hkv, d = attn.num_kv_heads, attn.head_dim
+    results = []
+    for context in contexts:
+        pages = -(-context // attention_ops.PAGE_SIZE)
+        layers = _kv_layers(s, attn, pages, "int8")
+        inputs = _step_inputs(s, [attention_ops.PREFILL_WIDEN_MIN_QUERIES], context, pages)
+        q = s.filled(attn.num_heads * d * BF16, "q")
+        attention_ops.widened_kv(s.lib, q, hkv, d, inputs.block_tables.nbytes)
+
+        def launch(i: int) -> None:
+            attention_ops.widen_int8_kv(
+                s.lib, s.stream, layers[i % len(layers)], attn, inputs, 1, pages, pages, pages, owner_buffer=q, pages_read=(),
+            )
+
+        seconds = s.time(launch, len(layers))
+        moved = kv_bytes(attn, pages * attention_ops.PAGE_SIZE, "int8") + pages * attention_ops.widened_page_bytes(hkv, d)
+        results.append(Measurement(attention_ops.WIDEN_INT8_KV.name, f"context={context}", seconds, moved))
+        s.release()
+    return results
 
 
 BENCHES: dict[str, BenchFunction] = {
@@ -362,6 +395,7 @@ BENCHES: dict[str, BenchFunction] = {
     "decode_attention": bench_decode_attention,
     "prefill_attention": bench_prefill_attention,
     # time the sm_90a kernels and the mma.sync one in the same run
-    "prefill_attention_sm90": partial(bench_prefill_attention, kv_kinds=("bf16",)),
+    "prefill_attention_sm90": bench_prefill_attention,  # bf16, and int8 widened
     "prefill_attention_sm90_int8": partial(bench_prefill_attention, kv_kinds=("int8",)),
+    "kv_widen": bench_kv_widen,
 }

@@ -29,7 +29,10 @@ RESIDENT = 3  # decode blocks per SM on an H200 (146 registers, 16 KiB of shared
 
 def kernel_names() -> dict[str, set[str]]:
     """Every kernel name the wrappers can launch, by family."""
-    names: dict[str, set[str]] = {"rope_kv": set(), "decode_attention": {"decode_attention_combine"}, "prefill_attention": set()}
+    names: dict[str, set[str]] = {
+        "rope_kv": set(), "decode_attention": {"decode_attention_combine"}, "prefill_attention": set(),
+        "kv_widen": {attention_ops.WIDEN_INT8_KV.name},
+    }
     names["prefill_attention"] |= {attention_ops.prefill_combine_spec(d).name for d in attention_ops.PREFILL_HEAD_DIMS}
     for kind in attention_ops.KV_KINDS:
         names["rope_kv"] |= {attention_ops.rope_kv_spec(d, kind).name for d in attention_ops.ROPE_HEAD_DIMS}
@@ -46,7 +49,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("arch", TARGET_ARCHS)
-@pytest.mark.parametrize("family", ["rope_kv", "decode_attention", "prefill_attention"])
+@pytest.mark.parametrize("family", ["rope_kv", "decode_attention", "prefill_attention", "kv_widen"])
 def test_family_compiles_with_every_kernel_the_wrappers_launch(family: str, arch: str, cache_dir: Path) -> None:
     cubin = compile_family(family, arch, cache=cache_dir).cubin
     missing = sorted(name for name in kernel_names()[family] if name.encode() + b"\0" not in cubin)
@@ -229,11 +232,11 @@ def test_decode_step_is_rope_then_split_then_combine_with_a_context_free_grid() 
 
 
 def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups() -> None:
-    lib, step = RecordingLibrary(), logical_step([4, 300, 1], [900, 300, 64], kv_dtype="int8")
+    lib, step = RecordingLibrary(), logical_step([4, 300, 1], [900, 300, 64])
     run_attention_op(lib, step)
     names = [launch.name for launch in lib.launches]
     assert names == [
-        "rope_kv_d128_int8", "decode_attention_d128_int8", "decode_attention_combine", "prefill_attention_sm90_d128_int8",
+        "rope_kv_d128_bf16", "decode_attention_d128_bf16", "decode_attention_combine", "prefill_attention_sm90_d128_bf16",
         "prefill_attention_combine_d128",
     ]
     # 4 verify rows x GQA group 4 = 16 rows per kv head: two row groups of 8 per split
@@ -246,10 +249,40 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
     splits = attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, attention_ops.prefill_workspace_blocks(H200_SMS))
     assert splits > 1
     assert prefill.grid == (10 * splits, 4, 3) and set(step.read) <= set(prefill.reads)
-    assert (prefill.block, prefill.smem) == (384, attention_ops.prefill_sm90_smem("int8")) == (384, 218_688)
+    assert (prefill.block, prefill.smem) == (256, attention_ops.prefill_sm90_smem("bf16")) == (256, 99_328)
     assert step.out.resource not in prefill.writes and len(prefill.writes) == 2
     assert combine.grid == (10 * 128 // 16, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
     assert not any(r[0] == "kv" for r in combine.reads)
+
+
+def test_a_long_int8_chunk_is_widened_once_and_the_prefill_reads_only_the_widened_pages() -> None:
+    lib, step = RecordingLibrary(), logical_step([4, 300, 1], [900, 300, 64], kv_dtype="int8")
+    run_attention_op(lib, step)
+    names = [launch.name for launch in lib.launches]
+    assert names[3:] == ["widen_int8_kv", "prefill_attention_sm90_d128_widened", "prefill_attention_combine_d128"]
+    widen, prefill = lib.launches[3:5]
+    # one block per page of the longest context the block table allows (16 pages), one row per sequence
+    assert (widen.grid, widen.block) == ((16, 3), 256)
+    assert set(step.read) <= set(widen.reads) and not any(r[0] == "kv" for r in prefill.reads)
+    assert set(widen.writes) <= set(prefill.reads) and len(widen.writes) == 5
+    assert (prefill.block, prefill.smem) == (256, attention_ops.prefill_sm90_smem("widened")) == (256, 100_352)
+
+
+def test_a_short_int8_chunk_runs_the_int8_kernel_without_widening() -> None:
+    lib, step = RecordingLibrary(), logical_step([attention_ops.PREFILL_WIDEN_MIN_QUERIES - 1], [900], kv_dtype="int8")
+    run_attention_op(lib, step)
+    prefill = lib.launches[1]
+    assert [launch.name for launch in lib.launches][:2] == ["rope_kv_d128_int8", "prefill_attention_sm90_d128_int8"]
+    assert (prefill.block, prefill.smem) == (384, attention_ops.prefill_sm90_smem("int8")) == (384, 218_688)
+    assert set(step.read) <= set(prefill.reads)
+
+
+def test_int8_pages_past_the_widening_budget_run_the_int8_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a budget of 10 pages: the 300-row chunk's bound (16 pages, the block table's width) does not fit
+    monkeypatch.setattr(attention_ops, "PREFILL_WIDEN_BUDGET", 10 * attention_ops.widened_page_bytes(4, 128))
+    lib, step = RecordingLibrary(), logical_step([300], [900], kv_dtype="int8")
+    run_attention_op(lib, step)
+    assert [launch.name for launch in lib.launches][:2] == ["rope_kv_d128_int8", "prefill_attention_sm90_d128_int8"]
 
 
 def test_prefill_only_step_launches_no_decode_kernels() -> None:
@@ -279,10 +312,20 @@ def test_the_wgmma_prefill_kernel_is_chosen_only_where_it_applies() -> None:
     assert name("sm_90a", 128, "bf16", wgmma=False) == "prefill_attention_d128_bf16"
     assert name("sm_90a", 128, "int8") == "prefill_attention_sm90_d128_int8"
     assert name("sm_90a", 128, "int8", wgmma=False) == "prefill_attention_d128_int8"
+    assert name("sm_90a", 128, "widened") == "prefill_attention_sm90_d128_widened"
     assert name("sm_90a", 64, "bf16") == "prefill_attention_d64_bf16"
     assert name("sm_90", 128, "bf16") == "prefill_attention_d128_bf16"  # wgmma needs the arch-specific target
-    with pytest.raises(ValueError, match="needs sm_90a"):
+    with pytest.raises(ValueError, match="need sm_90a"):
         attention_ops.prefill_kernel("sm_120a", 128, "bf16", wgmma=True)
+    with pytest.raises(ValueError, match="need sm_90a"):
+        attention_ops.prefill_kernel("sm_120a", 128, "widened")
+
+
+def test_int8_kv_is_widened_only_on_sm_90a_for_chunks_of_64_rows_or_more() -> None:
+    widens = attention_ops.prefill_widens
+    assert widens("sm_90a", 128, "int8", 64) and not widens("sm_90a", 128, "int8", 63)
+    assert not widens("sm_90a", 128, "bf16", 531) and not widens("sm_90a", 64, "int8", 531)
+    assert not widens("sm_120a", 128, "int8", 531) and not widens("sm_90a", 128, "int8", 531, wgmma=False)
 
 
 def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_long_chunk() -> None:

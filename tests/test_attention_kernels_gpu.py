@@ -259,7 +259,7 @@ def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: 
 
 def run_prefill(
     gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None,
-    wgmma: bool | None = None,
+    wgmma: bool | None = None, widen: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kernel output, float64 reference, P-rounding slack per element: p_rounding_slack for the kernel's P, bf16
     for bf16 KV, f16 for int8); the split partials live in a poisoned workspace of exactly the
@@ -269,15 +269,18 @@ def run_prefill(
     k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
     q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
-    splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kv_dtype, wgmma)
-    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv) * splits
+    longest = int(batch.query_lens.max())
+    widened = attention_ops.prefill_widens(gpu.lib.target_arch, d, kv_dtype, longest, wgmma) if widen is None else widen
+    kind = "widened" if widened else kv_dtype
+    splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kind, wgmma)
+    blocks = attention_ops.prefill_grid_blocks(longest, len(batch.query_lens), hq, hkv) * splits
     workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in attention_ops.prefill_workspace_bytes(blocks, d)))
-    kernel = attention_ops.prefill_kernel(gpu.lib.target_arch, d, kv_dtype, wgmma)
-    print(f"prefill: {kernel.spec.name}, {splits} split(s), {blocks} blocks")
+    kernel = attention_ops.prefill_kernel(gpu.lib.target_arch, d, kind, wgmma)
+    print(f"prefill: {'widen_int8_kv + ' if widened else ''}{kernel.spec.name}, {splits} split(s), {blocks} blocks")
     attention_ops.prefill_attention(
         gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),
         batch.query_lens.tolist(), batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
-        num_splits=splits, workspace=workspace, wgmma=wgmma,
+        num_splits=splits, workspace=workspace, wgmma=wgmma, widen=widen,
     )
     # int8: prefill_attention multiplies the exact int8 values and applies the scales in f32 (its header), so the
     # reference is the dequantized values themselves.
@@ -309,6 +312,35 @@ def test_prefill_attention_portable_kernel_matches_float64(gpu: Gpu, chunk: int,
     batch = make_batch(np.random.default_rng(chunk * 7 + context), [chunk], [context])
     out, expected, slack = run_prefill(gpu, batch, 16, 4, 128, kv_dtype, wgmma=False)
     assert_close(out, expected, f"prefill mma.sync {kv_dtype} C={chunk} L={context}", slack=slack)
+
+
+def sm90_only(gpu: Gpu) -> None:
+    if not attention_ops.prefill_wgmma_applies(gpu.lib.target_arch, 128):
+        pytest.skip(f"int8 KV is widened on sm_90a only (this GPU: {gpu.lib.target_arch})")
+
+
+@pytest.mark.parametrize("widen", [True, False], ids=["widened", "int8"])
+@pytest.mark.parametrize(("chunk", "context"), PREFILL_CASES)
+def test_prefill_attention_int8_widened_or_not_matches_float64(gpu: Gpu, chunk: int, context: int, widen: bool) -> None:
+    # either way round the default (widened from PREFILL_WIDEN_MIN_QUERIES rows on)
+    sm90_only(gpu)
+    batch = make_batch(np.random.default_rng(chunk * 7 + context), [chunk], [context])
+    out, expected, slack = run_prefill(gpu, batch, 16, 4, 128, "int8", widen=widen)
+    assert_close(out, expected, f"prefill int8 widen={widen} C={chunk} L={context}", slack=slack)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_prefill_attention_widened_int8_is_the_int8_kernels_math(gpu: Gpu, num_splits: int) -> None:
+    # the same f16 products, f32 scales and f16 P in both kernels: at most a last-bit difference in out
+    sm90_only(gpu)
+    batch = make_batch(np.random.default_rng(17), [300, 3, 130], [1300, 40, 4097])
+    widened, expected, _ = run_prefill(gpu, batch, 32, 8, 128, "int8", num_splits=num_splits, widen=True)
+    plain, _, _ = run_prefill(gpu, batch, 32, 8, 128, "int8", num_splits=num_splits, widen=False)
+    rows = np.setdiff1d(np.arange(batch.num_rows), np.arange(300, 303))
+    a, b = widened[rows].astype(np.float64), plain[rows].astype(np.float64)
+    print(f"widened vs int8 kernel: {np.mean(a == b):.4f} of elements equal, max |diff| {np.max(np.abs(a - b)):.3e}")
+    assert np.all(np.abs(a - b) <= 2.0**-7 * np.abs(expected[rows]) + 2.0**-14)
+    assert (widened[300:303].view(np.uint16) == 0xFFFF).all(), "the widened kernel wrote a decode sequence's rows"
 
 
 @pytest.mark.parametrize("wgmma", [None, False], ids=["default", "portable"])

@@ -73,7 +73,7 @@ def kernels_loaded_by_the_launch_wrappers() -> dict[str, set[str]]:
         *(quant_ops.dequantize_spec(bits) for bits in (4, 8)),
         *(attention_ops.rope_kv_spec(d, kv) for d in attention_ops.ROPE_HEAD_DIMS for kv in attention_ops.KV_KINDS),
         *(attention_ops.prefill_spec(d, kv) for d in attention_ops.PREFILL_HEAD_DIMS for kv in attention_ops.KV_KINDS),
-        *(attention_ops.prefill_sm90_spec(kv) for kv in attention_ops.KV_KINDS),
+        *(attention_ops.prefill_sm90_spec(kv) for kv in (*attention_ops.KV_KINDS, "widened")), attention_ops.WIDEN_INT8_KV,
         *(attention_ops.decode_spec(d, kv) for d in attention_ops.DECODE_HEAD_DIMS for kv in attention_ops.KV_KINDS),
     ]
     loaded: dict[str, set[str]] = {}

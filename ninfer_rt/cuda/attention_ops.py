@@ -1,11 +1,12 @@
 """Launch wrappers for the attention families (kernels_src/{rope_kv,decode_attention,prefill_attention,
-prefill_attention_sm90,prefill_attention_sm90_int8}.cu).
+prefill_attention_sm90,prefill_attention_sm90_int8,kv_widen}.cu).
 
 A step's attention is three launches over the same step inputs: `rope_kv` (q/k norm, RoPE, K/V into the
 pages), then per sequence either flash-decoding (`decode_attention`, sequences with at most
 `decode_max_queries` new rows: decode and speculative verify) or the tensor-core prefill kernel
 (`prefill_attention`, longer chunks: mma.sync on every arch, warpgroup MMAs on sm_90a where they apply,
-see prefill_kernel). Both attention kernels take the whole step's tables and skip the
+see prefill_kernel; on sm_90a a long chunk over int8 KV first widens the pages it reads to f16, see
+prefill_widens). Both attention kernels take the whole step's tables and skip the
 other kind's sequences, so a mixed step needs no re-packing on the host.
 
 KV pages are declared to the ordering verifier as ("kv", page) resources; the caller passes the page sets it
@@ -63,9 +64,18 @@ _PREFILL_COMBINE_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) * 4
 # sm_90a prefill kernels: bf16 KV, 2 warpgroups (prefill_attention_sm90.cu); int8 KV, a copying and 2
 # multiplying warpgroups (prefill_attention_sm90_int8.cu) with PREFILL_SM90_INT8_STAGES page slots and
 # PREFILL_SM90_INT8_LOOKAHEAD raw pages in flight (its kStages, kLookahead)
-PREFILL_SM90_THREADS = {"bf16": 256, "int8": 384}
+PREFILL_SM90_THREADS = {"bf16": 256, "int8": 384, "widened": 256}
 PREFILL_SM90_INT8_STAGES = 4
 PREFILL_SM90_INT8_LOOKAHEAD = 3
+# Widened int8 KV (kv_widen.cu, then prefill_attention_sm90.cu's widened kernel): the widening reads each page
+# once per step and layer, the int8 kernel converts it once per tile, so it pays from a few tiles up (H200,
+# bench/logs/h200-session10.txt). Its buffers (f16 pages for at most one longest context, PREFILL_WIDEN_BUDGET
+# bytes) come out of the margin the KV capacity leaves (kv/capacity.py).
+PREFILL_WIDEN_MIN_QUERIES = 64
+PREFILL_WIDEN_BUDGET = 1 << 30
+_WIDEN_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) + (Arg.PTR,) * 5 + (Arg.I32, Arg.PTR, Arg.PTR) + (Arg.I32,) * 3
+WIDEN_INT8_KV = KernelSpec("kv_widen", "widen_int8_kv", _WIDEN_SIGNATURE)
+WIDEN_THREADS = 256  # kWidenThreads
 DECODE_COMBINE = KernelSpec("decode_attention", "decode_attention_combine", (Arg.PTR,) * 4 + (Arg.I32,) * 5)
 
 STEP_INPUT_NAMES = ("positions", "query_start", "context_lens", "block_tables", "slot_mapping")
@@ -103,6 +113,29 @@ class DecodeWorkspace:
 
     acc: Buffer
     ml: Buffer
+
+
+@dataclass(frozen=True)
+class WidenedKV:
+    """int8 KV pages widened for a prefill step (kv_widen.cu): K, V f16 [capacity, 64, Hkv, D], the f32 scales
+    [capacity, 64, Hkv], and int32 tables shaped like the step's block_tables, naming each prefill sequence's
+    widened pages."""
+
+    k: Buffer
+    v: Buffer
+    k_scale: Buffer
+    v_scale: Buffer
+    tables: Buffer
+    capacity: int  # pages
+
+    @property
+    def resources(self) -> tuple[Resource, ...]:
+        return tuple(buffer.resource for buffer in (self.k, self.v, self.k_scale, self.v_scale, self.tables))
+
+
+def widened_page_bytes(n_kv_heads: int, head_dim: int) -> int:
+    """One widened page: f16 K and V plus their f32 scales, all kv heads."""
+    return 2 * PAGE_SIZE * n_kv_heads * (head_dim * _BF16 + _F32)
 
 
 @dataclass(frozen=True)
@@ -201,15 +234,26 @@ class PrefillKernel:
     smem: int  # dynamic shared memory
 
 
+def prefill_wgmma_applies(arch: str, head_dim: int) -> bool:
+    return arch == "sm_90a" and head_dim == 128
+
+
 def prefill_kernel(arch: str, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> PrefillKernel:
     """The prefill attention kernel for `arch`: on sm_90a at head_dim 128 the warpgroup-MMA one of the KV
-    dtype (prefill_attention_sm90{,_int8}.cu), else, or with `wgmma` False, the mma.sync one every arch runs."""
-    applies = arch == "sm_90a" and head_dim == 128
-    if wgmma and not applies:
-        raise ValueError(f"prefill_attention: the wgmma kernel needs sm_90a and head_dim 128 ({arch}, {head_dim})")
-    if applies and wgmma is not False:
+    dtype (prefill_attention_sm90{,_int8}.cu; kv_dtype "widened": int8 KV after kv_widen.cu), else, or with
+    `wgmma` False, the mma.sync one every arch runs."""
+    applies = prefill_wgmma_applies(arch, head_dim)
+    if (wgmma or kv_dtype == "widened") and not applies:
+        raise ValueError(f"prefill_attention: the wgmma kernels need sm_90a and head_dim 128 ({arch}, {head_dim})")
+    if applies and (wgmma is not False or kv_dtype == "widened"):
         return PrefillKernel(prefill_sm90_spec(kv_dtype), PREFILL_SM90_THREADS[kv_dtype], prefill_sm90_smem(kv_dtype))
     return PrefillKernel(prefill_spec(head_dim, kv_dtype), _THREADS, prefill_smem_bytes(head_dim, kv_dtype))
+
+
+def prefill_widens(arch: str, head_dim: int, kv_dtype: str, longest: int, wgmma: bool | None = None) -> bool:
+    """Whether a prefill step over int8 KV widens its pages first (kv_widen.cu): on sm_90a at head_dim 128,
+    for a chunk of PREFILL_WIDEN_MIN_QUERIES rows or more, unless `wgmma` is False."""
+    return kv_dtype == "int8" and wgmma is not False and prefill_wgmma_applies(arch, head_dim) and longest >= PREFILL_WIDEN_MIN_QUERIES
 
 
 def prefill_sm90_spec(kv_dtype: str) -> KernelSpec:
@@ -219,16 +263,17 @@ def prefill_sm90_spec(kv_dtype: str) -> KernelSpec:
 
 def prefill_sm90_smem(kv_dtype: str) -> int:
     """The sm_90a kernel's WgSmem / WsSmem::kBytes, plus 1 KiB to align it to the 128-byte swizzle's 1024-byte
-    atoms. Q [128][128] 16-bit, then bf16: two buffers of the K and V page tiles [64][128]; int8: page slots of
-    f16 K and V tiles and their 2 x 64 f32 scales, slots of raw pages [64][128] bytes and their scales, a full
-    and an empty mbarrier (8 bytes) per page slot, a scratch word per multiplying thread."""
+    atoms. Q [128][128] 16-bit, then bf16: two buffers of the K and V page tiles [64][128]; widened: the same
+    and two buffers of a page's 2 x 64 f32 scales; int8: page slots of f16 K and V tiles and their scales,
+    slots of raw pages [64][128] bytes and their scales, a full and an empty mbarrier (8 bytes) per page slot,
+    a scratch word per multiplying thread."""
     q, tile, scales = PREFILL_TILE_ROWS * 128 * _BF16, PAGE_SIZE * 128 * _BF16, 2 * PAGE_SIZE * _F32
     if kv_dtype == "int8":
         slots = PREFILL_SM90_INT8_STAGES * (2 * tile + scales)
         raw = PREFILL_SM90_INT8_LOOKAHEAD * (2 * PAGE_SIZE * 128 + scales)
         barriers, scratch = 2 * PREFILL_SM90_INT8_STAGES * 8, 2 * 128 * _F32
         return q + slots + raw + barriers + scratch + 1024
-    return q + 2 * 2 * tile + 1024
+    return q + 2 * 2 * tile + (2 * scales if kv_dtype == "widened" else 0) + 1024
 
 
 def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> int:
@@ -445,10 +490,13 @@ def prefill_attention(
     workspace: PrefillWorkspace | None = None,
     max_context_len: int | None = None,
     wgmma: bool | None = None,
+    widen: bool | None = None,
 ) -> None:
     """out rows of every sequence with more than decode_max_queries new rows = causal attention of the
     chunk over the cached prefix and itself (prefill_attention.cu; prefill_kernel picks the kernel, `wgmma`
-    False forces the mma.sync one). Other sequences' rows are untouched.
+    False forces the mma.sync one). Other sequences' rows are untouched. int8 KV is widened first where
+    prefill_widens says so (or `widen` forces either way) and the widened pages fit the widening buffers;
+    the result is the int8 kernels' math either way.
 
     With `num_splits` None the split count is prefill_num_splits of the grid (tiles x kv heads x
     sequences), this device's SMs and the kernel's occupancy, the context bounded by `max_context_len`
@@ -472,7 +520,19 @@ def prefill_attention(
         **inputs.table_sizes(num_seqs, max_pages_per_seq),
     )
     tiles = math.ceil(longest / tile_queries)
-    chosen = prefill_kernel(lib.target_arch, d, kv_dtype, wgmma)
+    context = max_context_len if max_context_len is not None else max_pages_per_seq * PAGE_SIZE
+    if widen is None:
+        widen = prefill_widens(lib.target_arch, d, kv_dtype, longest, wgmma)
+    widened = None
+    if widen:
+        if kv_dtype != "int8":
+            raise ValueError(f"prefill_attention: only int8 KV is widened, not {kv_dtype}")
+        prefill_seqs = sum(1 for n in query_lens if n > max_queries)
+        widened = widen_int8_kv(
+            lib, stream, cache, shape, inputs, num_seqs, max_pages_per_seq, prefill_seqs * math.ceil(context / PAGE_SIZE),
+            math.ceil(context / PAGE_SIZE), owner_buffer=q, pages_read=pages_read, lane=lane,
+        )
+    chosen = prefill_kernel(lib.target_arch, d, "widened" if widened else kv_dtype, wgmma)
     spec, threads, smem = chosen.spec, chosen.threads, chosen.smem
     kernel = _prefill_kernel(lib, spec, smem)
     grid_blocks = tiles * hkv * num_seqs
@@ -481,13 +541,17 @@ def prefill_attention(
         if workspace is not None:
             one_acc, one_ml = prefill_workspace_bytes(1, d)
             capacity = min(capacity, workspace.acc.nbytes // one_acc, workspace.ml.nbytes // one_ml)
-        context = max_context_len if max_context_len is not None else max_pages_per_seq * PAGE_SIZE
         num_splits = prefill_num_splits(grid_blocks, lib.device.sm_count, _occupancy(lib, spec, smem, threads), context, capacity)
     if not 1 <= num_splits <= PREFILL_MAX_SPLITS:
         raise ValueError(f"prefill_attention: num_splits must be in [1, {PREFILL_MAX_SPLITS}], got {num_splits}")
-    args = (q, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables, max_pages_per_seq,
-            inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale, num_splits)
-    reads = (q.resource, *inputs.tables, *pages_read)
+    if widened:
+        kv_args = (widened.k, widened.v, widened.k_scale, widened.v_scale, widened.tables)
+        kv_reads: tuple[Resource, ...] = (inputs.context_lens.resource, inputs.query_start.resource, *widened.resources)
+    else:
+        kv_args = (cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables)
+        kv_reads = (*inputs.tables, *pages_read)
+    args = (q, *kv_args, max_pages_per_seq, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale, num_splits)
+    reads = (q.resource, *kv_reads)
     if num_splits == 1:
         kernel.launch(
             stream, (tiles, hkv, num_seqs), threads, out, 0, 0, *args, smem=smem,
@@ -509,6 +573,61 @@ def prefill_attention(
         label="prefill_attention_combine",
         reads=(*partials, inputs.context_lens.resource, inputs.query_start.resource), writes=(out.resource,), lane=lane,
     )
+
+
+def widen_int8_kv(
+    lib: KernelLibrary,
+    stream: object,
+    cache: KVLayer,
+    shape: AttentionShape,
+    inputs: StepInputs,
+    num_seqs: int,
+    max_pages_per_seq: int,
+    pages_bound: int,
+    longest_pages: int,
+    *,
+    owner_buffer: Buffer,
+    pages_read: Sequence[Resource],
+    lane: object = None,
+) -> WidenedKV | None:
+    """Every prefill sequence's pages of `cache` (int8) widened into the library's WidenedKV buffers
+    (kv_widen.cu), or None, launching nothing, when `pages_bound` (at least the step's prefill pages: the
+    prefill sequences times the longest prefill context's pages, `longest_pages`) exceeds their capacity."""
+    hkv, d = shape.num_kv_heads, shape.head_dim
+    widened = widened_kv(lib, owner_buffer, hkv, d, inputs.block_tables.nbytes)
+    if pages_bound > widened.capacity:
+        return None
+    lib.kernel(WIDEN_INT8_KV).launch(
+        stream, (longest_pages, num_seqs), WIDEN_THREADS, widened.k, widened.v, widened.k_scale, widened.v_scale,
+        widened.tables, widened.capacity, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables, max_pages_per_seq,
+        inputs.context_lens, inputs.query_start, decode_max_queries(shape.num_heads, hkv), hkv, d,
+        label="widen_int8_kv", reads=(*inputs.tables, *pages_read), writes=widened.resources, lane=lane,
+    )
+    return widened
+
+
+# Widening buffers per (library, geometry, table size, owner), allocated on first use: at most
+# PREFILL_WIDEN_BUDGET bytes, and no more pages than the block table can name.
+_widened: dict[tuple[Any, ...], tuple[KernelLibrary, Any, WidenedKV]] = {}
+
+
+def widened_kv(lib: KernelLibrary, owner_buffer: Buffer, n_kv_heads: int, head_dim: int, table_bytes: int) -> WidenedKV:
+    """The widening buffers prefill_attention uses for this geometry and block-table size (allocated here on
+    first use: call it before capturing a graph that widens)."""
+    owner = owner_buffer.owner
+    key = (id(lib), n_kv_heads, head_dim, table_bytes, id(owner))
+    if key not in _widened:
+        capacity = min(PREFILL_WIDEN_BUDGET // widened_page_bytes(n_kv_heads, head_dim), table_bytes // 4)
+        values, scales = capacity * PAGE_SIZE * n_kv_heads * head_dim * _BF16, capacity * PAGE_SIZE * n_kv_heads * _F32
+        name = f"attention.widened[{n_kv_heads}x{head_dim}]"
+        widened = WidenedKV(
+            *(DeviceBuffer(owner, values, f"{name}.{part}") for part in ("k", "v")),
+            *(DeviceBuffer(owner, scales, f"{name}.{part}") for part in ("k_scale", "v_scale")),
+            tables=DeviceBuffer(owner, table_bytes, f"{name}.tables"),
+            capacity=capacity,
+        )
+        _widened[key] = (lib, owner, widened)  # holding lib and owner keeps their ids from being reused
+    return _widened[key][2]
 
 
 # Split-prefill workspaces per (library, head_dim, owner): allocated on the first split launch, reused after.
