@@ -1,22 +1,22 @@
-// int8 KV pages widened to f16 pages holding the same exact int8 values, for a prefill step's attention on
-// sm_90a (attention_ops.prefill_attention, prefill_attention_sm90.cu's widened kernel): the int8 prefill
-// kernels convert every page in every block that reads it (a 128-row tile's worth of keys per conversion);
-// widened once per layer and step, a page is then read like a bf16 one, and the scales stay f32 beside it.
+// int8 KV pages widened to f16 pages of their dequantized values, for a prefill step's attention on sm_90a
+// (attention_ops.prefill_attention; prefill_attention_sm90.cu's f16 kernel then reads them as it reads bf16
+// pages): the int8 kernels apply each key's K and V scales in every tile that reads the page, which costs the
+// multiplying warps more than the page's conversion (H200: bench/logs/h200-session10.txt); widened, a page
+// is dequantized once per layer and step.
 //
 // For every prefill sequence s of the step (more than decode_max_queries new rows, as prefill_attention.cu
 // decides) and each page i < ceil(context_lens[s] / 64) of it: widened page w = first(s) + i, where first(s)
-// sums the pages of the prefill sequences before s; K16[w] = K[block_tables[s][i]] as f16 (exact: |q| <= 127),
-// V16 likewise, both scale rows copied, widened_tables[s][i] = w. Other entries of widened_tables are left
-// as they are (the prefill kernels never read past a sequence's pages, nor a decode sequence's row).
+// sums the pages of the prefill sequences before s; K16[w][key][h][d] = f16(K[p][key][h][d] * k_scale[p][key][h])
+// with p = block_tables[s][i] (the product in f32, rounded once; beyond f16's range it saturates to +-65504),
+// V16 likewise, widened_tables[s][i] = w. Other entries of widened_tables are left as they are (the prefill
+// kernels never read past a sequence's pages, nor a decode sequence's row).
 // Layout: K, V [num_pages, 64, Hkv, D] int8, k_scale, v_scale f32 [num_pages, 64, Hkv]; K16, V16
-// [capacity, 64, Hkv, D] f16, k_scale16, v_scale16 f32 [capacity, 64, Hkv]; block_tables and widened_tables
-// int32 [B, max_pages]. Hkv * D % 16 == 0. Traps when first(s) + pages(s) > capacity (the host sizes the
-// launch so it cannot).
+// [capacity, 64, Hkv, D] f16; block_tables and widened_tables int32 [B, max_pages]. D % 16 == 0. Traps when
+// first(s) + pages(s) > capacity (the host sizes the launch so it cannot).
 // Launch: widen_int8_kv: grid (any count, e.g. the pages of the longest prefill context; B), block
 // kWidenThreads; block x of sequence s widens its pages x, x + gridDim.x, ... (every kv head): 16-byte loads
 // of int8, two 16-byte stores of f16 each.
 #include "attention_common.cuh"
-#include "prefill_common.cuh"
 
 constexpr int kWidenThreads = 256;
 
@@ -41,35 +41,42 @@ __forceinline__ int first_widened_page(int s, const int* context_lens, const int
     return total;
 }
 
-// Page `from` of the int8 cache into widened page `to` (every kv head): values as exact f16, scales copied.
-__forceinline__ void widen_page(void* k16, void* v16, float* k_scale16, float* v_scale16, long long to,
-                                const void* k_cache, const void* v_cache, const float* k_scale, const float* v_scale,
+// Two f32 values as a saturated f16 pair, `lo` at the lower address.
+__forceinline__ unsigned f16x2_saturated(float lo, float hi) {
+    unsigned pair;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(pair) : "f"(hi), "f"(lo));
+    return pair;
+}
+
+// 4 int8 values (a word) times `scale`, as two f16 pairs.
+__forceinline__ void dequantize4(unsigned word, float scale, unsigned& lo, unsigned& hi) {
+    lo = f16x2_saturated(int8_at(word, 0) * scale, int8_at(word, 1) * scale);
+    hi = f16x2_saturated(int8_at(word, 2) * scale, int8_at(word, 3) * scale);
+}
+
+// Page `from` of one int8 cache (K or V) into widened page `to` (every kv head).
+__forceinline__ void widen_page(unsigned short* widened, long long to, const unsigned char* cache, const float* scales,
                                 long long from, int num_kv_heads, int head_dim) {
-    const int page_values = kPageSize * num_kv_heads * head_dim;  // per K or V page
-    const int chunks = page_values / 16;
-#pragma unroll 2
-    for (int j = threadIdx.x; j < 2 * chunks; j += kWidenThreads) {
-        const bool is_v = j >= chunks;
-        const int chunk = is_v ? j - chunks : j;
-        const uint4* src = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(is_v ? v_cache : k_cache) + from * page_values) + chunk;
-        uint4* dst = reinterpret_cast<uint4*>(static_cast<unsigned short*>(is_v ? v16 : k16) + to * page_values) + 2 * chunk;
+    const int rows = kPageSize * num_kv_heads, row_chunks = head_dim / 16;  // (key, kv head) rows of 16-byte chunks
+    const uint4* src = reinterpret_cast<const uint4*>(cache + from * rows * head_dim);
+    uint4* dst = reinterpret_cast<uint4*>(widened + to * rows * head_dim);
+    for (int j = threadIdx.x; j < rows * row_chunks; j += kWidenThreads) {
+        const uint4 raw = __ldg(src + j);
+        const float scale = __ldg(scales + from * rows + j / row_chunks);
         uint4 lo, hi;
-        int8x16_to_f16x16(__ldg(src), lo, hi);
-        dst[0] = lo;
-        dst[1] = hi;
-    }
-    const int page_scales = kPageSize * num_kv_heads;
-    for (int j = threadIdx.x; j < 2 * page_scales; j += kWidenThreads) {
-        const bool is_v = j >= page_scales;
-        const int at = is_v ? j - page_scales : j;
-        (is_v ? v_scale16 : k_scale16)[to * page_scales + at] = (is_v ? v_scale : k_scale)[from * page_scales + at];
+        dequantize4(raw.x, scale, lo.x, lo.y);
+        dequantize4(raw.y, scale, lo.z, lo.w);
+        dequantize4(raw.z, scale, hi.x, hi.y);
+        dequantize4(raw.w, scale, hi.z, hi.w);
+        dst[2 * j] = lo;
+        dst[2 * j + 1] = hi;
     }
 }
 
 extern "C" __global__ void __launch_bounds__(kWidenThreads) widen_int8_kv(
-    void* k16, void* v16, float* k_scale16, float* v_scale16, int* widened_tables, int capacity, const void* k_cache,
-    const void* v_cache, const float* k_scale, const float* v_scale, const int* block_tables, int max_pages,
-    const int* context_lens, const int* query_start, int decode_max_queries, int num_kv_heads, int head_dim) {
+    void* k16, void* v16, int* widened_tables, int capacity, const void* k_cache, const void* v_cache,
+    const float* k_scale, const float* v_scale, const int* block_tables, int max_pages, const int* context_lens,
+    const int* query_start, int decode_max_queries, int num_kv_heads, int head_dim) {
     enter_dependent_kernel();
     const int s = blockIdx.y;
     const int pages = prefill_pages(s, context_lens, query_start, decode_max_queries);
@@ -77,8 +84,9 @@ extern "C" __global__ void __launch_bounds__(kWidenThreads) widen_int8_kv(
     const int first = first_widened_page(s, context_lens, query_start, decode_max_queries);
     if (first + pages > capacity) __trap();
     for (int i = blockIdx.x; i < pages; i += gridDim.x) {
+        const long long from = block_tables[(long long)s * max_pages + i];
         if (threadIdx.x == 0) widened_tables[(long long)s * max_pages + i] = first + i;
-        widen_page(k16, v16, k_scale16, v_scale16, first + i, k_cache, v_cache, k_scale, v_scale,
-                   block_tables[(long long)s * max_pages + i], num_kv_heads, head_dim);
+        widen_page(static_cast<unsigned short*>(k16), first + i, static_cast<const unsigned char*>(k_cache), k_scale, from, num_kv_heads, head_dim);
+        widen_page(static_cast<unsigned short*>(v16), first + i, static_cast<const unsigned char*>(v_cache), v_scale, from, num_kv_heads, head_dim);
     }
 }

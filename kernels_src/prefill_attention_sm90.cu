@@ -1,6 +1,5 @@
 // Causal flash attention for prefill chunks over bf16 KV, or over widened int8 KV (kv_widen.cu: f16 pages of
-// the exact int8 values, f32 scales beside them), on Hopper's warpgroup MMAs (wgmma, sm_90a only), at head_dim
-// 128 (attention_ops.prefill_kernel picks it there; int8 KV not worth widening runs
+// the dequantized values), on Hopper's warpgroup MMAs (wgmma, sm_90a only), at head_dim 128 (attention_ops.prefill_kernel picks it there; int8 KV not worth widening runs
 // prefill_attention_sm90_int8.cu, other archs prefill_attention.cu's mma.sync kernel). Same math, tiles,
 // splits, masks and outputs as prefill_attention.cu (its header): a block owns one kv head and a tile of R =
 // 128 M rows (chunk rows x the GQA group's q heads), walks the pages of its split, and writes out (one split)
@@ -9,14 +8,11 @@
 // S = Q K^T: 8 x wgmma m64n64k16 per page (A = Q, B = K, both K-major in shared memory), f32; online softmax
 // in f32 (log2 domain, prefill_common.cuh); O += P V: 4 x wgmma m64n128k16 (A = P from registers: the S
 // accumulator layout repacked as in the mma.sync kernel, rounded to bf16; B = V, N-major in shared memory).
-// Widened int8 KV: the int8 kernels' math (f16 MMAs, Q rounded bf16 -> f16 in shared memory once, the K
-// scales on S's columns and the V scales on P's columns in f32, P rounded to f16).
-// Layout: q bf16 [T, Hq, 128]; K, V [num_pages, 64, Hkv, 128] bf16 or f16, f32 scales [num_pages, 64, Hkv]
-// (widened); block_tables, context_lens, query_start, out and the workspace as in prefill_attention.cu.
+// Widened int8 KV: the same in f16 (Q rounded bf16 -> f16 in shared memory once, P rounded to f16).
+// Layout: q bf16 [T, Hq, 128]; K, V [num_pages, 64, Hkv, 128] bf16 (f16 widened); block_tables, context_lens, query_start, out and the workspace as in prefill_attention.cu.
 // Shared memory (dynamic, WgSmem below, 1024-aligned inside: attention_ops.prefill_sm90_smem bytes): Q and two
 // buffers of the K and V page tiles as 64-dim halves of 128-byte rows in the 128-byte swizzle wgmma reads
-// (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) << 4)), and (widened) two buffers of the pages' K and
-// V scales. Page kt + 1 is copied (cp.async) while page kt is multiplied.
+// (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) << 4)). Page kt + 1 is copied (cp.async) while page kt is multiplied.
 // Launch: prefill_attention_sm90_d128_bf16, prefill_attention_sm90_d128_widened: grid as prefill_attention.cu's
 // kernels (tiles * num_splits, Hkv, B); block 256 = 2 warpgroups x 64 M rows (warp w of warpgroup j: M rows
 // 64 j + 16 w .. + 15); two blocks per SM (128 registers). Compiled for other archs the file holds no kernel.
@@ -28,21 +24,17 @@
 constexpr int kBlockThreads = 256;
 
 // The kernel's shared memory (byte offsets from the 1024-aligned base; attention_ops.prefill_sm90_smem mirrors
-// kBytes): Q [128][128] 16-bit; two buffers of the swizzled K and V page tiles [64][128] 16-bit; widened: two
-// buffers of the page's scales, f32 [2][64] (K's, then V's).
-template <bool kWidened>
+// kBytes): Q [128][128] 16-bit; two buffers of the swizzled K and V page tiles [64][128] 16-bit.
 struct WgSmem {
     static constexpr int kTile = 2 * kPageHalf;  // a K or V page
-    static constexpr int kPageScales = 2 * kKeyTile * 4;
     static constexpr int kQ = 0;
     static constexpr int kK = kQ + 2 * kQHalf;
     static constexpr int kV = kK + 2 * kTile;
-    static constexpr int kScales = kV + 2 * kTile;
-    static constexpr int kBytes = kScales + (kWidened ? 2 * kPageScales : 0);
+    static constexpr int kBytes = kV + 2 * kTile;
 };
 
 // Q's 16-byte chunks thread `tid` copied (chunks i = tid + 256 j: row i / 16, chunk i % 16), bf16 -> f16 in
-// place: the widened kernel's MMAs run in f16.
+// place: the f16 (widened) kernel's MMAs run in f16.
 __forceinline__ void q_to_f16(unsigned char* q_tile, int tid) {
     for (int j = 0; j < kFlashRows * 16 / kBlockThreads; ++j) {
         const int i = tid + j * kBlockThreads;
@@ -54,20 +46,19 @@ __forceinline__ void q_to_f16(unsigned char* q_tile, int tid) {
 }
 
 // One block: see the header.
-template <bool kWidened>
+template <bool kF16>
 __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc, float* partial_ml, const bf16* q,
-                                                  const void* k_cache, const void* v_cache, const float* k_scale,
-                                                  const float* v_scale, const int* block_tables, int max_pages,
-                                                  const int* context_lens, const int* query_start, int decode_max_queries,
-                                                  int num_q_heads, int num_kv_heads, float scale, int num_splits) {
-    using S = WgSmem<kWidened>;
+                                                  const void* k_cache, const void* v_cache, const int* block_tables,
+                                                  int max_pages, const int* context_lens, const int* query_start,
+                                                  int decode_max_queries, int num_q_heads, int num_kv_heads, float scale,
+                                                  int num_splits) {
+    using S = WgSmem;
     constexpr int D = 128;
     constexpr int kDimTiles = D / 8;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     const unsigned aligned = swizzle_aligned_base(wg_smem, S::kBytes);
     unsigned char* const smem = wg_smem + (aligned - smem_address(wg_smem));
     const unsigned q_at = aligned + S::kQ, k_at = aligned + S::kK, v_at = aligned + S::kV;
-    auto page_scales = [&](int buffer) { return reinterpret_cast<float*>(smem + S::kScales + buffer * S::kPageScales); };
 
     PrefillBlock b;
     if (!prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads,
@@ -81,18 +72,11 @@ __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc,
     const int g = lane >> 2, c = lane & 3;
     const int warp_row = 64 * warpgroup + 16 * ((threadIdx.x >> 5) & 3);
 
-    // Widened: thread x < 128 copies one scale a page, key x % 64's of K (x < 64) or of V.
-    const int scale_key = threadIdx.x % kKeyTile;
-    const float* const scale_row = (threadIdx.x < kKeyTile ? k_scale : v_scale) + scale_key * num_kv_heads + b.kv_head;
     auto load = [&](int kt) {  // page kt into buffer (kt - kt_begin) % 2
         const int keys = min(kKeyTile, t.ctx - kt * kKeyTile);
         const int buffer = (kt - b.kt_begin) & 1;
         copy_page<false, kBlockThreads>(k_at + buffer * S::kTile, k_cache, b.pages[kt], b.kv_head, num_kv_heads, keys, threadIdx.x);
         copy_page<false, kBlockThreads>(v_at + buffer * S::kTile, v_cache, b.pages[kt], b.kv_head, num_kv_heads, keys, threadIdx.x);
-        if (kWidened && threadIdx.x < 2 * kKeyTile) {
-            const bool valid = scale_key < keys;
-            cp_async4(page_scales(buffer) + threadIdx.x, valid ? scale_row + b.pages[kt] * kPageSize * num_kv_heads : scale_row, valid);
-        }
     };
 
     // Q tile (padding rows and rows past the chunk zero-filled) and the first page. Thread x copies chunks
@@ -107,7 +91,7 @@ __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc,
     cp_async_commit();
     load(b.kt_begin);
     cp_async_commit();
-    if (kWidened) {  // the first page stays in flight; the loop's first barrier publishes Q as f16
+    if (kF16) {  // the first page stays in flight; the loop's first barrier publishes Q as f16
         cp_async_wait<1>();
         q_to_f16(smem + S::kQ, threadIdx.x);
     }
@@ -138,13 +122,12 @@ __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc,
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
             const unsigned half = ks >> 2, within = (ks & 3) * 32;
-            wgmma_qk<kWidened>(s, wgmma_desc(q_rows + half * kQHalf + within, 16, 1024), k_desc + ((half * kPageHalf + within) >> 4), ks > 0);
+            wgmma_qk<kF16>(s, wgmma_desc(q_rows + half * kQHalf + within, 16, 1024), k_desc + ((half * kPageHalf + within) >> 4), ks > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
         keep_in_place(s);
 
-        if (kWidened) scale_key_columns(s, page_scales(buffer), c);
         if (kt * kKeyTile + kKeyTile - 1 > min_pos) {
             mask_causal(s, kt, min_pos + (warp_row + g) / t.group, min_pos + (warp_row + 8 + g) / t.group, c);
         }
@@ -154,12 +137,12 @@ __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc,
         for (int h = 0; h < 2; ++h) alpha[h] = softmax_rows(s, h, m[h], l[h], scale_log2, grew);
         if (__any_sync(0xffffffffu, grew)) rescale_rows(o, alpha);  // else every alpha is exactly 1
         unsigned pa[kKeyTile / 16][4];
-        pack_p<kWidened>(s, pa, page_scales(buffer) + kKeyTile, c);
+        pack_p<kF16, false>(s, pa, nullptr, c);
         keep_in_place(o);
         const unsigned long long v_desc = wgmma_desc(v_at + buffer * S::kTile, kPageHalf, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kKeyTile / 16; ++kk) wgmma_pv<kWidened>(o, pa[kk], v_desc + ((kk * 16 * kSwizzleRow) >> 4));
+        for (int kk = 0; kk < kKeyTile / 16; ++kk) wgmma_pv<kF16>(o, pa[kk], v_desc + ((kk * 16 * kSwizzleRow) >> 4));
         wgmma_commit();
         wgmma_wait<0>();
         keep_in_place(o);
@@ -171,17 +154,18 @@ __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc,
     store_rows<D>(dst, t, o, m, l, warp_row, g, c);
 }
 
-#define PREFILL_SM90_KERNEL(NAME, WIDENED)                                                                         \
+// k_scale and v_scale are unused (bf16 and widened KV): the signature is every prefill attention kernel's.
+#define PREFILL_SM90_KERNEL(NAME, F16)                                                                         \
     extern "C" __global__ void __launch_bounds__(kBlockThreads, 2) NAME(                                             \
         bf16* out, float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache, const void* v_cache,   \
         const float* k_scale, const float* v_scale, const int* block_tables, int max_pages, const int* context_lens, \
         const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, float scale,             \
         int num_splits) {                                                                                            \
         enter_dependent_kernel();                                                                                    \
-        prefill_attention_sm90_block<WIDENED>(out, partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale,  \
-                                              block_tables, max_pages, context_lens, query_start, decode_max_queries, \
-                                              num_q_heads, num_kv_heads, scale, num_splits);                          \
+        prefill_attention_sm90_block<F16>(out, partial_acc, partial_ml, q, k_cache, v_cache, block_tables, max_pages, \
+                                          context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,   \
+                                          scale, num_splits);                                                         \
     }
-PREFILL_SM90_KERNEL(prefill_attention_sm90_d128_bf16, false)  // k_scale and v_scale unused
+PREFILL_SM90_KERNEL(prefill_attention_sm90_d128_bf16, false)
 PREFILL_SM90_KERNEL(prefill_attention_sm90_d128_widened, true)
 #endif

@@ -207,14 +207,14 @@ __forceinline__ void rescale_rows(float (&o)[N][4], const float (&alpha)[2]) {
 }
 
 // P (one m16 tile over a page) as the A fragments of P V: the accumulator layout of S tiles 2kk, 2kk + 1 is
-// the A-fragment layout of P[:, 16kk : 16kk + 16] (keys 16kk + 2c, +1 and 16kk + 8 + 2c, +1). kF16 (int8
-// KV): P's columns times their keys' V scales (v_scales[64]) before rounding to f16; else bf16, unscaled.
-template <bool kF16>
+// the A-fragment layout of P[:, 16kk : 16kk + 16] (keys 16kk + 2c, +1 and 16kk + 8 + 2c, +1), rounded to f16
+// (kF16) or bf16. kVScales (int8 KV): P's columns times their keys' V scales (v_scales[64]) first.
+template <bool kF16, bool kVScales = kF16>
 __forceinline__ void pack_p(const float (&s)[8][4], unsigned (&p)[kKeyTile / 16][4], const float* v_scales, int c) {
 #pragma unroll
     for (int kk = 0; kk < kKeyTile / 16; ++kk) {
         float2 vs0 = make_float2(1.0f, 1.0f), vs1 = make_float2(1.0f, 1.0f);
-        if constexpr (kF16) {
+        if constexpr (kVScales) {
             vs0 = *reinterpret_cast<const float2*>(v_scales + kk * 16 + 2 * c);
             vs1 = *reinterpret_cast<const float2*>(v_scales + kk * 16 + 8 + 2 * c);
         }

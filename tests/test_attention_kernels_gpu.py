@@ -330,16 +330,17 @@ def test_prefill_attention_int8_widened_or_not_matches_float64(gpu: Gpu, chunk: 
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
-def test_prefill_attention_widened_int8_is_the_int8_kernels_math(gpu: Gpu, num_splits: int) -> None:
-    # the same f16 products, f32 scales and f16 P in both kernels: at most a last-bit difference in out
+def test_prefill_attention_widened_int8_differs_from_the_int8_kernel_by_f16_rounding_only(gpu: Gpu, num_splits: int) -> None:
+    # widened: K and V rounded to f16 after dequantizing (kv_widen.cu), else the same f16 P and f32 sums as the
+    # int8 kernel; a key too many or too few in a tile's rows would show as an error near 1/key count
     sm90_only(gpu)
     batch = make_batch(np.random.default_rng(17), [300, 3, 130], [1300, 40, 4097])
-    widened, expected, _ = run_prefill(gpu, batch, 32, 8, 128, "int8", num_splits=num_splits, widen=True)
+    widened, _, _ = run_prefill(gpu, batch, 32, 8, 128, "int8", num_splits=num_splits, widen=True)
     plain, _, _ = run_prefill(gpu, batch, 32, 8, 128, "int8", num_splits=num_splits, widen=False)
     rows = np.setdiff1d(np.arange(batch.num_rows), np.arange(300, 303))
     a, b = widened[rows].astype(np.float64), plain[rows].astype(np.float64)
     print(f"widened vs int8 kernel: {np.mean(a == b):.4f} of elements equal, max |diff| {np.max(np.abs(a - b)):.3e}")
-    assert np.all(np.abs(a - b) <= 2.0**-7 * np.abs(expected[rows]) + 2.0**-14)
+    assert_close(a, b, "widened vs int8 kernel", rtol=2e-3)
     assert (widened[300:303].view(np.uint16) == 0xFFFF).all(), "the widened kernel wrote a decode sequence's rows"
 
 

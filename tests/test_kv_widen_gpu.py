@@ -1,6 +1,6 @@
 """kernels_src/kv_widen.cu on the GPU against numpy: every prefill sequence's int8 pages, in step order, as f16
-pages of the same values with their scales copied, and nothing else written (the widening buffers are poisoned
-first)."""
+pages of their dequantized values (the f32 product rounded once), and nothing else written (the widening
+buffers are poisoned first)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ninfer_rt.kv.cache import KVLayer, page_resource
 
 pytestmark = pytest.mark.gpu
 HQ, HKV, D = 16, 4, 128
+F16_MAX = np.float32(65504.0)
 
 
 @pytest.fixture(scope="module")
@@ -24,16 +25,19 @@ def gpu() -> OneStream:
     return OneStream.open()
 
 
-def widen(gpu: OneStream, batch: Batch) -> tuple[WidenedKV, list, list, list[int]]:
-    """Random int8 K and V for `batch`, widened; (the buffers, K and V as made, each sequence's page count)."""
+def widen(gpu: OneStream, batch: Batch, scale_factor: float = 1.0) -> tuple[WidenedKV, list, list, list[int]]:
+    """Random int8 K and V for `batch` (scales times `scale_factor`), widened; (the buffers, K and V as made,
+    each sequence's page count)."""
     rng = np.random.default_rng(int(batch.context_lens.sum()))
     k, v = (make_pages(rng, batch.num_pages, HKV, D, "int8", batch.all_slots()) for _ in range(2))
+    for pages in (k, v):
+        pages.scale[...] *= np.float32(scale_factor)
     layer = KVLayer(gpu.upload(k.raw), gpu.upload(v.raw), gpu.upload(k.scale), gpu.upload(v.scale))
     inputs = StepInputs(*(gpu.upload(a) for a in (batch.positions, batch.query_start, batch.context_lens, batch.block_tables, batch.slot_mapping)))
     shape = AttentionShape(num_heads=HQ, num_kv_heads=HKV, head_dim=D, norm_eps=1e-6)
     owner = gpu.upload(np.zeros(16, np.uint8))
     widened = attention_ops.widened_kv(gpu.lib, owner, HKV, D, inputs.block_tables.nbytes)
-    for buffer in (widened.k, widened.v, widened.k_scale, widened.v_scale, widened.tables):
+    for buffer in (widened.k, widened.v, widened.tables):
         gpu.stream.memset(buffer, POISON)
     decode = attention_ops.decode_max_queries(HQ, HKV)
     pages = [-(-int(c) // 64) if q > decode else 0 for q, c in zip(batch.query_lens, batch.context_lens)]
@@ -47,12 +51,17 @@ def widen(gpu: OneStream, batch: Batch) -> tuple[WidenedKV, list, list, list[int
 
 
 def download_widened(gpu: OneStream, widened: WidenedKV, num_seqs: int, max_pages: int) -> dict[str, np.ndarray]:
-    pages, slots = (widened.capacity, 64, HKV, D), (widened.capacity, 64, HKV)
+    pages = (widened.capacity, 64, HKV, D)
     return {
         "k": gpu.download(widened.k, np.float16, pages), "v": gpu.download(widened.v, np.float16, pages),
-        "k_scale": gpu.download(widened.k_scale, np.uint32, slots), "v_scale": gpu.download(widened.v_scale, np.uint32, slots),
         "tables": gpu.download(widened.tables, np.int32, (num_seqs, max_pages)),
     }
+
+
+def dequantized_f16(raw: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """int8 x f32 scale in f32, saturated to f16's range and rounded to f16 (slots no token was written hold NaN
+    scales: NaN)."""
+    return np.clip(raw.astype(np.float32) * scale[..., None], -F16_MAX, F16_MAX).astype(np.float16)
 
 
 @pytest.mark.parametrize(
@@ -75,8 +84,19 @@ def test_widening_copies_each_prefill_page_exactly_in_step_order_and_nothing_els
         for i in range(count):
             page, to = batch.block_tables[s, i], first[s] + i
             for name, source in (("k", k), ("v", v)):
-                assert np.array_equal(got[name][to], source.raw[page].astype(np.float16)), f"{name} page {i} of sequence {s}"
-                assert np.array_equal(got[f"{name}_scale"][to], source.scale[page].view(np.uint32)), f"{name} scales, page {i} of sequence {s}"
+                expected = dequantized_f16(source.raw[page], source.scale[page])
+                assert np.array_equal(got[name][to], expected, equal_nan=True), f"{name} page {i} of sequence {s}"
     past = int(sum(pages))
     for name in ("k", "v"):
         assert (got[name][past:].view(np.uint16) == 0xFFFF).all(), f"{name}: pages past the step's written"
+
+
+def test_values_beyond_f16_range_saturate_instead_of_becoming_inf(gpu: OneStream) -> None:
+    batch = make_batch(np.random.default_rng(3), [100], [300])
+    widened, k, v, pages = widen(gpu, batch, scale_factor=1e5)  # |q| * scale up to ~1e6
+    got = download_widened(gpu, widened, 1, batch.block_tables.shape[1])
+    written = got["k"][: pages[0]]
+    assert np.isfinite(written[:, :44]).all() and (np.abs(written) == F16_MAX).any()  # 300 keys: 4 full pages + 44
+    for i in range(pages[0]):
+        expected = dequantized_f16(k.raw[batch.block_tables[0, i]], k.scale[batch.block_tables[0, i]])
+        assert np.array_equal(got["k"][i], expected, equal_nan=True), f"k page {i}"

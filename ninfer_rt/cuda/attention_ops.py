@@ -5,8 +5,8 @@ A step's attention is three launches over the same step inputs: `rope_kv` (q/k n
 pages), then per sequence either flash-decoding (`decode_attention`, sequences with at most
 `decode_max_queries` new rows: decode and speculative verify) or the tensor-core prefill kernel
 (`prefill_attention`, longer chunks: mma.sync on every arch, warpgroup MMAs on sm_90a where they apply,
-see prefill_kernel; on sm_90a a long chunk over int8 KV first widens the pages it reads to f16, see
-prefill_widens). Both attention kernels take the whole step's tables and skip the
+see prefill_kernel; on sm_90a a long chunk over int8 KV first widens the pages it reads to f16, dequantized
+once per page instead of once per tile, see prefill_widens). Both attention kernels take the whole step's tables and skip the
 other kind's sequences, so a mixed step needs no re-packing on the host.
 
 KV pages are declared to the ordering verifier as ("kv", page) resources; the caller passes the page sets it
@@ -67,13 +67,13 @@ _PREFILL_COMBINE_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) * 4
 PREFILL_SM90_THREADS = {"bf16": 256, "int8": 384, "widened": 256}
 PREFILL_SM90_INT8_STAGES = 4
 PREFILL_SM90_INT8_LOOKAHEAD = 3
-# Widened int8 KV (kv_widen.cu, then prefill_attention_sm90.cu's widened kernel): the widening reads each page
-# once per step and layer, the int8 kernel converts it once per tile, so it pays from a few tiles up (H200,
-# bench/logs/h200-session10.txt). Its buffers (f16 pages for at most one longest context, PREFILL_WIDEN_BUDGET
-# bytes) come out of the margin the KV capacity leaves (kv/capacity.py).
+# Widened int8 KV (kv_widen.cu: f16 pages of the dequantized values, then prefill_attention_sm90.cu's f16
+# kernel): the widening dequantizes each page once per step and layer, the int8 kernels apply its scales once
+# per tile, so it pays from a few tiles up (H200, bench/logs/h200-session10.txt). Its buffers (at most
+# PREFILL_WIDEN_BUDGET bytes) come out of the margin the KV capacity leaves (kv/capacity.py).
 PREFILL_WIDEN_MIN_QUERIES = 64
 PREFILL_WIDEN_BUDGET = 1 << 30
-_WIDEN_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) + (Arg.PTR,) * 5 + (Arg.I32, Arg.PTR, Arg.PTR) + (Arg.I32,) * 3
+_WIDEN_SIGNATURE = (Arg.PTR,) * 3 + (Arg.I32,) + (Arg.PTR,) * 5 + (Arg.I32, Arg.PTR, Arg.PTR) + (Arg.I32,) * 3
 WIDEN_INT8_KV = KernelSpec("kv_widen", "widen_int8_kv", _WIDEN_SIGNATURE)
 WIDEN_THREADS = 256  # kWidenThreads
 DECODE_COMBINE = KernelSpec("decode_attention", "decode_attention_combine", (Arg.PTR,) * 4 + (Arg.I32,) * 5)
@@ -117,25 +117,22 @@ class DecodeWorkspace:
 
 @dataclass(frozen=True)
 class WidenedKV:
-    """int8 KV pages widened for a prefill step (kv_widen.cu): K, V f16 [capacity, 64, Hkv, D], the f32 scales
-    [capacity, 64, Hkv], and int32 tables shaped like the step's block_tables, naming each prefill sequence's
-    widened pages."""
+    """int8 KV pages widened for a prefill step (kv_widen.cu): K, V f16 [capacity, 64, Hkv, D], and int32
+    tables shaped like the step's block_tables, naming each prefill sequence's widened pages."""
 
     k: Buffer
     v: Buffer
-    k_scale: Buffer
-    v_scale: Buffer
     tables: Buffer
     capacity: int  # pages
 
     @property
     def resources(self) -> tuple[Resource, ...]:
-        return tuple(buffer.resource for buffer in (self.k, self.v, self.k_scale, self.v_scale, self.tables))
+        return tuple(buffer.resource for buffer in (self.k, self.v, self.tables))
 
 
 def widened_page_bytes(n_kv_heads: int, head_dim: int) -> int:
-    """One widened page: f16 K and V plus their f32 scales, all kv heads."""
-    return 2 * PAGE_SIZE * n_kv_heads * (head_dim * _BF16 + _F32)
+    """One widened page: f16 K and V, all kv heads."""
+    return 2 * PAGE_SIZE * n_kv_heads * head_dim * _BF16
 
 
 @dataclass(frozen=True)
@@ -263,8 +260,7 @@ def prefill_sm90_spec(kv_dtype: str) -> KernelSpec:
 
 def prefill_sm90_smem(kv_dtype: str) -> int:
     """The sm_90a kernel's WgSmem / WsSmem::kBytes, plus 1 KiB to align it to the 128-byte swizzle's 1024-byte
-    atoms. Q [128][128] 16-bit, then bf16: two buffers of the K and V page tiles [64][128]; widened: the same
-    and two buffers of a page's 2 x 64 f32 scales; int8: page slots of f16 K and V tiles and their scales,
+    atoms. Q [128][128] 16-bit, then bf16 and widened: two buffers of the K and V page tiles [64][128]; int8: page slots of f16 K and V tiles and their scales,
     slots of raw pages [64][128] bytes and their scales, a full and an empty mbarrier (8 bytes) per page slot,
     a scratch word per multiplying thread."""
     q, tile, scales = PREFILL_TILE_ROWS * 128 * _BF16, PAGE_SIZE * 128 * _BF16, 2 * PAGE_SIZE * _F32
@@ -273,7 +269,7 @@ def prefill_sm90_smem(kv_dtype: str) -> int:
         raw = PREFILL_SM90_INT8_LOOKAHEAD * (2 * PAGE_SIZE * 128 + scales)
         barriers, scratch = 2 * PREFILL_SM90_INT8_STAGES * 8, 2 * 128 * _F32
         return q + slots + raw + barriers + scratch + 1024
-    return q + 2 * 2 * tile + (2 * scales if kv_dtype == "widened" else 0) + 1024
+    return q + 2 * 2 * tile + 1024
 
 
 def prefill_blocks_per_sm(lib: KernelLibrary, head_dim: int, kv_dtype: str, wgmma: bool | None = None) -> int:
@@ -495,8 +491,9 @@ def prefill_attention(
     """out rows of every sequence with more than decode_max_queries new rows = causal attention of the
     chunk over the cached prefix and itself (prefill_attention.cu; prefill_kernel picks the kernel, `wgmma`
     False forces the mma.sync one). Other sequences' rows are untouched. int8 KV is widened first where
-    prefill_widens says so (or `widen` forces either way) and the widened pages fit the widening buffers;
-    the result is the int8 kernels' math either way.
+    prefill_widens says so (or `widen` forces either way) and the widened pages fit the widening buffers:
+    K and V are then dequantized values rounded to f16 (kv_widen.cu), where the int8 kernels multiply the
+    exact int8 values and apply the scales in f32.
 
     With `num_splits` None the split count is prefill_num_splits of the grid (tiles x kv heads x
     sequences), this device's SMs and the kernel's occupancy, the context bounded by `max_context_len`
@@ -545,7 +542,7 @@ def prefill_attention(
     if not 1 <= num_splits <= PREFILL_MAX_SPLITS:
         raise ValueError(f"prefill_attention: num_splits must be in [1, {PREFILL_MAX_SPLITS}], got {num_splits}")
     if widened:
-        kv_args = (widened.k, widened.v, widened.k_scale, widened.v_scale, widened.tables)
+        kv_args = (widened.k, widened.v, 0, 0, widened.tables)
         kv_reads: tuple[Resource, ...] = (inputs.context_lens.resource, inputs.query_start.resource, *widened.resources)
     else:
         kv_args = (cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables)
@@ -598,8 +595,7 @@ def widen_int8_kv(
     if pages_bound > widened.capacity:
         return None
     lib.kernel(WIDEN_INT8_KV).launch(
-        stream, (longest_pages, num_seqs), WIDEN_THREADS, widened.k, widened.v, widened.k_scale, widened.v_scale,
-        widened.tables, widened.capacity, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables, max_pages_per_seq,
+        stream, (longest_pages, num_seqs), WIDEN_THREADS, widened.k, widened.v, widened.tables, widened.capacity, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables, max_pages_per_seq,
         inputs.context_lens, inputs.query_start, decode_max_queries(shape.num_heads, hkv), hkv, d,
         label="widen_int8_kv", reads=(*inputs.tables, *pages_read), writes=widened.resources, lane=lane,
     )
@@ -618,11 +614,10 @@ def widened_kv(lib: KernelLibrary, owner_buffer: Buffer, n_kv_heads: int, head_d
     key = (id(lib), n_kv_heads, head_dim, table_bytes, id(owner))
     if key not in _widened:
         capacity = min(PREFILL_WIDEN_BUDGET // widened_page_bytes(n_kv_heads, head_dim), table_bytes // 4)
-        values, scales = capacity * PAGE_SIZE * n_kv_heads * head_dim * _BF16, capacity * PAGE_SIZE * n_kv_heads * _F32
+        values = capacity * widened_page_bytes(n_kv_heads, head_dim) // 2
         name = f"attention.widened[{n_kv_heads}x{head_dim}]"
         widened = WidenedKV(
             *(DeviceBuffer(owner, values, f"{name}.{part}") for part in ("k", "v")),
-            *(DeviceBuffer(owner, scales, f"{name}.{part}") for part in ("k_scale", "v_scale")),
             tables=DeviceBuffer(owner, table_bytes, f"{name}.tables"),
             capacity=capacity,
         )
