@@ -54,22 +54,39 @@ __forceinline__ void dequantize4(unsigned word, float scale, unsigned& lo, unsig
     hi = f16x2_saturated(int8_at(word, 2) * scale, int8_at(word, 3) * scale);
 }
 
-// Page `from` of one int8 cache (K or V) into widened page `to` (every kv head).
+// Page `from` of one int8 cache (K or V) into widened page `to` (every kv head). A thread keeps kInFlight
+// 16-byte loads in flight: one at a time left the widening at about half the copy bandwidth.
 __forceinline__ void widen_page(unsigned short* widened, long long to, const unsigned char* cache, const float* scales,
                                 long long from, int num_kv_heads, int head_dim) {
+    constexpr int kInFlight = 4;
     const int rows = kPageSize * num_kv_heads, row_chunks = head_dim / 16;  // (key, kv head) rows of 16-byte chunks
+    const int chunks = rows * row_chunks;
     const uint4* src = reinterpret_cast<const uint4*>(cache + from * rows * head_dim);
     uint4* dst = reinterpret_cast<uint4*>(widened + to * rows * head_dim);
-    for (int j = threadIdx.x; j < rows * row_chunks; j += kWidenThreads) {
-        const uint4 raw = __ldg(src + j);
-        const float scale = __ldg(scales + from * rows + j / row_chunks);
-        uint4 lo, hi;
-        dequantize4(raw.x, scale, lo.x, lo.y);
-        dequantize4(raw.y, scale, lo.z, lo.w);
-        dequantize4(raw.z, scale, hi.x, hi.y);
-        dequantize4(raw.w, scale, hi.z, hi.w);
-        dst[2 * j] = lo;
-        dst[2 * j + 1] = hi;
+    for (int j0 = threadIdx.x; j0 < chunks; j0 += kInFlight * kWidenThreads) {
+        uint4 raw[kInFlight];
+        float scale[kInFlight];
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) {
+            const int j = j0 + u * kWidenThreads;
+            if (j < chunks) {
+                raw[u] = __ldg(src + j);
+                scale[u] = __ldg(scales + from * rows + j / row_chunks);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) {
+            const int j = j0 + u * kWidenThreads;
+            if (j < chunks) {
+                uint4 lo, hi;
+                dequantize4(raw[u].x, scale[u], lo.x, lo.y);
+                dequantize4(raw[u].y, scale[u], lo.z, lo.w);
+                dequantize4(raw[u].z, scale[u], hi.x, hi.y);
+                dequantize4(raw[u].w, scale[u], hi.z, hi.w);
+                dst[2 * j] = lo;
+                dst[2 * j + 1] = hi;
+            }
+        }
     }
 }
 

@@ -256,13 +256,13 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
 
 
 def test_a_long_int8_chunk_is_widened_once_and_the_prefill_reads_only_the_widened_pages() -> None:
-    lib, step = RecordingLibrary(), logical_step([4, 300, 1], [900, 300, 64], kv_dtype="int8")
+    lib, step = RecordingLibrary(), logical_step([4, 400, 1], [900, 400, 64], kv_dtype="int8")
     run_attention_op(lib, step)
     names = [launch.name for launch in lib.launches]
     assert names[3:] == ["widen_int8_kv", "prefill_attention_sm90_d128_widened", "prefill_attention_combine_d128"]
     widen, prefill = lib.launches[3:5]
-    # one block per page of the longest context the block table allows (16 pages), one row per sequence
-    assert (widen.grid, widen.block) == ((16, 3), 256)
+    # one block per page of the longest context the block table allows, one row per sequence
+    assert (widen.grid, widen.block) == ((step.batch.block_tables.shape[1], 3), 256)
     assert set(step.read) <= set(widen.reads) and not any(r[0] == "kv" for r in prefill.reads)
     assert set(widen.writes) <= set(prefill.reads) and len(widen.writes) == 3
     assert (prefill.block, prefill.smem) == (256, attention_ops.prefill_sm90_smem("widened")) == (256, 99_328)
@@ -278,9 +278,10 @@ def test_a_short_int8_chunk_runs_the_int8_kernel_without_widening() -> None:
 
 
 def test_int8_pages_past_the_widening_budget_run_the_int8_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a budget of 10 pages: the 300-row chunk's bound (16 pages, the block table's width) does not fit
+    # a budget of 10 pages: the chunk's bound (the block table's width, 17 pages) does not fit
     monkeypatch.setattr(attention_ops, "PREFILL_WIDEN_BUDGET", 10 * attention_ops.widened_page_bytes(4, 128))
-    lib, step = RecordingLibrary(), logical_step([300], [900], kv_dtype="int8")
+    lib, step = RecordingLibrary(), logical_step([400], [900], kv_dtype="int8")
+    assert step.batch.block_tables.shape[1] > 10
     run_attention_op(lib, step)
     assert [launch.name for launch in lib.launches][:2] == ["rope_kv_d128_int8", "prefill_attention_sm90_d128_int8"]
 
@@ -321,9 +322,9 @@ def test_the_wgmma_prefill_kernel_is_chosen_only_where_it_applies() -> None:
         attention_ops.prefill_kernel("sm_120a", 128, "widened")
 
 
-def test_int8_kv_is_widened_only_on_sm_90a_for_chunks_of_64_rows_or_more() -> None:
+def test_int8_kv_is_widened_only_on_sm_90a_for_chunks_of_384_rows_or_more() -> None:
     widens = attention_ops.prefill_widens
-    assert widens("sm_90a", 128, "int8", 64) and not widens("sm_90a", 128, "int8", 63)
+    assert widens("sm_90a", 128, "int8", 384) and not widens("sm_90a", 128, "int8", 383)
     assert not widens("sm_90a", 128, "bf16", 531) and not widens("sm_90a", 64, "int8", 531)
     assert not widens("sm_120a", 128, "int8", 531) and not widens("sm_90a", 128, "int8", 531, wgmma=False)
 

@@ -332,7 +332,7 @@ def test_prefill_attention_int8_widened_or_not_matches_float64(gpu: Gpu, chunk: 
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_prefill_attention_widened_int8_differs_from_the_int8_kernel_by_f16_rounding_only(gpu: Gpu, num_splits: int) -> None:
     # widened: K and V rounded to f16 after dequantizing (kv_widen.cu), else the same f16 P and f32 sums as the
-    # int8 kernel; a key too many or too few in a tile's rows would show as an error near 1/key count
+    # int8 kernel; a key too many or too few in a tile's first rows would be off by several bf16 steps
     sm90_only(gpu)
     batch = make_batch(np.random.default_rng(17), [300, 3, 130], [1300, 40, 4097])
     widened, _, _ = run_prefill(gpu, batch, 32, 8, 128, "int8", num_splits=num_splits, widen=True)
@@ -340,7 +340,12 @@ def test_prefill_attention_widened_int8_differs_from_the_int8_kernel_by_f16_roun
     rows = np.setdiff1d(np.arange(batch.num_rows), np.arange(300, 303))
     a, b = widened[rows].astype(np.float64), plain[rows].astype(np.float64)
     print(f"widened vs int8 kernel: {np.mean(a == b):.4f} of elements equal, max |diff| {np.max(np.abs(a - b)):.3e}")
-    assert_close(a, b, "widened vs int8 kernel", rtol=2e-3)
+    # each rounds out to bf16 from within ~2e-3 rms of the other (f16 K and V: 4.5e-4 relative L2 on this data in
+    # float64), so they stay within one bf16 step of each other
+    step = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(a), np.abs(b)) + 1e-30)) - 7)
+    bound = step + 2e-3 * np.sqrt(np.mean(b**2))
+    assert np.all(np.abs(a - b) <= bound), f"{int(np.sum(np.abs(a - b) > bound))} elements differ by more than a bf16 step"
+    assert np.linalg.norm(a - b) / np.linalg.norm(b) < 2.5e-3
     assert (widened[300:303].view(np.uint16) == 0xFFFF).all(), "the widened kernel wrote a decode sequence's rows"
 
 

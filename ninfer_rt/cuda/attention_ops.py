@@ -69,9 +69,11 @@ PREFILL_SM90_INT8_STAGES = 4
 PREFILL_SM90_INT8_LOOKAHEAD = 3
 # Widened int8 KV (kv_widen.cu: f16 pages of the dequantized values, then prefill_attention_sm90.cu's f16
 # kernel): the widening dequantizes each page once per step and layer, the int8 kernels apply its scales once
-# per tile, so it pays from a few tiles up (H200, bench/logs/h200-session10.txt). Its buffers (at most
+# per tile, and the f16 kernel is faster than the int8 one; the widening's own traffic and the f16 pages' twice
+# the bytes cost about what 260-300 chunk rows gain (H200, 114,812 keys, qwen3-8b heads: 256 rows 1440 against
+# 1397 us, 531 rows 2728 against 3066 us; bench/logs/h200-session10.txt). Its buffers (at most
 # PREFILL_WIDEN_BUDGET bytes) come out of the margin the KV capacity leaves (kv/capacity.py).
-PREFILL_WIDEN_MIN_QUERIES = 64
+PREFILL_WIDEN_MIN_QUERIES = 384
 PREFILL_WIDEN_BUDGET = 1 << 30
 _WIDEN_SIGNATURE = (Arg.PTR,) * 3 + (Arg.I32,) + (Arg.PTR,) * 5 + (Arg.I32, Arg.PTR, Arg.PTR) + (Arg.I32,) * 3
 WIDEN_INT8_KV = KernelSpec("kv_widen", "widen_int8_kv", _WIDEN_SIGNATURE)
@@ -249,7 +251,7 @@ def prefill_kernel(arch: str, head_dim: int, kv_dtype: str, wgmma: bool | None =
 
 def prefill_widens(arch: str, head_dim: int, kv_dtype: str, longest: int, wgmma: bool | None = None) -> bool:
     """Whether a prefill step over int8 KV widens its pages first (kv_widen.cu): on sm_90a at head_dim 128,
-    for a chunk of PREFILL_WIDEN_MIN_QUERIES rows or more, unless `wgmma` is False."""
+    when its longest chunk has PREFILL_WIDEN_MIN_QUERIES rows or more, unless `wgmma` is False."""
     return kv_dtype == "int8" and wgmma is not False and prefill_wgmma_applies(arch, head_dim) and longest >= PREFILL_WIDEN_MIN_QUERIES
 
 
