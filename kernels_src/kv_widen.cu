@@ -11,11 +11,10 @@
 // V16 likewise, widened_tables[s][i] = w. Other entries of widened_tables are left as they are (the prefill
 // kernels never read past a sequence's pages, nor a decode sequence's row).
 // Layout: K, V [num_pages, 64, Hkv, D] int8, k_scale, v_scale f32 [num_pages, 64, Hkv]; K16, V16
-// [capacity, 64, Hkv, D] f16; block_tables and widened_tables int32 [B, max_pages]. D % 16 == 0. Traps when
+// [capacity, 64, Hkv, D] f16; block_tables and widened_tables int32 [B, max_pages]. D % 8 == 0. Traps when
 // first(s) + pages(s) > capacity (the host sizes the launch so it cannot).
 // Launch: widen_int8_kv: grid (any count, e.g. the pages of the longest prefill context; B), block
-// kWidenThreads; block x of sequence s widens its pages x, x + gridDim.x, ... (every kv head): 16-byte loads
-// of int8, two 16-byte stores of f16 each.
+// kWidenThreads; block x of sequence s widens its pages x, x + gridDim.x, ... (every kv head).
 #include "attention_common.cuh"
 
 constexpr int kWidenThreads = 256;
@@ -54,37 +53,35 @@ __forceinline__ void dequantize4(unsigned word, float scale, unsigned& lo, unsig
     hi = f16x2_saturated(int8_at(word, 2) * scale, int8_at(word, 3) * scale);
 }
 
-// Page `from` of one int8 cache (K or V) into widened page `to` (every kv head). A thread keeps kInFlight
-// 16-byte loads in flight: one at a time left the widening at about half the copy bandwidth.
+// Page `from` of one int8 cache (K or V) into widened page `to` (every kv head): a thread takes 8 values at a
+// time (an 8-byte load, a 16-byte store: each warp instruction moves whole contiguous lines) and keeps
+// kInFlight loads in flight.
 __forceinline__ void widen_page(unsigned short* widened, long long to, const unsigned char* cache, const float* scales,
                                 long long from, int num_kv_heads, int head_dim) {
-    constexpr int kInFlight = 4;
-    const int rows = kPageSize * num_kv_heads, row_chunks = head_dim / 16;  // (key, kv head) rows of 16-byte chunks
-    const int chunks = rows * row_chunks;
-    const uint4* src = reinterpret_cast<const uint4*>(cache + from * rows * head_dim);
+    constexpr int kInFlight = 8;
+    const int rows = kPageSize * num_kv_heads, row_runs = head_dim / 8;  // (key, kv head) rows of 8-value runs
+    const int runs = rows * row_runs;
+    const uint2* src = reinterpret_cast<const uint2*>(cache + from * rows * head_dim);
     uint4* dst = reinterpret_cast<uint4*>(widened + to * rows * head_dim);
-    for (int j0 = threadIdx.x; j0 < chunks; j0 += kInFlight * kWidenThreads) {
-        uint4 raw[kInFlight];
+    for (int j0 = threadIdx.x; j0 < runs; j0 += kInFlight * kWidenThreads) {
+        uint2 raw[kInFlight];
         float scale[kInFlight];
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
             const int j = j0 + u * kWidenThreads;
-            if (j < chunks) {
+            if (j < runs) {
                 raw[u] = __ldg(src + j);
-                scale[u] = __ldg(scales + from * rows + j / row_chunks);
+                scale[u] = __ldg(scales + from * rows + j / row_runs);
             }
         }
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
             const int j = j0 + u * kWidenThreads;
-            if (j < chunks) {
-                uint4 lo, hi;
-                dequantize4(raw[u].x, scale[u], lo.x, lo.y);
-                dequantize4(raw[u].y, scale[u], lo.z, lo.w);
-                dequantize4(raw[u].z, scale[u], hi.x, hi.y);
-                dequantize4(raw[u].w, scale[u], hi.z, hi.w);
-                dst[2 * j] = lo;
-                dst[2 * j + 1] = hi;
+            if (j < runs) {
+                uint4 out;
+                dequantize4(raw[u].x, scale[u], out.x, out.y);
+                dequantize4(raw[u].y, scale[u], out.z, out.w);
+                dst[j] = out;
             }
         }
     }

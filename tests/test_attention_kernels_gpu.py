@@ -340,10 +340,10 @@ def test_prefill_attention_widened_int8_differs_from_the_int8_kernel_by_f16_roun
     rows = np.setdiff1d(np.arange(batch.num_rows), np.arange(300, 303))
     a, b = widened[rows].astype(np.float64), plain[rows].astype(np.float64)
     print(f"widened vs int8 kernel: {np.mean(a == b):.4f} of elements equal, max |diff| {np.max(np.abs(a - b)):.3e}")
-    # each rounds out to bf16 from within ~2e-3 rms of the other (f16 K and V: 4.5e-4 relative L2 on this data in
-    # float64), so they stay within one bf16 step of each other
+    # f16 K and V move the exact result by at most 0.0062 = 0.8% of its rms on this data (float64, numpy), and each
+    # kernel rounds out to bf16: one bf16 step plus 1% of the rms apart at most
     step = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(a), np.abs(b)) + 1e-30)) - 7)
-    bound = step + 2e-3 * np.sqrt(np.mean(b**2))
+    bound = step + 1e-2 * np.sqrt(np.mean(b**2))
     assert np.all(np.abs(a - b) <= bound), f"{int(np.sum(np.abs(a - b) > bound))} elements differ by more than a bf16 step"
     assert np.linalg.norm(a - b) / np.linalg.norm(b) < 2.5e-3
     assert (widened[300:303].view(np.uint16) == 0xFFFF).all(), "the widened kernel wrote a decode sequence's rows"
