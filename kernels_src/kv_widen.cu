@@ -29,7 +29,9 @@ __forceinline__ int prefill_pages(int s, const int* context_lens, const int* que
 __forceinline__ int first_widened_page(int s, const int* context_lens, const int* query_start, int decode_max_queries) {
     __shared__ int warp_pages[kWidenThreads / 32];
     int pages = 0;
-    for (int j = threadIdx.x; j < s; j += kWidenThreads) pages += prefill_pages(j, context_lens, query_start, decode_max_queries);
+    for (int j = threadIdx.x; j < s; j += kWidenThreads) {
+        pages += prefill_pages(j, context_lens, query_start, decode_max_queries);
+    }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) pages += __shfl_xor_sync(0xffffffffu, pages, offset);
     if ((threadIdx.x & 31) == 0) warp_pages[threadIdx.x >> 5] = pages;
@@ -100,7 +102,9 @@ extern "C" __global__ void __launch_bounds__(kWidenThreads) widen_int8_kv(
     for (int i = blockIdx.x; i < pages; i += gridDim.x) {
         const long long from = block_tables[(long long)s * max_pages + i];
         if (threadIdx.x == 0) widened_tables[(long long)s * max_pages + i] = first + i;
-        widen_page(static_cast<unsigned short*>(k16), first + i, static_cast<const unsigned char*>(k_cache), k_scale, from, num_kv_heads, head_dim);
-        widen_page(static_cast<unsigned short*>(v16), first + i, static_cast<const unsigned char*>(v_cache), v_scale, from, num_kv_heads, head_dim);
+        widen_page(static_cast<unsigned short*>(k16), first + i, static_cast<const unsigned char*>(k_cache), k_scale, from,
+                   num_kv_heads, head_dim);
+        widen_page(static_cast<unsigned short*>(v16), first + i, static_cast<const unsigned char*>(v_cache), v_scale, from,
+                   num_kv_heads, head_dim);
     }
 }

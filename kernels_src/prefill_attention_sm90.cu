@@ -1,18 +1,21 @@
 // Causal flash attention for prefill chunks over bf16 KV, or over widened int8 KV (kv_widen.cu: f16 pages of
-// the dequantized values), on Hopper's warpgroup MMAs (wgmma, sm_90a only), at head_dim 128 (attention_ops.prefill_kernel picks it there; int8 KV not worth widening runs
-// prefill_attention_sm90_int8.cu, other archs prefill_attention.cu's mma.sync kernel). Same math, tiles,
-// splits, masks and outputs as prefill_attention.cu (its header): a block owns one kv head and a tile of R =
-// 128 M rows (chunk rows x the GQA group's q heads), walks the pages of its split, and writes out (one split)
-// or its f32 partials, which prefill_attention_combine_d128 merges.
+// the dequantized values), on Hopper's warpgroup MMAs (wgmma, sm_90a only), at head_dim 128
+// (attention_ops.prefill_kernel picks it there; int8 KV not worth widening runs prefill_attention_sm90_int8.cu,
+// other archs prefill_attention.cu's mma.sync kernel). Same math, tiles, splits, masks and outputs as
+// prefill_attention.cu (its header): a block owns one kv head and a tile of R = 128 M rows (chunk rows x the
+// GQA group's q heads), walks the pages of its split, and writes out (one split) or its f32 partials, which
+// prefill_attention_combine_d128 merges.
 //
 // S = Q K^T: 8 x wgmma m64n64k16 per page (A = Q, B = K, both K-major in shared memory), f32; online softmax
 // in f32 (log2 domain, prefill_common.cuh); O += P V: 4 x wgmma m64n128k16 (A = P from registers: the S
 // accumulator layout repacked as in the mma.sync kernel, rounded to bf16; B = V, N-major in shared memory).
 // Widened int8 KV: the same in f16 (Q rounded bf16 -> f16 in shared memory once, P rounded to f16).
-// Layout: q bf16 [T, Hq, 128]; K, V [num_pages, 64, Hkv, 128] bf16 (f16 widened); block_tables, context_lens, query_start, out and the workspace as in prefill_attention.cu.
+// Layout: q bf16 [T, Hq, 128]; K, V [num_pages, 64, Hkv, 128] bf16 (f16 widened); block_tables, context_lens,
+// query_start, out and the workspace as in prefill_attention.cu.
 // Shared memory (dynamic, WgSmem below, 1024-aligned inside: attention_ops.prefill_sm90_smem bytes): Q and two
 // buffers of the K and V page tiles as 64-dim halves of 128-byte rows in the 128-byte swizzle wgmma reads
-// (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) << 4)). Page kt + 1 is copied (cp.async) while page kt is multiplied.
+// (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) << 4)). Page kt + 1 is copied (cp.async) while page
+// kt is multiplied.
 // Launch: prefill_attention_sm90_d128_bf16, prefill_attention_sm90_d128_widened: grid as prefill_attention.cu's
 // kernels (tiles * num_splits, Hkv, B); block 256 = 2 warpgroups x 64 M rows (warp w of warpgroup j: M rows
 // 64 j + 16 w .. + 15); two blocks per SM (128 registers). Compiled for other archs the file holds no kernel.

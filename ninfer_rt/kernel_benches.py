@@ -349,9 +349,9 @@ class _PrefillCase:
             attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
             moved = 2 * chunk * attn.num_heads * d * BF16 + kv_bytes(attn, context, self.kv_dtype)
             params = {
-                "kernel": ("widen_int8_kv + " if widen else "") + spec.name, "chunk": chunk, "context": context, "kv": self.kv_dtype, "q_heads": attn.num_heads,
-                "kv_heads": attn.num_kv_heads, "head_dim": d, "blocks_per_sm": resident, "num_splits": num_splits,
-                "kv_copies": len(self.layers),
+                "kernel": ("widen_int8_kv + " if widen else "") + spec.name, "chunk": chunk, "context": context,
+                "kv": self.kv_dtype, "q_heads": attn.num_heads, "kv_heads": attn.num_kv_heads, "head_dim": d,
+                "blocks_per_sm": resident, "num_splits": num_splits, "kv_copies": len(self.layers),
             }
             name = params["kernel"] + (" (split+combine)" if num_splits > 1 else "")
             case = f"chunk={chunk} context={context} kv={self.kv_dtype} splits={num_splits}"
@@ -360,8 +360,7 @@ class _PrefillCase:
 
 
 def bench_kv_widen(s: BenchSession, shape: Shape, contexts: tuple[int, ...] = (8192, 114812)) -> list[Measurement]:
-    """One prefill sequence's int8 pages widened to f16 (kv_widen.cu): int8 and scales read, f16 and scales
-    written."""
+    """One prefill sequence's int8 pages widened to f16 (kv_widen.cu): int8 and scales read, f16 written."""
     attn = attention_shape(shape)
     hkv, d = attn.num_kv_heads, attn.head_dim
     results = []

@@ -252,7 +252,8 @@ def prefill_kernel(arch: str, head_dim: int, kv_dtype: str, wgmma: bool | None =
 def prefill_widens(arch: str, head_dim: int, kv_dtype: str, longest: int, wgmma: bool | None = None) -> bool:
     """Whether a prefill step over int8 KV widens its pages first (kv_widen.cu): on sm_90a at head_dim 128,
     when its longest chunk has PREFILL_WIDEN_MIN_QUERIES rows or more, unless `wgmma` is False."""
-    return kv_dtype == "int8" and wgmma is not False and prefill_wgmma_applies(arch, head_dim) and longest >= PREFILL_WIDEN_MIN_QUERIES
+    applies = kv_dtype == "int8" and wgmma is not False and prefill_wgmma_applies(arch, head_dim)
+    return applies and longest >= PREFILL_WIDEN_MIN_QUERIES
 
 
 def prefill_sm90_spec(kv_dtype: str) -> KernelSpec:
@@ -262,9 +263,9 @@ def prefill_sm90_spec(kv_dtype: str) -> KernelSpec:
 
 def prefill_sm90_smem(kv_dtype: str) -> int:
     """The sm_90a kernel's WgSmem / WsSmem::kBytes, plus 1 KiB to align it to the 128-byte swizzle's 1024-byte
-    atoms. Q [128][128] 16-bit, then bf16 and widened: two buffers of the K and V page tiles [64][128]; int8: page slots of f16 K and V tiles and their scales,
-    slots of raw pages [64][128] bytes and their scales, a full and an empty mbarrier (8 bytes) per page slot,
-    a scratch word per multiplying thread."""
+    atoms. Q [128][128] 16-bit, then bf16 and widened: two buffers of the K and V page tiles [64][128]; int8:
+    page slots of f16 K and V tiles and their scales, slots of raw pages [64][128] bytes and their scales, a
+    full and an empty mbarrier (8 bytes) per page slot, a scratch word per multiplying thread."""
     q, tile, scales = PREFILL_TILE_ROWS * 128 * _BF16, PAGE_SIZE * 128 * _BF16, 2 * PAGE_SIZE * _F32
     if kv_dtype == "int8":
         slots = PREFILL_SM90_INT8_STAGES * (2 * tile + scales)
@@ -549,7 +550,8 @@ def prefill_attention(
     else:
         kv_args = (cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables)
         kv_reads = (*inputs.tables, *pages_read)
-    args = (q, *kv_args, max_pages_per_seq, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale, num_splits)
+    args = (q, *kv_args, max_pages_per_seq, inputs.context_lens, inputs.query_start, max_queries, hq, hkv, shape.scale,
+            num_splits)
     reads = (q.resource, *kv_reads)
     if num_splits == 1:
         kernel.launch(
@@ -597,8 +599,9 @@ def widen_int8_kv(
     if pages_bound > widened.capacity:
         return None
     lib.kernel(WIDEN_INT8_KV).launch(
-        stream, (longest_pages, num_seqs), WIDEN_THREADS, widened.k, widened.v, widened.tables, widened.capacity, cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables, max_pages_per_seq,
-        inputs.context_lens, inputs.query_start, decode_max_queries(shape.num_heads, hkv), hkv, d,
+        stream, (longest_pages, num_seqs), WIDEN_THREADS, widened.k, widened.v, widened.tables, widened.capacity,
+        cache.k, cache.v, *_scale_ptrs(cache), inputs.block_tables, max_pages_per_seq, inputs.context_lens,
+        inputs.query_start, decode_max_queries(shape.num_heads, hkv), hkv, d,
         label="widen_int8_kv", reads=(*inputs.tables, *pages_read), writes=widened.resources, lane=lane,
     )
     return widened
