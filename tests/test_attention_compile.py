@@ -322,9 +322,9 @@ def test_the_wgmma_prefill_kernel_is_chosen_only_where_it_applies() -> None:
         attention_ops.prefill_kernel("sm_120a", 128, "widened")
 
 
-def test_int8_kv_is_widened_only_on_sm_90a_for_chunks_of_384_rows_or_more() -> None:
+def test_int8_kv_is_widened_only_on_sm_90a_for_chunks_of_256_rows_or_more() -> None:
     widens = attention_ops.prefill_widens
-    assert widens("sm_90a", 128, "int8", 384) and not widens("sm_90a", 128, "int8", 383)
+    assert widens("sm_90a", 128, "int8", 256) and not widens("sm_90a", 128, "int8", 255)
     assert not widens("sm_90a", 128, "bf16", 531) and not widens("sm_90a", 64, "int8", 531)
     assert not widens("sm_120a", 128, "int8", 531) and not widens("sm_90a", 128, "int8", 531, wgmma=False)
 

@@ -70,10 +70,10 @@ PREFILL_SM90_INT8_LOOKAHEAD = 3
 # Widened int8 KV (kv_widen.cu: f16 pages of the dequantized values, then prefill_attention_sm90.cu's f16
 # kernel): the widening dequantizes each page once per step and layer, the int8 kernels apply its scales once
 # per tile, and the f16 kernel is faster than the int8 one; the widening's own traffic and the f16 pages' twice
-# the bytes cost about what 260-300 chunk rows gain (H200, 114,812 keys, qwen3-8b heads: 256 rows 1440 against
-# 1397 us, 531 rows 2728 against 3066 us; bench/logs/h200-session10.txt). Its buffers (at most
-# PREFILL_WIDEN_BUDGET bytes) come out of the margin the KV capacity leaves (kv/capacity.py).
-PREFILL_WIDEN_MIN_QUERIES = 384
+# the bytes cost about what 210 chunk rows gain (H200, 114,812 keys, qwen3-8b heads, widened against int8: 128
+# rows 792 against 708 us, 256 rows 1369 against 1397, 531 rows 2639 against 3038; bench/logs/h200-session10.txt).
+# Its buffers (at most PREFILL_WIDEN_BUDGET bytes) come out of the margin the KV capacity leaves (kv/capacity.py).
+PREFILL_WIDEN_MIN_QUERIES = 256
 PREFILL_WIDEN_BUDGET = 1 << 30
 _WIDEN_SIGNATURE = (Arg.PTR,) * 3 + (Arg.I32,) + (Arg.PTR,) * 5 + (Arg.I32, Arg.PTR, Arg.PTR) + (Arg.I32,) * 3
 WIDEN_INT8_KV = KernelSpec("kv_widen", "widen_int8_kv", _WIDEN_SIGNATURE)
