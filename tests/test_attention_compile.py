@@ -4,7 +4,7 @@ launch, and the wrappers' host-side math, checks, launch shapes and declared acc
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,7 +15,7 @@ from attention_refs import PAGE, make_batch, make_pages, neox_rope_ref, paged_at
 from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
 from ninfer_rt.cuda.compiler import compile_family
-from ninfer_rt.cuda.memory import DeviceBuffer
+from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, AttentionShape
 from ninfer_rt.kv.cache import KVCache, KVSpec, page_resource
@@ -284,6 +284,33 @@ def test_int8_pages_past_the_widening_budget_run_the_int8_kernel(monkeypatch: py
     assert step.batch.block_tables.shape[1] > 10
     run_attention_op(lib, step)
     assert [launch.name for launch in lib.launches][:2] == ["rope_kv_d128_int8", "prefill_attention_sm90_d128_int8"]
+
+
+def test_widening_buffers_are_reused_across_batch_sizes_and_the_tables_grow_only_when_wider() -> None:
+    # the executor's block table is a view of num_seqs rows: 1, then 3, then 1 again
+    lib, wide = RecordingLibrary(), logical_step([4, 400, 1], [900, 400, 64], kv_dtype="int8")
+    row = 4 * wide.batch.block_tables.shape[1]
+    for rows, query_lens in ((1, [400]), (3, [4, 400, 1]), (1, [400])):
+        inputs = replace(wide.inputs, block_tables=DeviceView(wide.inputs.block_tables, 0, rows * row, "step.block_tables"))
+        attention_ops.attention(
+            lib, wide.stream, wide.qkv, wide.out, wide.params, wide.kv, 0, inputs=inputs, query_lens=query_lens,
+            max_pages_per_seq=wide.batch.block_tables.shape[1], pages_read=(), pages_written=(), max_context_len=900,
+        )
+    widens = [launch for launch in lib.launches if launch.name == "widen_int8_kv"]
+    assert len({launch.args[0] for launch in widens}) == 1  # one K buffer
+    assert [launch.args[2].nbytes for launch in widens] == [row, 3 * row, 3 * row]
+    assert widens[1].args[2] is widens[2].args[2]
+
+
+def test_a_forced_widening_that_does_not_fit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention_ops, "PREFILL_WIDEN_BUDGET", 10 * attention_ops.widened_page_bytes(4, 128))
+    lib, step = RecordingLibrary(), logical_step([400], [900], kv_dtype="int8")
+    shape = AttentionShape(num_heads=16, num_kv_heads=4, head_dim=128, norm_eps=1e-6)
+    with pytest.raises(ValueError, match="exceed the widening buffers"):
+        attention_ops.prefill_attention(
+            lib, step.stream, step.qkv, step.out, step.kv.layers[0], shape, step.inputs, [400],
+            step.batch.block_tables.shape[1], kv_dtype="int8", pages_read=(), widen=True,
+        )
 
 
 def test_prefill_only_step_launches_no_decode_kernels() -> None:

@@ -36,7 +36,7 @@ def widen(gpu: OneStream, batch: Batch, scale_factor: float = 1.0) -> tuple[Wide
     inputs = StepInputs(*(gpu.upload(a) for a in (batch.positions, batch.query_start, batch.context_lens, batch.block_tables, batch.slot_mapping)))
     shape = AttentionShape(num_heads=HQ, num_kv_heads=HKV, head_dim=D, norm_eps=1e-6)
     owner = gpu.upload(np.zeros(16, np.uint8))
-    widened = attention_ops.widened_kv(gpu.lib, owner, HKV, D, inputs.block_tables.nbytes)
+    widened = attention_ops.widened_kv(gpu.lib, owner, HKV, D, batch.block_tables.shape[1], inputs.block_tables.nbytes)
     for buffer in (widened.k, widened.v, widened.tables):
         gpu.stream.memset(buffer, POISON)
     decode = attention_ops.decode_max_queries(HQ, HKV)

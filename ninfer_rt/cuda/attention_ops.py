@@ -72,8 +72,10 @@ PREFILL_SM90_INT8_LOOKAHEAD = 3
 # per tile, and the f16 kernel is faster than the int8 one; the widening's own traffic and the f16 pages' twice
 # the bytes cost about what 210 chunk rows gain (H200, 114,812 keys, qwen3-8b heads, widened against int8: 128
 # rows 792 against 708 us, 256 rows 1369 against 1397, 531 rows 2639 against 3038; bench/logs/h200-session10.txt).
-# Its buffers (at most PREFILL_WIDEN_BUDGET bytes) come out of the margin the KV capacity leaves (kv/capacity.py).
+# Its buffers hold the pages of PREFILL_WIDEN_SEQUENCES prefill sequences of the longest context, at most
+# PREFILL_WIDEN_BUDGET bytes, out of the margin the KV capacity leaves (kv/capacity.py).
 PREFILL_WIDEN_MIN_QUERIES = 256
+PREFILL_WIDEN_SEQUENCES = 2
 PREFILL_WIDEN_BUDGET = 1 << 30
 _WIDEN_SIGNATURE = (Arg.PTR,) * 3 + (Arg.I32,) + (Arg.PTR,) * 5 + (Arg.I32, Arg.PTR, Arg.PTR) + (Arg.I32,) * 3
 WIDEN_INT8_KV = KernelSpec("kv_widen", "widen_int8_kv", _WIDEN_SIGNATURE)
@@ -494,7 +496,8 @@ def prefill_attention(
     """out rows of every sequence with more than decode_max_queries new rows = causal attention of the
     chunk over the cached prefix and itself (prefill_attention.cu; prefill_kernel picks the kernel, `wgmma`
     False forces the mma.sync one). Other sequences' rows are untouched. int8 KV is widened first where
-    prefill_widens says so (or `widen` forces either way) and the widened pages fit the widening buffers:
+    prefill_widens says so and the step's pages fit the widening buffers (`widen` forces either way; forced
+    and not fitting raises):
     K and V are then dequantized values rounded to f16 (kv_widen.cu), where the int8 kernels multiply the
     exact int8 values and apply the scales in f32.
 
@@ -521,6 +524,7 @@ def prefill_attention(
     )
     tiles = math.ceil(longest / tile_queries)
     context = max_context_len if max_context_len is not None else max_pages_per_seq * PAGE_SIZE
+    forced = widen is not None
     if widen is None:
         widen = prefill_widens(lib.target_arch, d, kv_dtype, longest, wgmma)
     widened = None
@@ -532,6 +536,8 @@ def prefill_attention(
             lib, stream, cache, shape, inputs, num_seqs, max_pages_per_seq, prefill_seqs * math.ceil(context / PAGE_SIZE),
             math.ceil(context / PAGE_SIZE), owner_buffer=q, pages_read=pages_read, lane=lane,
         )
+        if widened is None and forced:
+            raise ValueError(f"prefill_attention: {prefill_seqs} prefill sequences of up to {context} tokens exceed the widening buffers")
     chosen = prefill_kernel(lib.target_arch, d, "widened" if widened else kv_dtype, wgmma)
     spec, threads, smem = chosen.spec, chosen.threads, chosen.smem
     kernel = _prefill_kernel(lib, spec, smem)
@@ -595,7 +601,7 @@ def widen_int8_kv(
     (kv_widen.cu), or None, launching nothing, when `pages_bound` (at least the step's prefill pages: the
     prefill sequences times the longest prefill context's pages, `longest_pages`) exceeds their capacity."""
     hkv, d = shape.num_kv_heads, shape.head_dim
-    widened = widened_kv(lib, owner_buffer, hkv, d, inputs.block_tables.nbytes)
+    widened = widened_kv(lib, owner_buffer, hkv, d, max_pages_per_seq, inputs.block_tables.nbytes)
     if pages_bound > widened.capacity:
         return None
     lib.kernel(WIDEN_INT8_KV).launch(
@@ -607,27 +613,33 @@ def widen_int8_kv(
     return widened
 
 
-# Widening buffers per (library, geometry, table size, owner), allocated on first use: at most
-# PREFILL_WIDEN_BUDGET bytes, and no more pages than the block table can name.
-_widened: dict[tuple[Any, ...], tuple[KernelLibrary, Any, WidenedKV]] = {}
+# Widening pages per (library, geometry, pages per sequence, owner) and tables per (library, owner), allocated
+# on first use. The tables grow to the widest step's block table (num_seqs rows), doubling: a buffer an enqueued
+# kernel may still read is never freed, only replaced, and kept.
+_widened_pages: dict[tuple[Any, ...], tuple[KernelLibrary, Any, tuple[DeviceBuffer, DeviceBuffer, int]]] = {}
+_widened_tables: dict[tuple[Any, ...], tuple[KernelLibrary, Any, list[DeviceBuffer]]] = {}
 
 
-def widened_kv(lib: KernelLibrary, owner_buffer: Buffer, n_kv_heads: int, head_dim: int, table_bytes: int) -> WidenedKV:
-    """The widening buffers prefill_attention uses for this geometry and block-table size (allocated here on
-    first use: call it before capturing a graph that widens)."""
+def widened_kv(
+    lib: KernelLibrary, owner_buffer: Buffer, n_kv_heads: int, head_dim: int, max_pages_per_seq: int, table_bytes: int
+) -> WidenedKV:
+    """The widening buffers prefill_attention uses for this geometry and a block table of `table_bytes`
+    (allocated here when missing or too small: call it before capturing a graph that widens). They hold
+    PREFILL_WIDEN_SEQUENCES sequences of `max_pages_per_seq` pages, within PREFILL_WIDEN_BUDGET bytes."""
     owner = owner_buffer.owner
-    key = (id(lib), n_kv_heads, head_dim, table_bytes, id(owner))
-    if key not in _widened:
-        capacity = min(PREFILL_WIDEN_BUDGET // widened_page_bytes(n_kv_heads, head_dim), table_bytes // 4)
+    key = (id(lib), n_kv_heads, head_dim, max_pages_per_seq, id(owner))
+    if key not in _widened_pages:
+        capacity = min(PREFILL_WIDEN_BUDGET // widened_page_bytes(n_kv_heads, head_dim), PREFILL_WIDEN_SEQUENCES * max_pages_per_seq)
         values = capacity * widened_page_bytes(n_kv_heads, head_dim) // 2
         name = f"attention.widened[{n_kv_heads}x{head_dim}]"
-        widened = WidenedKV(
-            *(DeviceBuffer(owner, values, f"{name}.{part}") for part in ("k", "v")),
-            tables=DeviceBuffer(owner, table_bytes, f"{name}.tables"),
-            capacity=capacity,
-        )
-        _widened[key] = (lib, owner, widened)  # holding lib and owner keeps their ids from being reused
-    return _widened[key][2]
+        k, v = (DeviceBuffer(owner, values, f"{name}.{part}") for part in ("k", "v"))
+        _widened_pages[key] = (lib, owner, (k, v, capacity))  # holding lib and owner keeps their ids from being reused
+    tables = _widened_tables.setdefault((id(lib), id(owner)), (lib, owner, []))[2]
+    if not tables or tables[-1].nbytes < table_bytes:
+        size = max(table_bytes, 2 * tables[-1].nbytes if tables else 0)
+        tables.append(DeviceBuffer(owner, size, "attention.widened.tables"))
+    k, v, capacity = _widened_pages[key][2]
+    return WidenedKV(k, v, tables[-1], capacity)
 
 
 # Split-prefill workspaces per (library, head_dim, owner): allocated on the first split launch, reused after.
