@@ -46,7 +46,7 @@ def widen(gpu: OneStream, batch: Batch, scale_factor: float = 1.0) -> tuple[Wide
         gpu.lib, gpu.stream, layer, shape, inputs, len(pages), batch.block_tables.shape[1], sum(pages), max(pages),
         owner_buffer=owner, pages_read=read,
     )
-    assert result is widened
+    assert result == widened  # the same buffers
     return widened, k, v, pages
 
 
