@@ -313,6 +313,19 @@ def test_a_forced_widening_that_does_not_fit_is_refused(monkeypatch: pytest.Monk
         )
 
 
+@pytest.mark.parametrize(("arch", "kv_dtype"), [("sm_80", "int8"), ("sm_90a", "bf16")])
+def test_widening_where_it_does_not_apply_is_refused_before_any_launch(arch: str, kv_dtype: str) -> None:
+    lib = RecordingLibrary(device=SimpleNamespace(sm_count=H200_SMS, arch=arch))
+    step = logical_step([400], [900], kv_dtype=kv_dtype)
+    shape = AttentionShape(num_heads=16, num_kv_heads=4, head_dim=128, norm_eps=1e-6)
+    with pytest.raises(ValueError, match="widening needs int8 KV on sm_90a"):
+        attention_ops.prefill_attention(
+            lib, step.stream, step.qkv, step.out, step.kv.layers[0], shape, step.inputs, [400],
+            step.batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=(), widen=True,
+        )
+    assert lib.launches == []
+
+
 def test_prefill_only_step_launches_no_decode_kernels() -> None:
     lib, step = RecordingLibrary(), logical_step([100], [100])
     run_attention_op(lib, step)

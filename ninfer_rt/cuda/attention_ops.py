@@ -528,16 +528,20 @@ def prefill_attention(
     if widen is None:
         widen = prefill_widens(lib.target_arch, d, kv_dtype, longest, wgmma)
     widened = None
+    if widen and (kv_dtype != "int8" or not prefill_wgmma_applies(lib.target_arch, d)):
+        raise ValueError(
+            f"prefill_attention: widening needs int8 KV on sm_90a at head_dim 128, not {kv_dtype} on {lib.target_arch} at {d}"
+        )
     if widen:
-        if kv_dtype != "int8":
-            raise ValueError(f"prefill_attention: only int8 KV is widened, not {kv_dtype}")
         prefill_seqs = sum(1 for n in query_lens if n > max_queries)
         widened = widen_int8_kv(
             lib, stream, cache, shape, inputs, num_seqs, max_pages_per_seq, prefill_seqs * math.ceil(context / PAGE_SIZE),
             math.ceil(context / PAGE_SIZE), owner_buffer=q, pages_read=pages_read, lane=lane,
         )
         if widened is None and forced:
-            raise ValueError(f"prefill_attention: {prefill_seqs} prefill sequences of up to {context} tokens exceed the widening buffers")
+            raise ValueError(
+                f"prefill_attention: {prefill_seqs} prefill sequences of up to {context} tokens exceed the widening buffers"
+            )
     chosen = prefill_kernel(lib.target_arch, d, "widened" if widened else kv_dtype, wgmma)
     spec, threads, smem = chosen.spec, chosen.threads, chosen.smem
     kernel = _prefill_kernel(lib, spec, smem)
@@ -629,8 +633,9 @@ def widened_kv(
     owner = owner_buffer.owner
     key = (id(lib), n_kv_heads, head_dim, max_pages_per_seq, id(owner))
     if key not in _widened_pages:
-        capacity = min(PREFILL_WIDEN_BUDGET // widened_page_bytes(n_kv_heads, head_dim), PREFILL_WIDEN_SEQUENCES * max_pages_per_seq)
-        values = capacity * widened_page_bytes(n_kv_heads, head_dim) // 2
+        page_bytes = widened_page_bytes(n_kv_heads, head_dim)
+        capacity = min(PREFILL_WIDEN_BUDGET // page_bytes, PREFILL_WIDEN_SEQUENCES * max_pages_per_seq)
+        values = capacity * page_bytes // 2
         name = f"attention.widened[{n_kv_heads}x{head_dim}]"
         k, v = (DeviceBuffer(owner, values, f"{name}.{part}") for part in ("k", "v"))
         _widened_pages[key] = (lib, owner, (k, v, capacity))  # holding lib and owner keeps their ids from being reused
