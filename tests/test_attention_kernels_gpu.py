@@ -282,8 +282,8 @@ def run_prefill(
         batch.query_lens.tolist(), batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
         num_splits=splits, workspace=workspace, wgmma=wgmma, widen=widen,
     )
-    # int8: prefill_attention multiplies the exact int8 values and applies the scales in f32 (its header), so the
-    # reference is the dequantized values themselves.
+    # int8: the int8 kernels multiply the exact int8 values and apply the scales in f32 (their headers), the widened
+    # path the dequantized values rounded to f16 (kv_widen.cu); the reference is the dequantized values themselves.
     args = (batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
     expected = paged_attention_ref(q, k.values, v.values, *args)
     slack = p_rounding_slack(q, k.values, v.values, *args, unit=2.0**-11 if kv_dtype == "int8" else 2.0**-8)
