@@ -216,7 +216,7 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
             const unsigned in[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
             unsigned f16[8];
 #pragma unroll
-            for (int w = 0; w < 8; ++w) f16[w] = pack_f16x2(bf16_lo(in[w]), bf16_hi(in[w]));
+            for (int w = 0; w < 8; ++w) f16[w] = bf16x2_to_f16x2(in[w]);
             step[0] = make_uint4(f16[0], f16[2], f16[4], f16[6]);
             step[1] = make_uint4(f16[1], f16[3], f16[5], f16[7]);
         }

@@ -36,18 +36,6 @@ struct WgSmem {
     static constexpr int kBytes = kV + 2 * kTile;
 };
 
-// Q's 16-byte chunks thread `tid` copied (chunks i = tid + 256 j: row i / 16, chunk i % 16), bf16 -> f16 in
-// place: the f16 (widened) kernel's MMAs run in f16.
-__forceinline__ void q_to_f16(unsigned char* q_tile, int tid) {
-    for (int j = 0; j < kFlashRows * 16 / kBlockThreads; ++j) {
-        const int i = tid + j * kBlockThreads;
-        uint4* at = reinterpret_cast<uint4*>(q_tile + ((i & 15) >> 3) * kQHalf + swizzled(i >> 4, i & 15));
-        const uint4 v = *at;
-        *at = make_uint4(pack_f16x2(bf16_lo(v.x), bf16_hi(v.x)), pack_f16x2(bf16_lo(v.y), bf16_hi(v.y)),
-                         pack_f16x2(bf16_lo(v.z), bf16_hi(v.z)), pack_f16x2(bf16_lo(v.w), bf16_hi(v.w)));
-    }
-}
-
 // One block: see the header.
 template <bool kF16>
 __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc, float* partial_ml, const bf16* q,
@@ -82,21 +70,14 @@ __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc,
         copy_page<false, kBlockThreads>(v_at + buffer * S::kTile, v_cache, b.pages[kt], b.kv_head, num_kv_heads, keys, threadIdx.x);
     };
 
-    // Q tile (padding rows and rows past the chunk zero-filled) and the first page. Thread x copies chunks
-    // i = x + 256 j of Q: row i / 16, 16-byte chunk i % 16.
-    for (int j = 0; j < kFlashRows * 16 / kBlockThreads; ++j) {
-        const int i = threadIdx.x + j * kBlockThreads;
-        const int r = i >> 4, qi = tile_query(t, r);
-        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, b.kv_head, num_q_heads, D) + (i & 15) * 8 : q;
-        const unsigned to = q_at + ((i & 15) >> 3) * kQHalf + swizzled(r, i & 15);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(qi >= 0 ? 16 : 0));
-    }
+    // The Q tile, then the first page.
+    copy_q_rows<kBlockThreads>(q_at, t, q, b.kv_head, num_q_heads, 0, threadIdx.x);
     cp_async_commit();
     load(b.kt_begin);
     cp_async_commit();
     if (kF16) {  // the first page stays in flight; the loop's first barrier publishes Q as f16
         cp_async_wait<1>();
-        q_to_f16(smem + S::kQ, threadIdx.x);
+        q_rows_to_f16<kBlockThreads>(smem + S::kQ, q_at, 0, threadIdx.x);
     }
 
     float o[kDimTiles][4];

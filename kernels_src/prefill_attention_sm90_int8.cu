@@ -148,30 +148,11 @@ __forceinline__ void multiply_pages(const PrefillBlock& b, unsigned base, unsign
     const int g = lane >> 2, c = lane & 3;
     const int warp_row = 64 * mg + 16 * (mt >> 5);
 
-    // This warpgroup's Q rows (padding rows and rows past the chunk zero-filled): thread mt copies chunks
-    // i = mt + 128 j of its 64 rows (row i / 16, 16-byte chunk i % 16).
-    auto q_chunk = [&](int j, int& r, int& chunk) {
-        const int i = mt + j * kGroupThreads;
-        r = 64 * mg + (i >> 4);
-        chunk = i & 15;
-        return base + S::kQ + (chunk >> 3) * kQHalf + swizzled(r, chunk);
-    };
-    for (int j = 0; j < 64 * 16 / kGroupThreads; ++j) {
-        int r, chunk;
-        const unsigned to = q_chunk(j, r, chunk);
-        const int qi = tile_query(t, r);
-        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, b.kv_head, num_q_heads, D) + chunk * 8 : q;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(qi >= 0 ? 16 : 0));
-    }
+    // This warpgroup's 64 Q rows, as f16 (the MMAs run in f16).
+    copy_q_rows<kGroupThreads>(base + S::kQ, t, q, b.kv_head, num_q_heads, 64 * mg, mt);
     cp_async_commit();
     cp_async_wait<0>();
-    for (int j = 0; j < 64 * 16 / kGroupThreads; ++j) {  // the MMAs run in f16: this thread's chunks bf16 -> f16
-        int r, chunk;
-        uint4* at = reinterpret_cast<uint4*>(smem + (q_chunk(j, r, chunk) - base));
-        const uint4 v = *at;
-        *at = make_uint4(pack_f16x2(bf16_lo(v.x), bf16_hi(v.x)), pack_f16x2(bf16_lo(v.y), bf16_hi(v.y)),
-                         pack_f16x2(bf16_lo(v.z), bf16_hi(v.z)), pack_f16x2(bf16_lo(v.w), bf16_hi(v.w)));
-    }
+    q_rows_to_f16<kGroupThreads>(smem + S::kQ, base + S::kQ, 64 * mg, mt);
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + mg) : "memory");  // the warpgroup's Q rows are all in place
     // Q as the A fragments of S's MMAs, held in registers for the whole walk (K alone is read from shared
     // memory per page): k step ks of the warp's 16 rows, lane l addressing row l % 16, dims 16 ks + 8 (l / 16).

@@ -115,6 +115,11 @@ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
     return word;
 }
 
+// A bf16 pair as an f16 pair (round to nearest even): Q for the f16 MMAs.
+__forceinline__ unsigned bf16x2_to_f16x2(unsigned pair) {
+    return pack_f16x2(bf16_lo(pair), bf16_hi(pair));
+}
+
 // Two floats -> the 16-bit pair the P.V product takes.
 template <bool kF16>
 __forceinline__ unsigned pack16x2(float lo, float hi) {

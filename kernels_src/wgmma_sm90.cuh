@@ -1,7 +1,7 @@
 // Hopper warpgroup-MMA (wgmma) building blocks of the sm_90a prefill attention kernels at head_dim 128
 // (prefill_attention_sm90.cu, bf16 and widened int8 KV; prefill_attention_sm90_int8.cu, int8 KV): 128-byte-swizzled tiles and
 // their shared-memory matrix descriptors, S = Q K^T (Q from shared memory or registers) and O += P V, the
-// fences that keep the compiler off accumulators in flight, and the cp.async page copy. Empty unless compiled
+// fences that keep the compiler off accumulators in flight, and the cp.async copies of Q's rows and of a page. Empty unless compiled
 // for sm_90a. Included after prefill_common.cuh; part of the including files' cache keys.
 #pragma once
 #include "prefill_common.cuh"
@@ -52,7 +52,7 @@ __forceinline__ void keep_in_place(float (&acc)[N][4]) {
 #define WGMMA_O_OPERANDS(o) "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]), "+f"(o[1][2]), "+f"(o[1][3]), "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]), "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]), "+f"(o[4][0]), "+f"(o[4][1]), "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]), "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]), "+f"(o[7][2]), "+f"(o[7][3]), "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]), "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]), "+f"(o[10][0]), "+f"(o[10][1]), "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]), "+f"(o[11][2]), "+f"(o[11][3]), "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]), "+f"(o[12][3]), "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]), "+f"(o[14][0]), "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]), "+f"(o[15][1]), "+f"(o[15][2]), "+f"(o[15][3])
 
 // s (= or +=) Q[64 rows, 16 dims] K[64 keys, 16 dims]^T, both from shared memory: bf16 (bf16 KV) or f16
-// (widened int8 KV: exact int8 values of K as f16).
+// (widened int8 KV: K's dequantized values as f16).
 template <bool kF16>
 __forceinline__ void wgmma_qk(float (&s)[8][4], unsigned long long q_desc, unsigned long long k_desc, int accumulate) {
     if constexpr (kF16) {
@@ -99,6 +99,41 @@ __forceinline__ void keep_in_place(unsigned (&frag)[kKeyTile / 16][4]) {
     for (int i = 0; i < kKeyTile / 16; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(frag[i][e])::"memory");
+}
+
+// Q's M rows row0 .. row0 + kThreads / 2 - 1 of a tile into the swizzled Q tile at `q_tile` (padding rows and
+// rows past the chunk zero-filled), copied by thread `tid` of kThreads (cp.async): chunk i = tid + kThreads j,
+// row row0 + i / 16, 16-byte chunk i % 16. q_rows_to_f16 converts the same chunks in place once they landed.
+template <int kThreads>
+__forceinline__ unsigned q_chunk_at(unsigned q_tile, int row0, int tid, int j, int& row, int& chunk) {
+    const int i = tid + j * kThreads;
+    row = row0 + (i >> 4);
+    chunk = i & 15;
+    return q_tile + (chunk >> 3) * kQHalf + swizzled(row, chunk);
+}
+
+template <int kThreads>
+__forceinline__ void copy_q_rows(unsigned q_tile, const PrefillTile& t, const bf16* q, int kv_head, int num_q_heads,
+                                 int row0, int tid) {
+    for (int j = 0; j < 8; ++j) {
+        int r, chunk;
+        const unsigned to = q_chunk_at<kThreads>(q_tile, row0, tid, j, r, chunk);
+        const int qi = tile_query(t, r);
+        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, kv_head, num_q_heads, 128) + chunk * 8 : q;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(qi >= 0 ? 16 : 0));
+    }
+}
+
+// The chunks copy_q_rows<kThreads> gave thread `tid`, bf16 -> f16 in place (`q` points at the tile's
+// shared-memory bytes, `q_tile` is their shared address): the f16 MMAs' Q.
+template <int kThreads>
+__forceinline__ void q_rows_to_f16(unsigned char* q, unsigned q_tile, int row0, int tid) {
+    for (int j = 0; j < 8; ++j) {
+        int r, chunk;
+        uint4* at = reinterpret_cast<uint4*>(q + (q_chunk_at<kThreads>(q_tile, row0, tid, j, r, chunk) - q_tile));
+        const uint4 v = *at;
+        *at = make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z), bf16x2_to_f16x2(v.w));
+    }
 }
 
 // Keys [0, valid_keys) of `page` for one kv head into shared memory at `dst`, copied by thread `tid` of

@@ -331,7 +331,7 @@ class _PrefillCase:
             blocks, s.device.sm_count, resident, self.context, attention_ops.prefill_workspace_blocks(s.device.sm_count)
         )
         if widen:
-            attention_ops.widened_kv(s.lib, self.q, attn.num_kv_heads, d, self.pages, self.inputs.block_tables.nbytes)
+            attention_ops.widened_kv(s.lib, s.streams, attn.num_kv_heads, d, self.pages, self.inputs.block_tables.nbytes)
         results = []
         for num_splits in (splits, 1) if splits > 1 and unsplit else (splits,):
             acc, ml = attention_ops.prefill_workspace_bytes(blocks * num_splits, d)
@@ -368,12 +368,11 @@ def bench_kv_widen(s: BenchSession, shape: Shape, contexts: tuple[int, ...] = (8
         pages = -(-context // attention_ops.PAGE_SIZE)
         layers = _kv_layers(s, attn, pages, "int8")
         inputs = _step_inputs(s, [attention_ops.PREFILL_WIDEN_MIN_QUERIES], context, pages)
-        q = s.filled(attn.num_heads * d * BF16, "q")
-        attention_ops.widened_kv(s.lib, q, hkv, d, pages, inputs.block_tables.nbytes)
+        attention_ops.widened_kv(s.lib, s.streams, hkv, d, pages, inputs.block_tables.nbytes)
 
         def launch(i: int) -> None:
             attention_ops.widen_int8_kv(
-                s.lib, s.stream, layers[i % len(layers)], attn, inputs, 1, pages, pages, pages, owner_buffer=q, pages_read=(),
+                s.lib, s.stream, layers[i % len(layers)], attn, inputs, 1, pages, pages, pages, owner=s.streams, pages_read=(),
             )
 
         seconds = s.time(launch, len(layers))

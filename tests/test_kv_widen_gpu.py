@@ -35,8 +35,7 @@ def widen(gpu: OneStream, batch: Batch, scale_factor: float = 1.0) -> tuple[Wide
     layer = KVLayer(gpu.upload(k.raw), gpu.upload(v.raw), gpu.upload(k.scale), gpu.upload(v.scale))
     inputs = StepInputs(*(gpu.upload(a) for a in (batch.positions, batch.query_start, batch.context_lens, batch.block_tables, batch.slot_mapping)))
     shape = AttentionShape(num_heads=HQ, num_kv_heads=HKV, head_dim=D, norm_eps=1e-6)
-    owner = gpu.upload(np.zeros(16, np.uint8))
-    widened = attention_ops.widened_kv(gpu.lib, owner, HKV, D, batch.block_tables.shape[1], inputs.block_tables.nbytes)
+    widened = attention_ops.widened_kv(gpu.lib, gpu.streams, HKV, D, batch.block_tables.shape[1], inputs.block_tables.nbytes)
     for buffer in (widened.k, widened.v, widened.tables):
         gpu.stream.memset(buffer, POISON)
     decode = attention_ops.decode_max_queries(HQ, HKV)
@@ -44,7 +43,7 @@ def widen(gpu: OneStream, batch: Batch, scale_factor: float = 1.0) -> tuple[Wide
     read = [page_resource(p) for p in np.unique(batch.block_tables[batch.block_tables >= 0])]
     result = attention_ops.widen_int8_kv(
         gpu.lib, gpu.stream, layer, shape, inputs, len(pages), batch.block_tables.shape[1], sum(pages), max(pages),
-        owner_buffer=owner, pages_read=read,
+        owner=gpu.streams, pages_read=read,
     )
     assert result == widened  # the same buffers
     return widened, k, v, pages

@@ -28,7 +28,7 @@ from ninfer_rt.cuda.driver import check
 from ninfer_rt.cuda.kernels import Arg, Kernel, KernelLibrary, KernelSpec
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.ops import _require_bytes, _require_positive
-from ninfer_rt.cuda.streams import require_stream
+from ninfer_rt.cuda.streams import StreamSet, require_stream
 from ninfer_rt.ordering.verifier import Resource
 
 if TYPE_CHECKING:
@@ -534,9 +534,10 @@ def prefill_attention(
         )
     if widen:
         prefill_seqs = sum(1 for n in query_lens if n > max_queries)
+        longest_pages = math.ceil(context / PAGE_SIZE)
         widened = widen_int8_kv(
-            lib, stream, cache, shape, inputs, num_seqs, max_pages_per_seq, prefill_seqs * math.ceil(context / PAGE_SIZE),
-            math.ceil(context / PAGE_SIZE), owner_buffer=q, pages_read=pages_read, lane=lane,
+            lib, stream, cache, shape, inputs, num_seqs, max_pages_per_seq, prefill_seqs * longest_pages, longest_pages,
+            owner=q.owner, pages_read=pages_read, lane=lane,
         )
         if widened is None and forced:
             raise ValueError(
@@ -597,15 +598,16 @@ def widen_int8_kv(
     pages_bound: int,
     longest_pages: int,
     *,
-    owner_buffer: Buffer,
+    owner: StreamSet,
     pages_read: Sequence[Resource],
     lane: object = None,
 ) -> WidenedKV | None:
-    """Every prefill sequence's pages of `cache` (int8) widened into the library's WidenedKV buffers
-    (kv_widen.cu), or None, launching nothing, when `pages_bound` (at least the step's prefill pages: the
-    prefill sequences times the longest prefill context's pages, `longest_pages`) exceeds their capacity."""
+    """Every prefill sequence's pages of `cache` (int8) widened (kv_widen.cu) into widened_kv's buffers for
+    `owner` (the StreamSet of the prefill's q), or None, launching nothing, when `pages_bound` (at least the
+    step's prefill pages: the prefill sequences times the longest prefill context's pages, `longest_pages`)
+    exceeds their capacity."""
     hkv, d = shape.num_kv_heads, shape.head_dim
-    widened = widened_kv(lib, owner_buffer, hkv, d, max_pages_per_seq, inputs.block_tables.nbytes)
+    widened = widened_kv(lib, owner, hkv, d, max_pages_per_seq, inputs.block_tables.nbytes)
     if pages_bound > widened.capacity:
         return None
     lib.kernel(WIDEN_INT8_KV).launch(
@@ -625,12 +627,12 @@ _widened_tables: dict[tuple[Any, ...], tuple[KernelLibrary, Any, list[DeviceBuff
 
 
 def widened_kv(
-    lib: KernelLibrary, owner_buffer: Buffer, n_kv_heads: int, head_dim: int, max_pages_per_seq: int, table_bytes: int
+    lib: KernelLibrary, owner: StreamSet, n_kv_heads: int, head_dim: int, max_pages_per_seq: int, table_bytes: int
 ) -> WidenedKV:
-    """The widening buffers prefill_attention uses for this geometry and a block table of `table_bytes`
-    (allocated here when missing or too small: call it before capturing a graph that widens). They hold
-    PREFILL_WIDEN_SEQUENCES sequences of `max_pages_per_seq` pages, within PREFILL_WIDEN_BUDGET bytes."""
-    owner = owner_buffer.owner
+    """The widening buffers prefill_attention uses for `owner`'s buffers (its q's), this geometry and a block
+    table of `table_bytes` (allocated here when missing or too small: call it before capturing a graph that
+    widens). They hold PREFILL_WIDEN_SEQUENCES sequences of `max_pages_per_seq` pages, within
+    PREFILL_WIDEN_BUDGET bytes."""
     key = (id(lib), n_kv_heads, head_dim, max_pages_per_seq, id(owner))
     if key not in _widened_pages:
         page_bytes = widened_page_bytes(n_kv_heads, head_dim)
