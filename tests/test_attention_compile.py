@@ -313,6 +313,17 @@ def test_a_forced_widening_that_does_not_fit_is_refused(monkeypatch: pytest.Monk
         )
 
 
+def test_widening_buffers_reserved_up_front_are_the_ones_a_step_uses() -> None:
+    # CudaExecutor.reserve_attention reserves them at start-up for its widest block table
+    lib, step = RecordingLibrary(), logical_step([4, 400, 1], [900, 400, 64], kv_dtype="int8")
+    max_pages = step.batch.block_tables.shape[1]
+    reserved = attention_ops.widened_kv(lib, step.qkv.owner, 4, 128, max_pages, step.inputs.block_tables.nbytes)
+    run_attention_op(lib, step)
+    (widen,) = (launch for launch in lib.launches if launch.name == "widen_int8_kv")
+    assert widen.args[:4] == (reserved.k, reserved.v, reserved.tables, reserved.capacity)
+    assert reserved.capacity == attention_ops.PREFILL_WIDEN_SEQUENCES * max_pages
+
+
 @pytest.mark.parametrize(("arch", "kv_dtype"), [("sm_80", "int8"), ("sm_90a", "bf16")])
 def test_widening_where_it_does_not_apply_is_refused_before_any_launch(arch: str, kv_dtype: str) -> None:
     lib = RecordingLibrary(device=SimpleNamespace(sm_count=H200_SMS, arch=arch))

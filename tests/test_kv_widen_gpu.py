@@ -12,7 +12,10 @@ from gpu_session import POISON, OneStream
 
 from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda.attention_ops import StepInputs, WidenedKV
+from ninfer_rt.cuda.driver import open_device
+from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionShape
+from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.kv.cache import KVLayer, page_resource
 
 pytestmark = pytest.mark.gpu
@@ -99,3 +102,19 @@ def test_values_beyond_f16_range_saturate_instead_of_becoming_inf(gpu: OneStream
     for i in range(pages[0]):
         expected = dequantized_f16(k.raw[batch.block_tables[0, i]], k.scale[batch.block_tables[0, i]])
         assert np.array_equal(got["k"][i], expected, equal_nan=True), f"k page {i}"
+
+
+def test_an_executor_reserves_the_widening_buffers_before_the_kv_cache_is_sized() -> None:
+    # what Engine does before `--kv-capacity auto` measures free memory: the buffers exist from then on, and a
+    # long int8 prefill step later finds them instead of allocating
+    streams = StreamSet(open_device(0))
+    executor = CudaExecutor(streams, max_tokens=512, max_seqs=4, max_pages_per_seq=100, max_positions=6400)
+    if not attention_ops.prefill_wgmma_applies(executor.library.target_arch, D):
+        pytest.skip(f"int8 KV is widened on sm_90a only (this GPU: {executor.library.target_arch})")
+    free = streams.device.free_memory()
+    executor.reserve_attention(AttentionShape(HQ, HKV, D, 1e-6), "int8")
+    reserved = attention_ops.widened_kv(executor.library, streams, HKV, D, 100, 4 * 4 * 100)
+    assert reserved.capacity == attention_ops.PREFILL_WIDEN_SEQUENCES * 100
+    assert free - streams.device.free_memory() >= 2 * reserved.capacity * 64 * HKV * D * 2
+    executor.reserve_attention(AttentionShape(HQ, HKV, D, 1e-6), "int8")  # idempotent
+    assert attention_ops.widened_kv(executor.library, streams, HKV, D, 100, 16) == reserved

@@ -73,7 +73,7 @@ PREFILL_SM90_INT8_LOOKAHEAD = 3
 # the bytes cost about what 210 chunk rows gain (H200, 114,812 keys, qwen3-8b heads, widened against int8: 128
 # rows 792 against 708 us, 256 rows 1369 against 1397, 531 rows 2639 against 3038; bench/logs/h200-session10.txt).
 # Its buffers hold the pages of PREFILL_WIDEN_SEQUENCES prefill sequences of the longest context, at most
-# PREFILL_WIDEN_BUDGET bytes, out of the margin the KV capacity leaves (kv/capacity.py).
+# PREFILL_WIDEN_BUDGET bytes; the engine reserves them before sizing the KV cache (Executor.reserve_attention).
 PREFILL_WIDEN_MIN_QUERIES = 256
 PREFILL_WIDEN_SEQUENCES = 2
 PREFILL_WIDEN_BUDGET = 1 << 30
@@ -630,8 +630,8 @@ def widened_kv(
     lib: KernelLibrary, owner: StreamSet, n_kv_heads: int, head_dim: int, max_pages_per_seq: int, table_bytes: int
 ) -> WidenedKV:
     """The widening buffers prefill_attention uses for `owner`'s buffers (its q's), this geometry and a block
-    table of `table_bytes` (allocated here when missing or too small: call it before capturing a graph that
-    widens). They hold PREFILL_WIDEN_SEQUENCES sequences of `max_pages_per_seq` pages, within
+    table of `table_bytes` (allocated here when missing or too small: call it at start-up, or before
+    capturing a graph that widens). They hold PREFILL_WIDEN_SEQUENCES sequences of `max_pages_per_seq` pages, within
     PREFILL_WIDEN_BUDGET bytes."""
     key = (id(lib), n_kv_heads, head_dim, max_pages_per_seq, id(owner))
     if key not in _widened_pages:

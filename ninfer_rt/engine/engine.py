@@ -52,7 +52,7 @@ from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.kv.capacity import check_fits, resolve_kv_capacity
 from ninfer_rt.kv.manager import KVManager
 from ninfer_rt.kv.pages import PoolStats
-from ninfer_rt.model.layers import ForwardOutput, PreparedModel, prepare_model
+from ninfer_rt.model.layers import ForwardOutput, PreparedModel, attention_shape, prepare_model
 from ninfer_rt.model.mtp import MTPSteps, PreparedMTP, prepare_mtp
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
@@ -145,6 +145,7 @@ class Engine:
         self.startup.kernels, clock = time.perf_counter() - clock, time.perf_counter()
         model = prepare_model(self.executor, weights)
         drafter = make_drafter(self.executor, weights, model, config, token_frequencies)  # before KV sizing
+        self.executor.reserve_attention(attention_shape(cfg), config.kv_dtype)  # likewise
         self._sync_device()
         self.startup.upload_weights, clock = time.perf_counter() - clock, time.perf_counter()
         # KV is sized last: `--kv-capacity auto` takes what the weights and activations left free.

@@ -36,7 +36,7 @@ from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
 from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView, PinnedBuffer, StagingRing
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import AttentionParams, StepBatch
+from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
 from ninfer_rt.kv.cache import KVCache, page_resource
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
 from ninfer_rt.model.quant import Linear, QuantizedWeight, concat_rows
@@ -212,6 +212,16 @@ class CudaExecutor:
         tensor = self.empty_weight("rope", self.max_positions, table.shape[1] * table.shape[2], "f32")
         self.upload(tensor.buffer, table, label="upload rope")
         return tensor
+
+    def reserve_attention(self, shape: AttentionShape, kv_dtype: str) -> None:
+        """int8 KV's widening buffers, where long prefill steps widen (attention_ops.prefill_widens), for the
+        widest block table this executor publishes."""
+        arch, longest = self.library.target_arch, attention_ops.PREFILL_WIDEN_MIN_QUERIES
+        if attention_ops.prefill_widens(arch, shape.head_dim, kv_dtype, longest):
+            attention_ops.widened_kv(
+                self.library, self.streams, shape.num_kv_heads, shape.head_dim, self.max_pages_per_seq,
+                4 * self._input_capacity("block_tables"),
+            )
 
     # -- step --------------------------------------------------------------------------------------------
 

@@ -181,6 +181,9 @@ class NumpyExecutor:
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> RopeTable:
         return RopeTable(np.asarray(inv_freq, dtype=np.float64), float(attention_scaling))
 
+    def reserve_attention(self, shape: AttentionShape, kv_dtype: str) -> None:
+        """Nothing: host memory is allocated as the ops run."""
+
     # -- step --------------------------------------------------------------------------------------------
 
     def begin_step(self, batch: StepBatch, kv: KVCache) -> None:
