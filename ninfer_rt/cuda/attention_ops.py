@@ -631,8 +631,8 @@ def widened_kv(
 ) -> WidenedKV:
     """The widening buffers prefill_attention uses for `owner`'s buffers (its q's), this geometry and a block
     table of `table_bytes` (allocated here when missing or too small: call it at start-up, or before
-    capturing a graph that widens). They hold PREFILL_WIDEN_SEQUENCES sequences of `max_pages_per_seq` pages, within
-    PREFILL_WIDEN_BUDGET bytes."""
+    capturing a graph that widens). They hold PREFILL_WIDEN_SEQUENCES sequences of `max_pages_per_seq`
+    pages, within PREFILL_WIDEN_BUDGET bytes."""
     key = (id(lib), n_kv_heads, head_dim, max_pages_per_seq, id(owner))
     if key not in _widened_pages:
         page_bytes = widened_page_bytes(n_kv_heads, head_dim)

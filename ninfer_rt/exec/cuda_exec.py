@@ -220,7 +220,7 @@ class CudaExecutor:
         if attention_ops.prefill_widens(arch, shape.head_dim, kv_dtype, longest):
             attention_ops.widened_kv(
                 self.library, self.streams, shape.num_kv_heads, shape.head_dim, self.max_pages_per_seq,
-                4 * self._input_capacity("block_tables"),
+                4 * self._input_capacity("block_tables"),  # int32 entries
             )
 
     # -- step --------------------------------------------------------------------------------------------
