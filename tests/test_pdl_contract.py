@@ -25,6 +25,16 @@ def test_every_kernel_entry_waits_for_the_previous_kernel(family: str) -> None:
     assert not missing, f"{family}: kernels without grid_dependency_wait(): {missing}"
 
 
+@pytest.mark.parametrize("family", families())
+def test_every_kernel_entry_lets_the_next_launch_before_it_waits(family: str) -> None:
+    # the next kernel's weight prologue then overlaps this kernel's whole run (common.cuh)
+    late = [
+        name for name, body in entry_bodies(family_ptx(family, "sm_90a")).items()
+        if not -1 < body.find("griddepcontrol.launch_dependents") < body.index("griddepcontrol.wait")
+    ]
+    assert not late, f"{family}: kernels that wait before letting the next kernel launch: {late}"
+
+
 def test_pre_hopper_ptx_has_no_dependent_launch_instructions() -> None:
     assert "griddepcontrol" not in family_ptx("rmsnorm", "sm_80")
 
