@@ -52,7 +52,7 @@ __forceinline__ float block_sum(float value) {
 // Programmatic dependent launch (sm_90 and later; no-ops below, where launches are plain). Kernels are
 // launched with the programmatic-stream-serialization attribute, so a kernel's blocks may start while the
 // previous kernel on its stream is still running: its launch latency and prologue hide behind that
-// kernel's tail. The contract that keeps stream order intact: every kernel calls
+// kernel's run. The contract that keeps stream order intact: every kernel calls
 // grid_dependency_wait() before its first access to memory that another kernel writes or reads
 // (activations, KV pages, step inputs, outputs); only reads of immutable data (weights) may come first.
 // The wait returns once the previous grid has completed and its writes are visible, and since every
@@ -76,7 +76,7 @@ __forceinline__ void allow_dependent_launch() {
 // The usual kernel prologue: let the next kernel launch, then wait for the previous one. Triggering before
 // the wait gives the next kernel's weight loads (its pre-wait prologue) this kernel's whole run to overlap,
 // not just what is left of it after the wait (H200, qwen3-8b decode at 256 tokens: bf16 4.08 -> 4.00 ms,
-// int8 weights 2.75 -> 2.73, int4 unchanged; bench/logs/h200-session11.txt). Ordering is unchanged: the
+// int8 weights 2.76 -> 2.73, int4 2.08 -> 2.09; bench/logs/h200-session11.txt). Ordering is unchanged: the
 // next kernel touches mutable memory only after its own wait, which returns once this grid has completed,
 // and this grid completes only after its wait on the previous one returned.
 __forceinline__ void enter_dependent_kernel() {
