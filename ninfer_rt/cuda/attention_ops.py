@@ -251,10 +251,16 @@ def prefill_kernel(arch: str, head_dim: int, kv_dtype: str, wgmma: bool | None =
     return PrefillKernel(prefill_spec(head_dim, kv_dtype), _THREADS, prefill_smem_bytes(head_dim, kv_dtype))
 
 
+def prefill_widening_applies(arch: str, head_dim: int, kv_dtype: str) -> bool:
+    """Whether a prefill step's KV can be widened here: int8 KV where the widened kernel (the sm_90a bf16
+    kernel's f16 twin) exists."""
+    return kv_dtype == "int8" and prefill_wgmma_applies(arch, head_dim)
+
+
 def prefill_widens(arch: str, head_dim: int, kv_dtype: str, longest: int, wgmma: bool | None = None) -> bool:
-    """Whether a prefill step over int8 KV widens its pages first (kv_widen.cu): on sm_90a at head_dim 128,
+    """Whether a prefill step over int8 KV widens its pages first (kv_widen.cu): where widening applies,
     when its longest chunk has PREFILL_WIDEN_MIN_QUERIES rows or more, unless `wgmma` is False."""
-    applies = kv_dtype == "int8" and wgmma is not False and prefill_wgmma_applies(arch, head_dim)
+    applies = wgmma is not False and prefill_widening_applies(arch, head_dim, kv_dtype)
     return applies and longest >= PREFILL_WIDEN_MIN_QUERIES
 
 
@@ -528,7 +534,7 @@ def prefill_attention(
     if widen is None:
         widen = prefill_widens(lib.target_arch, d, kv_dtype, longest, wgmma)
     widened = None
-    if widen and (kv_dtype != "int8" or not prefill_wgmma_applies(lib.target_arch, d)):
+    if widen and not prefill_widening_applies(lib.target_arch, d, kv_dtype):
         raise ValueError(
             f"prefill_attention: widening needs int8 KV on sm_90a at head_dim 128, not {kv_dtype} on {lib.target_arch} at {d}"
         )

@@ -216,8 +216,7 @@ class CudaExecutor:
     def reserve_attention(self, shape: AttentionShape, kv_dtype: str) -> None:
         """int8 KV's widening buffers, where long prefill steps widen (attention_ops.prefill_widens), for the
         widest block table this executor publishes."""
-        arch, longest = self.library.target_arch, attention_ops.PREFILL_WIDEN_MIN_QUERIES
-        if attention_ops.prefill_widens(arch, shape.head_dim, kv_dtype, longest):
+        if attention_ops.prefill_widening_applies(self.library.target_arch, shape.head_dim, kv_dtype):
             attention_ops.widened_kv(
                 self.library, self.streams, shape.num_kv_heads, shape.head_dim, self.max_pages_per_seq,
                 4 * self._input_capacity("block_tables"),  # int32 entries
