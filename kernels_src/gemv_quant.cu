@@ -150,6 +150,13 @@ __forceinline__ uint4 load_weights(const uint4* p) {
     return v;
 }
 
+// Makes p opaque: ptxas then keeps it in a register instead of re-deriving it, in 64-bit arithmetic, for
+// every load of the loop (sm_90a int4 b1: 308 -> 267 instructions per batch of two columns).
+template <class T>
+__forceinline__ void keep_pointer(const T*& p) {
+    asm volatile("" : "+l"(p));
+}
+
 __forceinline__ float bf16_bits_to_float(const unsigned short bits) {
     return __uint_as_float((unsigned int)bits << 16);
 }
@@ -169,16 +176,16 @@ struct Batch {
     unsigned short sa[kColumns][SEGS], sb[kColumns][SEGS];
 };
 
-// Loads columns c, c + WARPS, ... (those < columns) of the tile into `batch`. Immutable data only.
+// Loads columns c, c + WARPS, ... (those < columns) of the tile into `batch`; wa and wb point at column c's
+// chunks (the offsets of the other columns are then immediates of the loads). Immutable data only.
 template <int BITS, int SEGS, int WARPS>
-__forceinline__ void load_batch(Batch<SEGS>& batch, const TileRows& tile, const int c, const int columns,
-                                const int group_log2) {
+__forceinline__ void load_batch(Batch<SEGS>& batch, const uint4* wa, const uint4* wb, const TileRows& tile, const int c,
+                                const int columns, const int group_log2) {
 #pragma unroll
     for (int u = 0; u < kColumns; ++u) {
-        const int column = c + WARPS * u;
-        if (column < columns) {
-            batch.a[u] = load_weights(tile.wa + column * 32);
-            batch.b[u] = load_weights(tile.wb + column * 32);
+        if (c + WARPS * u < columns) {
+            batch.a[u] = load_weights(wa + WARPS * u * 32);
+            batch.b[u] = load_weights(wb + WARPS * u * 32);
         }
     }
 #pragma unroll
@@ -187,7 +194,7 @@ __forceinline__ void load_batch(Batch<SEGS>& batch, const TileRows& tile, const 
         if (column < columns) {
 #pragma unroll
             for (int s = 0; s < SEGS; ++s) {
-                const int group = (column * kColumnK<BITS> + s * (kColumnK<BITS> / SEGS)) >> group_log2;
+                const unsigned int group = (unsigned int)(column * kColumnK<BITS> + s * (kColumnK<BITS> / SEGS)) >> group_log2;
                 batch.sa[u][s] = __ldg(tile.sa + group * 8);
                 batch.sb[u][s] = __ldg(tile.sb + group * 8);
             }
@@ -243,15 +250,20 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
     const long long octet_b = swiglu ? (n >> 3) + tile : 2 * tile + 1;
     const int columns = k / kColumnK<BITS>;
     const int groups = k >> group_log2;
-    const TileRows rows_of_tile = {
+    TileRows rows_of_tile = {
         reinterpret_cast<const uint4*>(qweight) + octet_a * columns * 32 + lane,
         reinterpret_cast<const uint4*>(qweight) + octet_b * columns * 32 + lane,
         reinterpret_cast<const unsigned short*>(scales) + octet_a * groups * 8 + g,
         reinterpret_cast<const unsigned short*>(scales) + octet_b * groups * 8 + g,
     };
 
+    // Column c's chunks (c: the loop's), advanced a batch at a time.
+    const uint4* wa = rows_of_tile.wa + warp * 32;
+    const uint4* wb = rows_of_tile.wb + warp * 32;
+    keep_pointer(rows_of_tile.sa);
+    keep_pointer(rows_of_tile.sb);
     Batch<SEGS> batch;
-    load_batch<BITS, SEGS, WARPS>(batch, rows_of_tile, warp, columns, group_log2);
+    load_batch<BITS, SEGS, WARPS>(batch, wa, wb, rows_of_tile, warp, columns, group_log2);
     enter_dependent_kernel();  // x, residual and y only from here on
 
     // Lane (g, t) supplies batch row g's inputs of its runs; rows past `rows` repeat row rows-1.
@@ -259,11 +271,16 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
     const uint4* x_lane = reinterpret_cast<const uint4*>(x) + (long long)x_row * (k >> 3) + t;
     const DequantMasks masks = dequant_masks<BITS>();
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c = warp; c < columns; c += WARPS * kColumns) {
+    constexpr int kStep = WARPS * kColumns;  // columns per batch of the warps
+    for (int c = warp; c < columns; c += kStep) {
 #pragma unroll
         for (int u = 0; u < kColumns; ++u)
             if (c + WARPS * u < columns) accumulate_column<BITS, SEGS>(acc, batch, u, x_lane, c + WARPS * u, masks);
-        if (c + WARPS * kColumns < columns) load_batch<BITS, SEGS, WARPS>(batch, rows_of_tile, c + WARPS * kColumns, columns, group_log2);
+        wa += kStep * 32;
+        wb += kStep * 32;
+        keep_pointer(wa);
+        keep_pointer(wb);
+        if (c + kStep < columns) load_batch<BITS, SEGS, WARPS>(batch, wa, wb, rows_of_tile, c + kStep, columns, group_log2);
     }
 
     // acc: (row g, batch 2t), (row g, batch 2t+1), (row g+8, batch 2t), (row g+8, batch 2t+1) of the tile.
