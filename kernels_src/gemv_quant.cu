@@ -257,7 +257,8 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
         reinterpret_cast<const unsigned short*>(scales) + octet_b * groups * 8 + g,
     };
 
-    // Column c's chunks (c: the loop's), advanced a batch at a time.
+    // Column c's chunks (c: the loop's), advanced a batch at a time. Kept apart from rows_of_tile: advancing
+    // rows_of_tile's own pointers instead compiles to other SASS, and int8 ran 0.5% slower (H200, session 12).
     const uint4* wa = rows_of_tile.wa + warp * 32;
     const uint4* wb = rows_of_tile.wb + warp * 32;
     keep_pointer(rows_of_tile.sa);
