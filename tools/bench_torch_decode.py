@@ -6,8 +6,9 @@ docs). Weights bf16, or the decoder layers' projections weight-only quantized th
 (embedding and lm_head stay bf16, as bench_decode.py's --weights int8,int4):
   int4: torch's tinygemm kernel (aten._weight_int4pack_mm, behind gpt-fast's and torchao's int4 weight-only
         decode), symmetric groups of 128 inputs (zero points 0), bf16 scales: `ninfer-rt quantize`'s format;
-  int8: gpt-fast's recipe, F.linear(x, int8 weight cast to bf16) * per-row bf16 scale, which torch.compile
-        fuses into one GEMV (torch has no group-wise int8 kernel).
+  int8: torch's fused weight-only int8 kernel (aten._weight_int8pack_mm), per-row bf16 scales (torch has no
+        group-wise int8 kernel);
+  int8-linear: gpt-fast's recipe, F.linear(x, int8 weight cast to bf16) * per-row scale, left to torch.compile.
 Each quantized module checks itself once against x @ dequantized(W)^T. Roofline as in bench_decode.py:
 weight (+ scale) + KV bytes per step / device copy bandwidth measured here. Appends JSON lines to
 bench/results/decode_torch.jsonl. GPU machine only (torch is not a runtime dep).
@@ -93,6 +94,8 @@ class Int4TinyGemm(QuantizedLinear):
 
 
 class Int8PerRow(QuantizedLinear):
+    """gpt-fast's int8 weight-only linear."""
+
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__(weight.shape[0])
         codes, scales = symmetric_codes(weight, 8, weight.shape[1])
@@ -104,7 +107,12 @@ class Int8PerRow(QuantizedLinear):
         return torch.nn.functional.linear(x, self.codes.to(x.dtype)) * self.scales
 
 
-QUANTIZED = {"int4": Int4TinyGemm, "int8": Int8PerRow}
+class Int8PackMM(Int8PerRow):
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x, self.codes, self.scales)
+
+
+QUANTIZED = {"int4": Int4TinyGemm, "int8": Int8PackMM, "int8-linear": Int8PerRow}
 
 
 def quantize_layers(model: Qwen3ForCausalLM, weights: str) -> None:
@@ -177,7 +185,7 @@ def main() -> None:
     parser.add_argument("--contexts", default="256")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--variants", default="eager,compile")
-    parser.add_argument("--weights", default="bf16", help="comma list of bf16, int8, int4")
+    parser.add_argument("--weights", default="bf16", help="comma list of bf16, int4, int8, int8-linear")
     args = parser.parse_args()
     for weights in args.weights.split(","):
         if weights != "bf16" and weights not in QUANTIZED:
