@@ -57,7 +57,7 @@ def symmetric_codes(weight: torch.Tensor, bits: int, group: int) -> tuple[torch.
 
 
 class QuantizedLinear(torch.nn.Module):
-    """A bias-free projection with weight-only quantized weights; `dequantized` is what it must compute with."""
+    """A bias-free projection with weight-only quantized weights; `check` compares it once with x @ dequantized^T."""
 
     def __init__(self, out_features: int) -> None:
         super().__init__()
@@ -87,7 +87,8 @@ class Int4TinyGemm(QuantizedLinear):
         self.register_buffer("packed", torch._convert_weight_to_int4pack(packed, 8))
         scales_and_zeros = torch.stack([scales, torch.zeros_like(scales)], -1).transpose(0, 1)
         self.register_buffer("scales_and_zeros", scales_and_zeros.contiguous().to(torch.bfloat16))
-        self.check((codes.view(*scales.shape, QUANT_GROUP) * self.scales_and_zeros[..., 0].T[..., None].float()).view(codes.shape))
+        bf16_scales = scales.to(torch.bfloat16).float()
+        self.check((codes.view(*scales.shape, QUANT_GROUP) * bf16_scales[..., None]).view(codes.shape))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch._weight_int4pack_mm(x, self.packed, QUANT_GROUP, self.scales_and_zeros)
