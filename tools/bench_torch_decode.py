@@ -5,7 +5,8 @@ torch.compile(mode="reduce-overhead") over a StaticCache (CUDA graphs; the recip
 docs). Weights bf16, or the decoder layers' projections weight-only quantized the way torch users run them
 (embedding and lm_head stay bf16, as bench_decode.py's --weights int8,int4):
   int4: torch's tinygemm kernel (aten._weight_int4pack_mm, behind gpt-fast's and torchao's int4 weight-only
-        decode), symmetric groups of 128 inputs (zero points 0), bf16 scales: `ninfer-rt quantize`'s format;
+        decode), symmetric groups of 128 inputs (zero points 0), bf16 scales: `ninfer-rt quantize`'s layout,
+        with plain absmax / (2^(bits-1) - 1) scales (its scale search changes values, not bytes or time);
   int8: torch's fused weight-only int8 kernel (aten._weight_int8pack_mm), per-row bf16 scales (torch has no
         group-wise int8 kernel);
   int8-linear: gpt-fast's recipe, F.linear(x, int8 weight cast to bf16) * per-row scale, left to torch.compile.
