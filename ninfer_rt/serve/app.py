@@ -44,6 +44,7 @@ from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.serve.chat import ChatTemplate, ChatTemplateError
 from ninfer_rt.serve.metrics import ServerMetrics
 from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, forced_call_prefill, message_fields
+from ninfer_rt.serve.tool_call_syntax import ToolCallSyntax
 from ninfer_rt.serve.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -318,7 +319,9 @@ class _ChatJob(_Job):
         backend = _serving(body.model, state, config)
         prompt = _render_chat(body, state, config)
         fields = cls._fields(body, backend, [prompt.ids], config, body.logprobs, body.top_logprobs or 0)
-        parser = OutputParser.for_prompt(prompt.generation_prompt, body.parses_tool_calls, prompt.prefill)
+        parser = OutputParser.for_prompt(
+            prompt.generation_prompt, body.parses_tool_calls, prompt.prefill, prompt.tool_syntax
+        )
         return cls(parser=parser, **fields)
 
     def delta(self, index: int, output: RequestOutput) -> dict[str, Any] | None:
@@ -416,6 +419,7 @@ class _ChatPrompt:
     ids: list[int]
     generation_prompt: str
     prefill: str  # what the server appended after the generation prompt (a forced tool call's opening)
+    tool_syntax: ToolCallSyntax
 
 
 def _render_chat(body: ChatCompletionRequest, state: ServerState, config: ServeConfig) -> _ChatPrompt:
@@ -429,8 +433,9 @@ def _render_chat(body: ChatCompletionRequest, state: ServerState, config: ServeC
         prompt = state.template.render([m.for_template() for m in body.messages], tools=tools, **kwargs)
     except ChatTemplateError as exc:
         raise bad_request(str(exc), param="messages") from None
-    prefill = forced_call_prefill(prompt.generation_prompt, body.forced_function) if body.forces_tool_call else ""
-    return _ChatPrompt(backend.tokenizer.encode(prompt.text + prefill), prompt.generation_prompt, prefill)
+    syntax = prompt.tool_syntax
+    prefill = forced_call_prefill(prompt.generation_prompt, body.forced_function, syntax) if body.forces_tool_call else ""
+    return _ChatPrompt(backend.tokenizer.encode(prompt.text + prefill), prompt.generation_prompt, prefill, syntax)
 
 
 def _serving(model: str, state: ServerState, config: ServeConfig) -> GenerationBackend:

@@ -6,6 +6,10 @@ sandbox since the template comes with the checkpoint), the same globals (``raise
 the special tokens, plus whatever extra kwargs the client sends (enable_thinking, preserve_thinking, ...).
 Matching HF exactly matters: the model was trained on these bytes, and an agent's next turn must render
 its history to the same tokens for the prefix cache to hit.
+
+One preparation HF leaves to the caller: templates that write tool calls in the XML-like form (Qwen3.5,
+Qwen3.6) iterate each call's ``arguments`` as a mapping, while the OpenAI API carries a JSON text; for those
+templates the text is decoded here, in its key order, so the call renders as the model wrote it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from typing import Any
 import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ninfer_rt.serve.tool_call_syntax import ToolCallSyntax, tool_call_syntax
+from ninfer_rt.serve.tool_calls_xml import XmlToolCalls, arguments_as_mapping
 
 # Variables the server sets itself; a client's chat_template_kwargs may not override them.
 RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
@@ -34,6 +41,8 @@ class RenderedPrompt:
     # what add_generation_prompt appended, e.g. "<|im_start|>assistant\n<think>\n": says whether the
     # model starts inside reasoning, or whether this turn's think block is already closed
     generation_prompt: str
+    # how the model is asked to write tool calls, with the tools' parameter schemas where it matters
+    tool_syntax: ToolCallSyntax
 
 
 def _raise_exception(message: str) -> None:
@@ -65,6 +74,7 @@ class ChatTemplate:
             self._template = _environment().from_string(source)
         except jinja2.exceptions.TemplateSyntaxError as exc:
             raise ValueError(f"the model's chat template does not compile: {exc}") from None
+        self._source = source
         self._special = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
 
     def render(
@@ -77,12 +87,18 @@ class ChatTemplate:
         clashes = RESERVED_VARIABLES & kwargs.keys()
         if clashes:
             raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(sorted(clashes))}")
+        syntax = tool_call_syntax(self._source, tools)
+        if isinstance(syntax, XmlToolCalls):
+            try:
+                messages = arguments_as_mapping(messages)
+            except ValueError as exc:
+                raise ChatTemplateError(str(exc)) from None
         text = self._render(messages, tools, add_generation_prompt, kwargs)
         if not add_generation_prompt:
-            return RenderedPrompt(text, "")
+            return RenderedPrompt(text, "", syntax)
         history = self._render(messages, tools, False, kwargs)
         generation_prompt = text[len(history) :] if text.startswith(history) else ""
-        return RenderedPrompt(text, generation_prompt)
+        return RenderedPrompt(text, generation_prompt, syntax)
 
     def _render(
         self,

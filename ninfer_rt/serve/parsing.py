@@ -18,6 +18,10 @@ delta decides it. Rules agents rely on:
 - the newlines the template itself puts around markers (after ``<think>``, before ``</think>``, between
   ``</think>`` and content, around tool calls) are not part of reasoning or content, so that sending the
   parsed message back renders exactly the tokens the model produced (the prefix cache keeps hitting).
+
+Qwen3.5 / Qwen3.6 templates write the body in an XML-like form instead (``<function=NAME>`` and
+``<parameter=KEY>`` blocks); the syntax the chat template uses is passed in (tool_call_syntax.py), and
+tool_calls_xml.py parses that body. Markers, reasoning and glue are handled here alike for both.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ import re
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from ninfer_rt.serve.tool_call_syntax import JsonToolCalls, ToolCallSyntax
+from ninfer_rt.serve.tool_calls_xml import XmlCallBody, XmlToolCalls
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -120,7 +127,9 @@ def prompt_closes_reasoning(generation_prompt: str) -> bool:
     return generation_prompt.rfind(THINK_CLOSE) > generation_prompt.rfind(THINK_OPEN)
 
 
-def forced_call_prefill(generation_prompt: str, function: str | None) -> str:
+def forced_call_prefill(
+    generation_prompt: str, function: str | None, syntax: ToolCallSyntax = JsonToolCalls()
+) -> str:
     """What the server appends to the prompt so that the reply is a tool call (tool_choice "required" or a
     named function), for a model without constrained decoding: a think block the prompt opened is closed
     empty (as the template renders a turn without reasoning), then the call is opened; for a known function
@@ -128,17 +137,23 @@ def forced_call_prefill(generation_prompt: str, function: str | None) -> str:
     certain and the model only writes the arguments. Without a known function the model writes the body and
     may still write one that is not a call; it then comes back as content."""
     close_thinking = "\n" + THINK_CLOSE + "\n\n" if prompt_opens_reasoning(generation_prompt) else ""
-    opening = "" if function is None else '\n{"name": "' + function + '", "arguments":'
-    return close_thinking + TOOL_OPEN + opening
+    return close_thinking + TOOL_OPEN + syntax.forced_opening(function)
 
 
 class OutputParser:
     """Feed text deltas with `feed`, then `finish`; each returns what became final in that call."""
 
     def __init__(
-        self, parse_tool_calls: bool = True, in_reasoning: bool = False, reasoning_done: bool = False, prefill: str = ""
+        self,
+        parse_tool_calls: bool = True,
+        in_reasoning: bool = False,
+        reasoning_done: bool = False,
+        prefill: str = "",
+        syntax: ToolCallSyntax = JsonToolCalls(),
     ) -> None:
         self._parse_tool_calls = parse_tool_calls
+        self._xml_syntax = syntax if isinstance(syntax, XmlToolCalls) else None
+        self._xml_call: XmlCallBody | None = None
         self._state = _State.REASONING if in_reasoning else _State.CONTENT
         # Text not yet decided: a possible marker prefix or trailing glue. A prefill (text the server appended
         # to the prompt, e.g. a forced tool call's opening) is parsed as the start of the reply.
@@ -152,12 +167,19 @@ class OutputParser:
         self.num_tool_calls = 0
 
     @classmethod
-    def for_prompt(cls, generation_prompt: str, parse_tool_calls: bool, prefill: str = "") -> OutputParser:
+    def for_prompt(
+        cls,
+        generation_prompt: str,
+        parse_tool_calls: bool,
+        prefill: str = "",
+        syntax: ToolCallSyntax = JsonToolCalls(),
+    ) -> OutputParser:
         return cls(
             parse_tool_calls,
             in_reasoning=prompt_opens_reasoning(generation_prompt),
             reasoning_done=prompt_closes_reasoning(generation_prompt),
             prefill=prefill,
+            syntax=syntax,
         )
 
     def feed(self, text: str) -> ParsedDelta:
@@ -174,7 +196,7 @@ class OutputParser:
         if self._state is _State.TOOL_CALL:
             self._tool_body += self._pending
             self._state = _State.CONTENT
-            if self._call is not None:
+            if self._call_opened():
                 self._close_tool_call(out)
             else:
                 self._emit_text(out, TOOL_OPEN + self._tool_body)
@@ -232,10 +254,30 @@ class OutputParser:
         """Adds generated text to the open call's body and emits what became known: the call's opening
         (id, name), then its arguments as far as they are certain."""
         self._tool_body += text
+        if self._xml_syntax is not None:
+            self._grow_xml_call(out)
+            return
         if self._call is None:
             self._open_call(out)
         if self._call is not None and self._decide_arguments(self._call) and self._call.streams_raw:
             self._emit_arguments(out, _arguments_so_far(self._tool_body[self._call.arguments_start :]))
+
+    def _call_opened(self) -> bool:
+        return self._call is not None or (self._xml_call is not None and self._xml_call.opened)
+
+    def _grow_xml_call(self, out: ParsedDelta) -> None:
+        assert self._xml_syntax is not None
+        if self._xml_call is None:
+            self._xml_call = XmlCallBody(self._xml_syntax)
+        self._add_xml_pieces(out, self._xml_call.update(self._tool_body))
+
+    def _add_xml_pieces(self, out: ParsedDelta, pieces: list[Any]) -> None:
+        for piece in pieces:
+            if piece.name is not None:  # the call opened: it takes the next index
+                out.add_call(ToolCallDelta(self.num_tool_calls, id=new_call_id(), name=piece.name))
+                self.num_tool_calls += 1
+            else:
+                out.add_call(ToolCallDelta(self.num_tool_calls - 1, arguments=piece.arguments))
 
     def _open_call(self, out: ParsedDelta) -> None:
         opening = _CALL_OPENING.match(self._tool_body)
@@ -280,6 +322,11 @@ class OutputParser:
     def _close_tool_call(self, out: ParsedDelta) -> None:
         """The body is complete (or cut off): the open call gets the rest of its arguments; a body that never
         opened a call is one if it is a whole JSON call object, else it goes back as the text it was."""
+        xml_call, self._xml_call = self._xml_call, None
+        if xml_call is not None and xml_call.opened:
+            self._add_xml_pieces(out, xml_call.close(self._tool_body))
+            self._tool_body = ""
+            return
         if self._call is None:
             self._close_unopened(out)
             return
@@ -343,8 +390,10 @@ def _arguments_so_far(text: str) -> str:
     return text.removesuffix("}").rstrip()
 
 
-def parse_complete(text: str, parse_tool_calls: bool = True, in_reasoning: bool = False) -> ParsedDelta:
-    parser = OutputParser(parse_tool_calls, in_reasoning=in_reasoning)
+def parse_complete(
+    text: str, parse_tool_calls: bool = True, in_reasoning: bool = False, syntax: ToolCallSyntax = JsonToolCalls()
+) -> ParsedDelta:
+    parser = OutputParser(parse_tool_calls, in_reasoning=in_reasoning, syntax=syntax)
     out = parser.feed(text)
     out.extend(parser.finish())
     return out
