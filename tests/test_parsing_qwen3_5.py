@@ -23,8 +23,9 @@ PROPERTIES = {
     "hours": {"type": "array", "items": {"type": "integer"}},
     "limit": {"type": ["integer", "null"]},
 }
+WEATHER_PARAMETERS = {"type": "object", "properties": PROPERTIES}
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": PROPERTIES}}},
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_PARAMETERS}},
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
 ]
 SYNTAX = tool_call_syntax(TEMPLATE, TOOLS)

@@ -434,7 +434,8 @@ def _render_chat(body: ChatCompletionRequest, state: ServerState, config: ServeC
     except ChatTemplateError as exc:
         raise bad_request(str(exc), param="messages") from None
     syntax = prompt.tool_syntax
-    prefill = forced_call_prefill(prompt.generation_prompt, body.forced_function, syntax) if body.forces_tool_call else ""
+    forced = body.forced_function
+    prefill = forced_call_prefill(prompt.generation_prompt, forced, syntax) if body.forces_tool_call else ""
     return _ChatPrompt(backend.tokenizer.encode(prompt.text + prefill), prompt.generation_prompt, prefill, syntax)
 
 
