@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ninfer_rt.serve.tool_call_syntax import JsonToolCalls, ToolCallSyntax
-from ninfer_rt.serve.tool_calls_xml import XmlCallBody, XmlToolCalls
+from ninfer_rt.serve.tool_calls_xml import XmlCallBody, XmlCallPiece, XmlToolCalls
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -271,7 +271,7 @@ class OutputParser:
             self._xml_call = XmlCallBody(self._xml_syntax)
         self._add_xml_pieces(out, self._xml_call.update(self._tool_body))
 
-    def _add_xml_pieces(self, out: ParsedDelta, pieces: list[Any]) -> None:
+    def _add_xml_pieces(self, out: ParsedDelta, pieces: list[XmlCallPiece]) -> None:
         for piece in pieces:
             if piece.name is not None:  # the call opened: it takes the next index
                 out.add_call(ToolCallDelta(self.num_tool_calls, id=new_call_id(), name=piece.name))
