@@ -4,7 +4,8 @@
 #pragma once
 #include "common.cuh"
 
-// Tokens per KV page (DESIGN.md "Data layouts"): K/V are [num_pages, kPageSize, n_kv_heads, head_dim].
+// Tokens per KV page (docs/ARCHITECTURE.md "KV pages"):
+// K/V are [num_pages, kPageSize, n_kv_heads, head_dim].
 constexpr int kPageSize = 64;
 
 __forceinline__ float neg_inf() {

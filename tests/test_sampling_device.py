@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ninfer_rt.cuda import sampling_ops
+from ninfer_rt.cuda.compiler import kernels_dir
 from ninfer_rt.engine import sampling
 from ninfer_rt.engine.request import Request, SamplingParams
 from ninfer_rt.exec.numpy_exec import ReadyRead
@@ -20,8 +21,7 @@ from ninfer_rt.engine.sampling import (
 def test_the_flag_bits_and_word_layout_agree_with_the_kernel_wrapper() -> None:
     assert (GREEDY, TOP_K, TOP_P, MIN_P) == (sampling_ops.GREEDY, sampling_ops.TOP_K, sampling_ops.TOP_P, sampling_ops.MIN_P)
     assert sampling.DEVICE_PARAM_WORDS == sampling_ops.PARAM_WORDS
-    source = (sampling_ops.__file__.rsplit("/ninfer_rt/", 1)[0] + "/kernels_src/sampling.cu")
-    text = open(source).read()
+    text = (kernels_dir() / "sampling.cu").read_text()
     for name, value in (("kGreedy", 1), ("kTopK", 2), ("kTopP", 4), ("kMinP", 8)):
         assert f"{name} = {value}," in text
     for name, value in (("kThreads", sampling_ops.THREADS), ("kMaxSlices", sampling_ops.MAX_SLICES)):

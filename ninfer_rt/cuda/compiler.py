@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from cuda.bindings import nvrtc
@@ -59,9 +60,16 @@ class CompiledFamily:
 
 
 def kernels_dir() -> Path:
-    """`kernels_src/` at the repository root, or $NINFER_KERNELS_DIR."""
+    """$NINFER_KERNELS_DIR; else the sources a wheel ships inside the package (setup.py copies them in);
+    else `kernels_src/` at the repository root, which an editable install and a source checkout compile,
+    so that `ninfer-rt kernels watch` sees the files being edited."""
     override = os.environ.get("NINFER_KERNELS_DIR")
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "kernels_src"
+    if override:
+        return Path(override)
+    shipped = resources.files("ninfer_rt") / "kernels_src"
+    if shipped.is_dir():
+        return Path(str(shipped))
+    return Path(__file__).resolve().parents[2] / "kernels_src"
 
 
 def cache_dir() -> Path:

@@ -3,9 +3,9 @@
 Buffers have an explicit lifetime (`free()`), a name, and a verifier resource key so every op that
 touches them can declare it. On a logical StreamSet (no device) both kinds are plain numpy bytes.
 
-`StagingRing` is rule 3 of DESIGN.md: block tables, positions and membership lists are written by the host
-into a pinned slot, copied on the stream that consumes them, and the slot is handed out again only after the
-event recorded behind that copy has completed.
+`StagingRing` is rule 3 of docs/ARCHITECTURE.md ("The ordering rules"): block tables, positions and membership
+lists are written by the host into a pinned slot, copied on the stream that consumes them, and the slot is
+handed out again only after the event recorded behind that copy has completed.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Streams and events with declared accesses: the only way ninfer_rt enqueues device work.
 
-Rule 1 of DESIGN.md: there is no default stream. `StreamSet` creates CU_STREAM_NON_BLOCKING streams and
-nothing else; every enqueue entry point takes a `Stream` and raises `DefaultStreamError` for `None`, `0`,
-the legacy or the per-thread stream before the driver is called. Synchronous driver calls that run on the
-default stream implicitly (cuMemcpyHtoD, cuMemsetD8, ...) are not wrapped anywhere.
+Rule 1 of docs/ARCHITECTURE.md ("The ordering rules"): there is no default stream. `StreamSet` creates
+CU_STREAM_NON_BLOCKING streams and nothing else; every enqueue entry point takes a `Stream` and raises
+`DefaultStreamError` for `None`, `0`, the legacy or the per-thread stream before the driver is called.
+Synchronous driver calls that run on the default stream implicitly (cuMemcpyHtoD, cuMemsetD8, ...) are not
+wrapped anywhere.
 
 Every op declares what it reads and writes; with a verifier attached (tests, --verify-ordering) those
 declarations are checked for happens-before (ninfer_rt.ordering). A StreamSet without a device is

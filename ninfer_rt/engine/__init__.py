@@ -1,1 +1,2 @@
-"""Engine: requests, sampling, scheduling, the model runner and the engine loop (DESIGN.md, engine/)."""
+"""Engine: requests, sampling, scheduling, the model runner and the engine loop (docs/ARCHITECTURE.md,
+"The package")."""

@@ -1,4 +1,5 @@
-"""Verification of drafted tokens against the target model, on host logits (DESIGN.md, "Model math").
+"""Verification of drafted tokens against the target model, on host logits (docs/ARCHITECTURE.md, "MTP
+drafting and verification").
 
 Row i of a verify step holds the target's final logits (sampling.final_logits: penalties, temperature,
 top-k/p, min-p) for the position of draft i, conditioned on the drafts before it; row k (one past the

@@ -1,9 +1,9 @@
 """What a forward step needs, independent of where it runs.
 
-`StepBatch` is the host-side description of one step: any mix of prefill chunks and decode tokens over
-the paged KV (DESIGN.md, "Data layouts"). `Executor` is the interface `model/layers.py` is written against;
-`exec/numpy_exec.py` (reference, CPU) and `exec/cuda_exec.py` (GPU) implement it. Tensors are opaque to
-layers.py: numpy arrays on one, device buffers on the other.
+`StepBatch` is the host-side description of one step: any mix of prefill chunks and decode tokens over the
+paged KV (docs/ARCHITECTURE.md, "Block tables and step inputs"). `Executor` is the interface `model/layers.py`
+is written against; `exec/numpy_exec.py` (reference, CPU) and `exec/cuda_exec.py` (GPU) implement it. Tensors
+are opaque to layers.py: numpy arrays on one, device buffers on the other.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Paged K/V storage for every layer (and the MTP layer).
 
-Layout per layer (DESIGN.md): K and V are [num_pages, page_size, n_kv_heads, head_dim], bf16 or int8;
-int8 pages carry a float32 scale per (page, slot, kv_head): symmetric, absmax / 127, quantized after
-k-norm and RoPE. Page ids are shared by all layers, so one page id is one verifier resource: ("kv", id).
+Layout per layer (docs/ARCHITECTURE.md, "KV pages"): K and V are [num_pages, page_size, n_kv_heads, head_dim],
+bf16 or int8; int8 pages carry a float32 scale per (page, slot, kv_head): symmetric, absmax / 127, quantized
+after k-norm and RoPE. Page ids are shared by all layers, so one page id is one verifier resource: ("kv", id).
 
 `write_tokens` / `read_tokens` are the host (numpy) path of the K/V write and the paged gather; they do
 not declare anything themselves because they run inside the executor's attention op, which declares the

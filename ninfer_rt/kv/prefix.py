@@ -10,9 +10,10 @@ turn of the conversation, whose prompt starts with the previous turn, hits the f
 since the new turn will write into the rest of that page, it gets a private copy (cow.py, rule 5).
 
 The cache owns no pages: it marks the pages it indexes as retained in the PagePool, so they are cached
-(evictable, LRU) rather than freed when their last sequence lets go, and the pool tells it when it evicts
-one (`forget`). A finished conversation's pages thus stay matchable until memory pressure evicts them: the
-"retained catalog" of DESIGN.md is simply this index plus the pool's cached state.
+(evictable, LRU) rather than freed when their last sequence lets go, and the pool tells it when it evicts one
+(`forget`). A finished conversation's pages thus stay matchable until memory pressure evicts them: the
+"retained catalog" of docs/ARCHITECTURE.md ("Prefix cache and the retained catalog") is simply this index plus
+the pool's cached state.
 """
 
 from __future__ import annotations

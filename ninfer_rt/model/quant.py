@@ -1,7 +1,7 @@
 """Groupwise integer weights: the project's layout, its numpy reference, and GPTQ/AWQ import.
 
-The layout (DESIGN.md "Data layouts"; kernels_src/gemv_quant.cu reads it): a linear weight W [out, in] is
-stored as
+The layout (docs/ARCHITECTURE.md "Groupwise-int weights"; kernels_src/gemv_quant.cu reads it): a linear
+weight W [out, in] is stored as
   ``<name>.qweight`` uint8 [out, in * bits / 8]: codes u = q + 2^(bits-1) (offset binary), row-major along
       the input. int4: byte j of a row holds input 2j in its low nibble and input 2j+1 in its high nibble.
   ``<name>.scales`` bf16 [out, in / group_size]

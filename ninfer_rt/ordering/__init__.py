@@ -1,4 +1,4 @@
-"""Ordering: the happens-before verifier and the crash context (DESIGN.md, "The ordering rules")."""
+"""Ordering: the happens-before verifier and the crash context (docs/ARCHITECTURE.md, "The ordering rules")."""
 
 import os
 
