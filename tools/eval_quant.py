@@ -23,7 +23,7 @@ import click
 import numpy as np
 
 from eval_ppl import heldout_text, window_batch
-from ninfer_rt.cli_quantize import quantize_checkpoint
+from ninfer_rt.cli.quantize import quantize_checkpoint
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.model.layers import forward
 from ninfer_rt.model.tiny import ENDOFTEXT

@@ -26,7 +26,7 @@ import numpy as np
 from safetensors.numpy import save_file
 from tqdm import tqdm
 
-from ninfer_rt.cli_errors import BadUsage, OneLineErrors as _OneLineErrors
+from ninfer_rt.cli.errors import BadUsage, OneLineErrors as _OneLineErrors
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.exec.numpy_exec import NumpyExecutor

@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from ninfer_rt.cli_engine_options import engine_config, engine_options
-from ninfer_rt.cli_errors import BadUsage, OneLineErrors
+from ninfer_rt.cli.options import engine_config, engine_options
+from ninfer_rt.cli.errors import BadUsage, OneLineErrors
 from ninfer_rt.engine.engine import Engine, EngineError
 from ninfer_rt.engine.output import RequestStats
 from ninfer_rt.engine.request import SamplingParams
