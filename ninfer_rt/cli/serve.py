@@ -15,8 +15,8 @@ import click
 
 from ninfer_rt.cli.errors import OneLineErrors
 from ninfer_rt.cli.options import engine_config, engine_options
-from ninfer_rt.serve.app import ServeConfig, sampling_defaults
 from ninfer_rt.serve.server import Listen, run_server
+from ninfer_rt.serve.state import ServeConfig, sampling_defaults
 
 
 @click.command("serve", cls=OneLineErrors)

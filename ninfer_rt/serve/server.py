@@ -16,8 +16,9 @@ from pathlib import Path
 import uvicorn
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
-from ninfer_rt.serve.app import ServeConfig, create_app
+from ninfer_rt.serve.app import create_app
 from ninfer_rt.serve.backend import EngineBackend
+from ninfer_rt.serve.state import ServeConfig
 
 log = logging.getLogger("ninfer_rt.serve")
 
