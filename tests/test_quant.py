@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from ninfer_rt.model.tiny import make_tiny_model
 from ninfer_rt.model.weights import WeightsError, load_model_weights
 from ninfer_rt.quantize import quantizer
 from ninfer_rt.quantize.format import QuantFormatError, QuantizedWeight, pack, unpack
@@ -20,6 +19,7 @@ from ninfer_rt.quantize.gptq_awq import AWQ_ORDER
 from ninfer_rt.quantize.layouts import concat_rows, dequantize
 from ninfer_rt.quantize.quantizer import CLIP_RATIOS, absmax_scales, gptq_codes, quantize, search_scales
 from ninfer_rt.quantize.scheme import scheme_from_config
+from ninfer_rt.testing.tiny import make_tiny_model
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 TINY = dict(hidden=128, heads=4, kv_heads=2, head_dim=64, intermediate=256, vocab=512, layers=1)
