@@ -13,7 +13,7 @@
 //   kStoreF32 (3):  y = x @ W^T, f32 (a quantized lm_head's logits)   (N_w = N)
 // x is bf16 [rows, K]; y is [rows, N]; residual bf16 [rows, N]. Pointers 16-byte aligned (host-checked).
 //
-// Device weight layout ("octets"; ninfer_rt/model/quant.py device_layout() writes it from the checkpoint's
+// Device weight layout ("octets"; ninfer_rt/quantize/layouts.py device_layout() writes it from the checkpoint's
 // row-major codes at load time). Codes are offset binary, u = q + 2^(BITS-1). Rows come in octets of 8
 // (row 8o + g, g = 0..7; the last octets are padded with q = 0 / scale 0 rows to an even count). A row's K
 // inputs are cut into columns of KC inputs (int4: KC = 128, int8: KC = 64; K % KC == 0), and a column into

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ninfer_rt.model.tiny import make_tiny_model
+from ninfer_rt.testing.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,9 @@ from pathlib import Path
 from server_helpers import healthy_server
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
-from ninfer_rt.serve.app import ServeConfig, ServerState, create_app, sampling_defaults
+from ninfer_rt.serve.app import create_app
 from ninfer_rt.serve.backend import EngineBackend
+from ninfer_rt.serve.state import ServeConfig, ServerState, sampling_defaults
 
 MODEL = "tiny"
 

@@ -16,8 +16,8 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from ninfer_rt.model.tiny import make_tiny_model
 from ninfer_rt.model.weights import SINGLE_FILE
+from ninfer_rt.testing.tiny import make_tiny_model
 
 
 def make_agreeable_mtp_model(out_dir: Path, layer_scale: float, seed: int = 0, head_dim: int = 32) -> Path:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from ninfer_rt import cli_kernels, kernel_dev
+from ninfer_rt import kernel_dev
+from ninfer_rt.cli import kernels as cli_kernels
 from ninfer_rt.cli import main
 from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops, sampling_ops
 from ninfer_rt.cuda.compiler import compile_family, families

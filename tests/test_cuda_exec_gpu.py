@@ -18,8 +18,8 @@ from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward, prepare_model
-from ninfer_rt.model.tiny import make_tiny_model
 from ninfer_rt.model.weights import load_model_weights
+from ninfer_rt.testing.tiny import make_tiny_model
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""The shipped default model (ninfer_rt/models/tiny-qwen3-code): transformers reads it as a Qwen3 with the numpy
+"""The shipped default model (ninfer_rt/shipped/tiny-qwen3-code): transformers reads it as a Qwen3 with the numpy
 executor's logits, and `ninfer-rt generate` without --model uses it, deterministically and fast on a CPU."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import ninfer_rt.models
+import ninfer_rt.shipped
 from forward_helpers import hf_outputs, make_runtime, relative_error
 from ninfer_rt.cli import main
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.models import DefaultModelMissing, default_model_dir
+from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
 
 MAX_CHECKPOINT_BYTES = 16_000_000
 GENERATE_SECONDS = 10.0
@@ -34,7 +34,7 @@ def shipped() -> Path | None:
 needs_shipped_model = pytest.mark.skipif(
     shipped() is None,
     reason="the default model is not shipped yet: train it with tools/train_tiny_model.py on a GPU and copy its "
-    "output into ninfer_rt/models/tiny-qwen3-code",
+    "output into ninfer_rt/shipped/tiny-qwen3-code",
 )
 
 
@@ -49,7 +49,7 @@ def generate_fibonacci() -> tuple[str, float]:
 
 
 def test_without_a_shipped_model_generate_says_so_and_names_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ninfer_rt.models, "DEFAULT_MODEL_NAME", "no-such-model")
+    monkeypatch.setattr(ninfer_rt.shipped, "DEFAULT_MODEL_NAME", "no-such-model")
     result = CliRunner().invoke(main, ["generate", "--prompt", "x"])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from forward_helpers import SeqStep, hf_outputs, make_runtime, random_tokens, relative_error
-from ninfer_rt.model.tiny import make_tiny_model
+from ninfer_rt.testing.tiny import make_tiny_model
 
 pytest.importorskip("transformers")
 

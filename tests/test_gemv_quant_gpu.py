@@ -14,8 +14,10 @@ from ninfer_rt.cli import main
 from ninfer_rt.cuda import ops, quant_ops
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
-from ninfer_rt.model.quant import QuantizedWeight, concat_rows, dequantize, quantize
-from ninfer_rt.model.tiny import make_tiny_model
+from ninfer_rt.quantize.format import QuantizedWeight
+from ninfer_rt.quantize.layouts import concat_rows, dequantize
+from ninfer_rt.quantize.quantizer import quantize
+from ninfer_rt.testing.tiny import make_tiny_model
 from test_cuda_exec_gpu import GPU_TINY, PROMPT, STEPS, TOLERANCE, runtime, sequence
 from gpu_session import OneStream
 from test_gemv_gpu import BF16, bf16_random, gpu, relative_l2  # noqa: F401 - gpu is the fixture

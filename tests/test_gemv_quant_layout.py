@@ -1,4 +1,4 @@
-"""The GPU layout of quantized weights (quant.device_layout, kernels_src/gemv_quant.cu) on the CPU: the
+"""The GPU layout of quantized weights (quantize/layouts.py, kernels_src/gemv_quant.cu) on the CPU: the
 repacking round-trips, and a numpy emulation of the decode GEMV that follows the kernel literally (the
 chunk a lane loads, the bit tricks that turn codes into bf16, the m16n8k16 fragment layout of PTX, the
 scale per segment, the sum over warps, the epilogue's tile rows) reproduces x @ W^T. A mistake in the
@@ -10,19 +10,9 @@ import numpy as np
 import pytest
 
 from ninfer_rt.cuda.quant_ops import WARPS
-from ninfer_rt.model.quant import (
-    BF16,
-    LAYOUT_OCTETS,
-    QuantFormatError,
-    QuantizedWeight,
-    column_inputs,
-    concat_rows,
-    dequantize,
-    device_layout,
-    quantize,
-    rows_layout,
-    stack_rows,
-)
+from ninfer_rt.quantize.format import BF16, LAYOUT_OCTETS, QuantFormatError, QuantizedWeight, column_inputs
+from ninfer_rt.quantize.layouts import concat_rows, dequantize, device_layout, rows_layout, stack_rows
+from ninfer_rt.quantize.quantizer import quantize
 
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from ninfer_rt.model.config import ModelConfig, ModelConfigError
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
-from ninfer_rt.model.tiny import make_tiny_model
+from ninfer_rt.testing.tiny import make_tiny_model
 
 
 def _raw_config(model_dir: Path) -> dict:

@@ -1,4 +1,4 @@
-"""Groupwise int4/int8 weights (model/quant.py): the absmax grid's error bound, the scale search never
+"""Groupwise int4/int8 weights (ninfer_rt/quantize/): the absmax grid's error bound, the scale search never
 losing to it, GPTQ's codes with and without input correlations, the packed layout, and GPTQ / AWQ checkpoints built here from known integers, which must load to exactly the weights those
 integers define."""
 
@@ -12,24 +12,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from ninfer_rt.model import quant
-from ninfer_rt.model.quant import (
-    AWQ_ORDER,
-    CLIP_RATIOS,
-    QuantFormatError,
-    QuantizedWeight,
-    absmax_scales,
-    concat_rows,
-    dequantize,
-    gptq_codes,
-    pack,
-    quantize,
-    search_scales,
-    scheme_from_config,
-    unpack,
-)
-from ninfer_rt.model.tiny import make_tiny_model
 from ninfer_rt.model.weights import WeightsError, load_model_weights
+from ninfer_rt.quantize import quantizer
+from ninfer_rt.quantize.format import QuantFormatError, QuantizedWeight, pack, unpack
+from ninfer_rt.quantize.gptq_awq import AWQ_ORDER
+from ninfer_rt.quantize.layouts import concat_rows, dequantize
+from ninfer_rt.quantize.quantizer import CLIP_RATIOS, absmax_scales, gptq_codes, quantize, search_scales
+from ninfer_rt.quantize.scheme import scheme_from_config
+from ninfer_rt.testing.tiny import make_tiny_model
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 TINY = dict(hidden=128, heads=4, kv_heads=2, head_dim=64, intermediate=256, vocab=512, layers=1)
@@ -136,7 +126,7 @@ def test_blocked_threaded_search_is_bit_identical_to_the_whole_matrix_search(
     grouped = w.reshape(700, -1, group)
     importance = rng.uniform(0.0, 3.0, (1, 512 // group, group)).astype(np.float32) if weighted else None
     monkeypatch.setenv("NINFER_QUANT_THREADS", threads)
-    monkeypatch.setattr(quant, "SEARCH_BLOCK_VALUES", 1 << 14)  # many blocks, a short last one
+    monkeypatch.setattr(quantizer, "SEARCH_BLOCK_VALUES", 1 << 14)  # many blocks, a short last one
     np.testing.assert_array_equal(
         search_scales(grouped, bits, importance).view(np.uint16), whole_matrix_search(grouped, bits, importance).view(np.uint16)
     )

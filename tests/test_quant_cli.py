@@ -13,9 +13,10 @@ from safetensors.numpy import load_file, save_file
 
 from forward_helpers import make_runtime, random_tokens, relative_error
 from ninfer_rt.cli import main
-from ninfer_rt.model.quant import QUANT_METHOD, QuantizedWeight, dequantize
-from ninfer_rt.model.tiny import make_tiny_model
 from ninfer_rt.model.weights import SHARD_INDEX, load_model_weights
+from ninfer_rt.quantize.format import QUANT_METHOD, QuantizedWeight
+from ninfer_rt.quantize.layouts import dequantize
+from ninfer_rt.testing.tiny import make_tiny_model
 
 # Every linear input dimension (128, 256) is a whole number of 128-groups.
 TINY = dict(hidden=128, heads=4, kv_heads=2, head_dim=64, intermediate=256, vocab=512, layers=2)

@@ -210,7 +210,7 @@ def test_sampled_frequencies_follow_the_target_distribution(gpu: OneStream) -> N
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory):
-    from ninfer_rt.model.tiny import make_tiny_model
+    from ninfer_rt.testing.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny_sampling"), head_dim=64)
 

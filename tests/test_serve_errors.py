@@ -14,7 +14,8 @@ import pytest
 from server_helpers import serving_in_thread
 from test_serve_http import MAX_CONTEXT, MODEL, Server, running_server
 
-from ninfer_rt.serve.app import ServeConfig, create_app
+from ninfer_rt.serve.app import create_app
+from ninfer_rt.serve.state import ServeConfig
 
 GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

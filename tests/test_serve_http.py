@@ -21,9 +21,10 @@ from test_tokenizer import TOOLS
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.serve.app import ServeConfig, ServerState, create_app
+from ninfer_rt.serve.app import create_app
 from ninfer_rt.serve.backend import EngineBackend
 from ninfer_rt.serve.chat import ChatTemplate
+from ninfer_rt.serve.state import ServeConfig, ServerState
 
 MODEL = "tiny"
 MAX_CONTEXT = 1024

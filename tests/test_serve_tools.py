@@ -18,7 +18,8 @@ from ninfer_rt.engine.output import RequestOutput, RequestStats
 from ninfer_rt.engine.request import FinishReason
 from ninfer_rt.kv.pages import PoolStats
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.serve.app import Generation, ServeConfig, create_app
+from ninfer_rt.serve.app import create_app
+from ninfer_rt.serve.state import Generation, ServeConfig
 
 MODEL = "scripted"
 WEATHER = {

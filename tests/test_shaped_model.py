@@ -1,4 +1,4 @@
-"""Random-weight checkpoints of a named shape (tools/make_shaped_model.py, ninfer_rt.model.shaped), here of a
+"""Random-weight checkpoints of a named shape (tools/make_shaped_model.py, ninfer_rt.testing.shaped), here of a
 small custom shape with the real Qwen3 vocabulary size: the config is the shape's with a 128k context, the
 project's loader and tokenizer load it, the tokenizer covers the whole vocabulary, and what the model
 generates comes back in the next turn's prompt as the same ids, so an agent replay's replies hit the
@@ -19,12 +19,12 @@ from ninfer_rt.cli import main
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.model.shaped import BPE_VOCAB, SHAPED_MAX_POSITIONS, make_shaped_model, write_random_weights
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.model.weights import SHARD_INDEX, load_checkpoint, load_model_weights
 from ninfer_rt.replay.profiles import make_profile
 from ninfer_rt.replay.trace import synth_words, write_trace
 from ninfer_rt.serve.chat import ChatTemplate
+from ninfer_rt.testing.shaped import BPE_VOCAB, SHAPED_MAX_POSITIONS, make_shaped_model, write_random_weights
 from tests.replay_helpers import verified_server
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,

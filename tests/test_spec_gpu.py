@@ -24,8 +24,8 @@ from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps, MTPGraphKey
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.model.layers import PreparedModel, forward, prepare_model
 from ninfer_rt.model.mtp import EagerMTPSteps, MTPOutput, PreparedMTP, prepare_mtp
-from ninfer_rt.model.tiny import make_tiny_model
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
+from ninfer_rt.testing.tiny import make_tiny_model
 from spec_models import make_agreeable_mtp_model
 
 pytestmark = pytest.mark.gpu

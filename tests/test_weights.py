@@ -9,7 +9,6 @@ import pytest
 from safetensors.numpy import save_file
 
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.model.tiny import make_tiny_model
 from ninfer_rt.model.weights import (
     ModelWeights,
     WeightsError,
@@ -17,6 +16,7 @@ from ninfer_rt.model.weights import (
     load_checkpoint,
     load_model_weights,
 )
+from ninfer_rt.testing.tiny import make_tiny_model
 
 
 def _copy_model(src: Path, dst: Path) -> Path:

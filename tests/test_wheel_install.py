@@ -53,7 +53,7 @@ def test_the_wheel_carries_the_package_files_the_kernel_sources_and_the_shipped_
     tracked = _repository_files()
     package_files = {name for name in tracked if name.startswith("ninfer_rt/")}
     kernel_sources = {f"ninfer_rt/{name}" for name in tracked if name.startswith("kernels_src/")}
-    assert any(name.startswith("ninfer_rt/models/") and name.endswith("config.json") for name in package_files)
+    assert any(name.startswith("ninfer_rt/shipped/") and name.endswith("config.json") for name in package_files)
     assert {name for name in kernel_sources if name.endswith(".cu")}, "kernels_src/ holds no family"
     assert package_files | kernel_sources <= names, sorted((package_files | kernel_sources) - names)
 

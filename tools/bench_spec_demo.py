@@ -1,4 +1,4 @@
-"""MTP speculation on the shipped demo model (ninfer_rt/models/tiny-qwen3-code): greedy decode tok/s and
+"""MTP speculation on the shipped demo model (ninfer_rt/shipped/tiny-qwen3-code): greedy decode tok/s and
 acceptance length for --draft-tokens k = 1..4 (with and without --lm-head-draft) against no speculation,
 through the Engine exactly as `ninfer-rt generate` runs it. Several code prompts, 256 tokens each; the
 first request of each engine is a warm-up. Prints a table and appends JSON lines to
@@ -16,7 +16,7 @@ from bench_decode import append_results, print_table, run_info
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.engine.request import SamplingParams
-from ninfer_rt.models import default_model_dir
+from ninfer_rt.shipped import default_model_dir
 
 PROMPTS = [
     "def fibonacci(n):",

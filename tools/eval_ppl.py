@@ -23,9 +23,9 @@ import numpy as np
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.model.layers import forward
-from ninfer_rt.model.tiny import ENDOFTEXT
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.models import default_model_dir
+from ninfer_rt.shipped import default_model_dir
+from ninfer_rt.testing.tiny import ENDOFTEXT
 from tiny_corpus import eval_windows, python_sources, read_texts, source_roots, split, token_stream
 
 

@@ -23,12 +23,12 @@ import click
 import numpy as np
 
 from eval_ppl import heldout_text, window_batch
-from ninfer_rt.cli_quantize import quantize_checkpoint
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.model.layers import forward
-from ninfer_rt.model.tiny import ENDOFTEXT
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.models import default_model_dir
+from ninfer_rt.quantize.writer import quantize_checkpoint
+from ninfer_rt.shipped import default_model_dir
+from ninfer_rt.testing.tiny import ENDOFTEXT
 from tiny_corpus import eval_windows, python_sources, read_texts, source_roots, split, token_stream
 
 PPL_TARGETS = {8: 0.005, 4: 0.03}  # allowed relative perplexity increase over bf16

@@ -1,4 +1,4 @@
-"""Writes a random-weight checkpoint of a named model shape (see ninfer_rt.model.shaped), e.g. the 16 GB
+"""Writes a random-weight checkpoint of a named model shape (see ninfer_rt.testing.shaped), e.g. the 16 GB
 qwen3-8b for the GPU agent replay: `python tools/make_shaped_model.py --shape qwen3-8b --out /tmp/qwen3-8b`."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ninfer_rt.model.shaped import make_shaped_model
 from ninfer_rt.model.shapes import SHAPES
+from ninfer_rt.testing.shaped import make_shaped_model
 
 
 @click.command()

@@ -1,4 +1,4 @@
-"""Writes a tiny random-weight checkpoint in Hugging Face layout (see ninfer_rt.model.tiny)."""
+"""Writes a tiny random-weight checkpoint in Hugging Face layout (see ninfer_rt.testing.tiny)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ninfer_rt.model.tiny import ARCHITECTURES, TinyModelSpec, make_tiny_model
+from ninfer_rt.testing.tiny import ARCHITECTURES, TinyModelSpec, make_tiny_model
 
 DEFAULTS = TinyModelSpec()
 

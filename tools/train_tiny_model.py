@@ -2,7 +2,7 @@
 
 One time-boxed run does everything and writes a Hugging Face-layout checkpoint into --out:
   1. corpus: stdlib + site-packages .py files (tools/tiny_corpus.py), split by file into train / held-out;
-  2. a byte-level BPE tokenizer (Qwen's split pattern, ChatML + think/tool tokens from ninfer_rt.model.tiny);
+  2. a byte-level BPE tokenizer (Qwen's split pattern, ChatML + think/tool tokens from ninfer_rt.testing.tiny);
   3. training until --minutes of wall clock have passed (the text past the tokenizer's sample is encoded on a
      thread meanwhile, so data preparation costs little of the run's wall clock): loss = CE(next token) + 0.3 * CE(MTP's token p+2),
      the MTP module in the Qwen3-Next layout z = fc(cat(norm_e(embed(x[p+1])), norm_h(h[p]))) -> one decoder
@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from torch import nn
 
-from ninfer_rt.model.tiny import (
+from ninfer_rt.testing.tiny import (
     ENDOFTEXT,
     IM_END,
     TINY_MAX_POSITIONS,

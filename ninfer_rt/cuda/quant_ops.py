@@ -1,7 +1,7 @@
 """Launch wrappers for groupwise-quantized weights (kernels_src/gemv_quant.cu): the decode GEMV with
 in-register dequantization on the tensor cores, and dequantization to bf16 for the prefill GEMM (cuBLASLt).
 
-The weights are in the GPU layout (quant.device_layout, LAYOUT_OCTETS: documented at the top of
+The weights are in the GPU layout (quantize.layouts.device_layout, LAYOUT_OCTETS: documented at the top of
 gemv_quant.cu). Each wrapper checks shapes, group size and alignment before anything is enqueued and
 declares what the kernel reads and writes.
 """

@@ -39,8 +39,9 @@ from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
 from ninfer_rt.kv.cache import KVCache, page_resource
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
-from ninfer_rt.model.quant import Linear, QuantizedWeight, concat_rows
 from ninfer_rt.ordering.verifier import Resource
+from ninfer_rt.quantize.format import Linear, QuantizedWeight
+from ninfer_rt.quantize.layouts import concat_rows
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 _ITEMSIZE = {"bf16": 2, "f32": 4, "i32": 4}

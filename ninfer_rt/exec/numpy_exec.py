@@ -19,8 +19,9 @@ from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
 from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
 from ninfer_rt.kv.cache import KVCache, KVLayer, page_resource
-from ninfer_rt.model.quant import Linear, dense
 from ninfer_rt.ordering.verifier import Resource
+from ninfer_rt.quantize.format import Linear
+from ninfer_rt.quantize.layouts import dense
 
 STEP_INPUTS = ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows")
 INT8_MAX = 127.0

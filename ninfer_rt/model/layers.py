@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from ninfer_rt.exec.base import AttentionParams, AttentionShape, Executor, StepBatch, Tensor
 from ninfer_rt.kv.cache import KVCache
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.model.quant import Linear
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 from ninfer_rt.model.weights import LayerWeights, ModelWeights
+from ninfer_rt.quantize.format import Linear
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import numpy as np
 from tqdm import tqdm
 
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.model.quant import Linear, QuantFormatError, convert_quantized, quantized_layout, scheme_from_dir
+from ninfer_rt.quantize.format import Linear, QuantFormatError
+from ninfer_rt.quantize.scheme import convert_quantized, quantized_layout, scheme_from_dir
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"

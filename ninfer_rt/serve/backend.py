@@ -19,7 +19,7 @@ from ninfer_rt.engine.output import RequestOutput
 from ninfer_rt.kv.pages import PoolStats
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.ordering import OrderingViolation
-from ninfer_rt.serve.app import BackendFailed, Generation
+from ninfer_rt.serve.state import BackendFailed, Generation
 
 
 class EngineBackend:

@@ -12,13 +12,13 @@ from typing import Any
 
 import click
 
-from ninfer_rt.cli_engine_options import engine_config, engine_options
-from ninfer_rt.cli_errors import BadUsage, OneLineErrors
+from ninfer_rt.cli.errors import BadUsage, OneLineErrors
+from ninfer_rt.cli.options import engine_config, engine_options
 from ninfer_rt.engine.engine import Engine, EngineError
 from ninfer_rt.engine.output import RequestStats
 from ninfer_rt.engine.request import SamplingParams
-from ninfer_rt.models import DefaultModelMissing, default_model_dir
 from ninfer_rt.serve.chat import ChatTemplate
+from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
 
 
 @click.command("generate", cls=OneLineErrors)

@@ -35,10 +35,10 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.model.tiny import (
+from ninfer_rt.model.weights import SHARD_INDEX, Shape, expected_tensors
+from ninfer_rt.testing.tiny import (
     ENDOFTEXT, IM_END, WEIGHT_STD, TinyModelSpec, config_json, trained_tokenizer, write_json, write_tokenizer_files,
 )
-from ninfer_rt.model.weights import SHARD_INDEX, Shape, expected_tensors
 
 SHAPED_MAX_POSITIONS = 131072  # the agent replay's conversations reach ~115k tokens
 BPE_VOCAB = 512  # the tiny model's trained tokenizer: every replay word (trace.WORDS) is one token in it

@@ -1,0 +1,55 @@
+"""`ninfer-rt serve` / `python -m ninfer_rt.serve`: the flags and start-up checks; serve/server.py runs it.
+
+Start-up mistakes (a bad flag, a missing model directory) exit 2 with one line, before anything loads: a
+supervisor's log should say what is wrong, not show a usage screen.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ninfer_rt.cli.errors import OneLineErrors
+from ninfer_rt.cli.options import engine_config, engine_options
+from ninfer_rt.serve.server import Listen, run_server
+from ninfer_rt.serve.state import ServeConfig, sampling_defaults
+
+
+@click.command("serve", cls=OneLineErrors)
+@click.option("--model", "model_dir", required=True, help="Model directory (Hugging Face layout).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
+@click.option("--served-model-name", default=None, help="The model id clients use (default: the directory name).")
+@engine_options
+@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(min=0), help="Waiting requests before 429.")
+@click.option("--preserve-thinking/--no-preserve-thinking", default=True, show_default=True)
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(model_dir: str, **options: Any) -> None:
+    """Serve the OpenAI API (chat, completions, models, health, metrics)."""
+    model_path = Path(model_dir)
+    if not (model_path / "config.json").is_file():
+        raise click.UsageError(f"--model {model_dir}: not a model directory (no config.json)")
+    try:
+        config = engine_config(options)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    listen = Listen(host=options["host"], port=options["port"], log_level=options["log_level"])
+    sys.exit(run_server(model_path, config, _serve_config(model_path, options), listen))
+
+
+def _serve_config(model_path: Path, options: dict[str, Any]) -> ServeConfig:
+    return ServeConfig(
+        served_model_name=options["served_model_name"] or model_path.resolve().name,
+        api_key=options["api_key"],
+        preserve_thinking=options["preserve_thinking"],
+        max_concurrency=options["max_concurrency"],
+        max_queue=options["max_queue"],
+        verify_ordering=options["verify_ordering"],
+        sampling_defaults=sampling_defaults(model_path),
+    )
