@@ -18,7 +18,7 @@ from ninfer_rt.cuda.compiler import compile_family
 from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, AttentionShape
-from ninfer_rt.kv.cache import KVCache, KVSpec, page_resource
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec, page_resource
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 
@@ -185,7 +185,7 @@ def logical_step(query_lens: list[int], context_lens: list[int], kv_dtype: str =
     streams = StreamSet(verify=False)
     hq, hkv, d = 16, 4, 128
     batch = make_batch(np.random.default_rng(0), query_lens, context_lens)
-    kv = KVCache(streams, KVSpec(num_layers=1, num_pages=batch.num_pages, n_kv_heads=hkv, head_dim=d, dtype=kv_dtype))
+    kv = KVCache(streams, KVSpec(num_layers=1, num_pages=batch.num_pages, n_kv_heads=hkv, head_dim=d, dtype=KVDtype.parse(kv_dtype)))
     max_tokens = 512
 
     def buf(nbytes: int, name: str) -> DeviceBuffer:

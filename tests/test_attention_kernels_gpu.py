@@ -34,7 +34,7 @@ from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda.attention_ops import DecodeWorkspace, PrefillWorkspace, StepInputs
 from ninfer_rt.cuda.memory import StagingRing
 from ninfer_rt.exec.base import AttentionParams, AttentionShape
-from ninfer_rt.kv.cache import KVCache, KVLayer, KVSpec, page_resource
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVLayer, KVSpec, page_resource
 
 pytestmark = pytest.mark.gpu
 RTOL = 1e-2  # relative L2 bound for bf16 results
@@ -440,7 +440,7 @@ def test_attention_op_mixed_step_matches_float64(gpu: Gpu, kv_dtype: str) -> Non
     rng = np.random.default_rng(99)
     batch = make_batch(rng, query_lens=[1, 150, 4], context_lens=[700, 150, 66])
     t = batch.num_rows
-    spec = KVSpec(num_layers=1, num_pages=batch.num_pages, n_kv_heads=hkv, head_dim=d, dtype=kv_dtype)
+    spec = KVSpec(num_layers=1, num_pages=batch.num_pages, n_kv_heads=hkv, head_dim=d, dtype=KVDtype.parse(kv_dtype))
     kv = KVCache(gpu.streams, spec)
     prefix = [make_pages(rng, batch.num_pages, hkv, d, kv_dtype, batch.slots_before_step()) for _ in range(2)]
     layer = kv.layers[0]

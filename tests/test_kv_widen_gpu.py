@@ -16,7 +16,7 @@ from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionShape
 from ninfer_rt.exec.cuda_exec import CudaExecutor
-from ninfer_rt.kv.cache import KVLayer, page_resource
+from ninfer_rt.kv.cache import KVDtype, KVLayer, page_resource
 
 pytestmark = pytest.mark.gpu
 HQ, HKV, D = 16, 4, 128
@@ -112,9 +112,9 @@ def test_an_executor_reserves_the_widening_buffers_before_the_kv_cache_is_sized(
     if not attention_ops.prefill_wgmma_applies(executor.library.target_arch, D):
         pytest.skip(f"int8 KV is widened on sm_90a only (this GPU: {executor.library.target_arch})")
     free = streams.device.free_memory()
-    executor.reserve_attention(AttentionShape(HQ, HKV, D, 1e-6), "int8")
+    executor.reserve_attention(AttentionShape(HQ, HKV, D, 1e-6), KVDtype.INT8)
     reserved = attention_ops.widened_kv(executor.library, streams, HKV, D, 100, 4 * 4 * 100)
     assert reserved.capacity == attention_ops.PREFILL_WIDEN_SEQUENCES * 100
     assert free - streams.device.free_memory() >= 2 * reserved.capacity * 64 * HKV * D * 2
-    executor.reserve_attention(AttentionShape(HQ, HKV, D, 1e-6), "int8")  # idempotent
+    executor.reserve_attention(AttentionShape(HQ, HKV, D, 1e-6), KVDtype.INT8)  # idempotent
     assert attention_ops.widened_kv(executor.library, streams, HKV, D, 100, 16) == reserved

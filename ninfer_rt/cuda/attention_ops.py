@@ -741,7 +741,7 @@ def attention(
     graph. Prefill steps (never captured) may pass `max_context_len` (the longest prefill sequence's
     context) to size prefill_attention's key splits; without it the block table's width bounds it."""
     shape = params.shape
-    kv_dtype = kv.spec.dtype
+    kv_dtype = kv.spec.dtype.value
     cache = kv.layers[kv_layer]
     num_rows = sum(query_lens)
     qkv_row_bytes = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim * _BF16

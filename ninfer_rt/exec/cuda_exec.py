@@ -37,7 +37,7 @@ from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView, PinnedBuffer, Stagin
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
-from ninfer_rt.kv.cache import KVCache, page_resource
+from ninfer_rt.kv.cache import KVCache, KVDtype, page_resource
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
 from ninfer_rt.model.quant import Linear, QuantizedWeight, concat_rows
 from ninfer_rt.ordering.verifier import Resource
@@ -213,10 +213,10 @@ class CudaExecutor:
         self.upload(tensor.buffer, table, label="upload rope")
         return tensor
 
-    def reserve_attention(self, shape: AttentionShape, kv_dtype: str) -> None:
+    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
         """int8 KV's widening buffers, where long prefill steps widen (attention_ops.prefill_widens), for the
         widest block table this executor publishes."""
-        if attention_ops.prefill_widening_applies(self.library.target_arch, shape.head_dim, kv_dtype):
+        if attention_ops.prefill_widening_applies(self.library.target_arch, shape.head_dim, kv_dtype.value):
             attention_ops.widened_kv(
                 self.library, self.streams, shape.num_kv_heads, shape.head_dim, self.max_pages_per_seq,
                 4 * self._input_capacity("block_tables"),  # int32 entries
