@@ -13,22 +13,22 @@ from functools import partial
 
 import numpy as np
 
-from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops, sampling_ops
-from ninfer_rt.cuda.attention_ops import DecodeWorkspace, PrefillWorkspace, StepInputs
+from ninfer_rt.cuda import attention_ops, attention_plan, linear_ops, ops, quant_ops, sampling_ops
+from ninfer_rt.cuda.attention_ops import AttentionStep, DecodeWorkspace, PagedKV, PrefillWorkspace, RopeArgs, StepInputs, WidenedKV
+from ninfer_rt.cuda.attention_plan import PAGE_SIZE, KVVariant, PrefillPlan
 from ninfer_rt.cuda.benchmark import BenchSession, Measurement, cold_copies
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.sampling import pack_device_params
 from ninfer_rt.exec.base import AttentionShape
-from ninfer_rt.kv.cache import KVLayer
 
 DECODE_ROWS = (1, 8)  # batch-1 decode and the widest speculative verify step
 PREFILL_TOKENS = 4096  # one prefill chunk
 DECODE_CONTEXTS = (256, 8192, 114812)  # a fresh chat, a typical agent turn, the longest agent context
 # (chunk, context): a fresh prompt, a chunk after a 28k prefix, an agent turn (531 new tokens after 114,281 cached)
 PREFILL_CASES = ((4096, 4096), (4096, 32768), (531, 114812))
-KV_KINDS = attention_ops.KV_KINDS
+KV_KINDS = attention_plan.CACHE_VARIANTS
 QUANT_BITS = (4, 8)
 QUANT_GROUP = 128
 EPS = 1e-6
@@ -187,23 +187,23 @@ def bench_gemv_quant(s: BenchSession, shape: Shape) -> list[Measurement]:
 # -- attention ------------------------------------------------------------------------------------------------
 
 
-def kv_bytes(shape: AttentionShape, tokens: int, kv_dtype: str) -> int:
+def kv_bytes(shape: AttentionShape, tokens: int, kv_dtype: KVVariant) -> int:
     """K and V bytes of `tokens` tokens (values, plus the f32 scales for int8)."""
-    element = 1 if kv_dtype == "int8" else BF16
-    per_token = 2 * shape.num_kv_heads * (shape.head_dim * element + (F32 if kv_dtype == "int8" else 0))
+    int8 = kv_dtype is KVVariant.INT8
+    per_token = 2 * shape.num_kv_heads * (shape.head_dim * (1 if int8 else BF16) + (F32 if int8 else 0))
     return per_token * tokens
 
 
-def _kv_layers(s: BenchSession, shape: AttentionShape, pages: int, kv_dtype: str) -> list[KVLayer]:
+def _kv_layers(s: BenchSession, shape: AttentionShape, pages: int, kv_dtype: KVVariant) -> list[PagedKV]:
     """Rotating copies of one layer's pages: in the model each layer's KV is read once per step."""
-    element = 1 if kv_dtype == "int8" else BF16
-    slots = pages * attention_ops.PAGE_SIZE * shape.num_kv_heads
-    copies = cold_copies(s.device, kv_bytes(shape, pages * attention_ops.PAGE_SIZE, kv_dtype))
+    element = 1 if kv_dtype is KVVariant.INT8 else BF16
+    slots = pages * PAGE_SIZE * shape.num_kv_heads
+    copies = cold_copies(s.device, kv_bytes(shape, pages * PAGE_SIZE, kv_dtype))
     ks, vs = (s.cold(slots * shape.head_dim * element, name, copies) for name in ("k", "v"))
-    if kv_dtype == "bf16":
-        return [KVLayer(k, v, None, None) for k, v in zip(ks, vs)]
+    if kv_dtype is KVVariant.BF16:
+        return [PagedKV(k, v) for k, v in zip(ks, vs)]
     k_scales, v_scales = (s.cold(slots * F32, name, copies) for name in ("k_scale", "v_scale"))
-    return [KVLayer(*parts) for parts in zip(ks, vs, k_scales, v_scales)]
+    return [PagedKV(*parts) for parts in zip(ks, vs, k_scales, v_scales)]
 
 
 def _step_inputs(s: BenchSession, query_lens: list[int], context: int, pages: int) -> StepInputs:
@@ -225,27 +225,27 @@ def bench_rope_kv(s: BenchSession, shape: Shape) -> list[Measurement]:
     results = []
     for kv_dtype in KV_KINDS:
         for case, tokens in _row_cases():
-            pages = -(-tokens // attention_ops.PAGE_SIZE)
+            pages = -(-tokens // PAGE_SIZE)
             layers = _kv_layers(s, attn, pages, kv_dtype)
             inputs = _step_inputs(s, [tokens], tokens, pages)
             qkv, q_out = s.filled(tokens * (hq + 2 * hkv) * d * BF16, "qkv"), s.filled(tokens * hq * d * BF16, "q_out")
             rope, norms = s.filled(tokens * d * F32, "rope"), s.filled(d * BF16, "norm")
+            step = AttentionStep(inputs, (tokens,), pages)
 
             def launch(i: int) -> None:
                 attention_ops.rope_kv(
-                    s.lib, s.stream, qkv, q_out, layers[i % len(layers)], attn, inputs, tokens, rope, norms, norms,
-                    kv_dtype=kv_dtype, pages_written=(),
+                    s.lib, s.stream, step, attn, qkv, q_out, layers[i % len(layers)], RopeArgs(rope, norms, norms, EPS),
                 )
 
             seconds = s.time(launch, len(layers))
             moved = tokens * (hq + 2 * hkv) * d * BF16 + tokens * hq * d * BF16 + kv_bytes(attn, tokens, kv_dtype) + tokens * d * F32
-            results.append(Measurement(attention_ops.rope_kv_spec(d, kv_dtype).name, f"{case} kv={kv_dtype}", seconds, moved))
+            results.append(Measurement(attention_plan.rope_kv_spec(d, kv_dtype).name, f"{case} kv={kv_dtype.value}", seconds, moved))
             s.release()
     return results
 
 
 def bench_decode_attention(
-    s: BenchSession, shape: Shape, contexts: tuple[int, ...] = DECODE_CONTEXTS, kv_kinds: tuple[str, ...] = KV_KINDS
+    s: BenchSession, shape: Shape, contexts: tuple[int, ...] = DECODE_CONTEXTS, kv_kinds: tuple[KVVariant, ...] = KV_KINDS
 ) -> list[Measurement]:
     """Batch 1, one new token; split count as the executor picks it (one wave of resident blocks)."""
     attn = attention_shape(shape)
@@ -253,26 +253,24 @@ def bench_decode_attention(
     results = []
     for kv_dtype in kv_kinds:
         for context in contexts:
-            pages = -(-context // attention_ops.PAGE_SIZE)
+            pages = -(-context // PAGE_SIZE)
             layers = _kv_layers(s, attn, pages, kv_dtype)
             inputs = _step_inputs(s, [1], context, pages)
-            resident = attention_ops.decode_blocks_per_sm(s.lib.kernel(attention_ops.decode_spec(d, kv_dtype)))
-            splits = attention_ops.decode_num_splits(1, hkv, s.device.sm_count, resident, context)
-            acc, ml = attention_ops.decode_workspace_bytes(splits, 1, attention_ops.decode_max_queries(hq, hkv), hq, d)
+            resident = attention_ops.resident_blocks(s.lib.kernel(attention_plan.decode_spec(d, kv_dtype)))
+            splits = attention_plan.decode_num_splits(1, hkv, s.device.sm_count, resident, context)
+            acc, ml = attention_plan.decode_workspace_bytes(splits, 1, attention_plan.decode_max_queries(hq, hkv), hq, d)
+            step, decode = AttentionStep(inputs, (1,), pages), attention_plan.DecodePlan(splits, 1)
             workspace = DecodeWorkspace(s.filled(acc, "acc"), s.filled(ml, "ml"))
             q, out = s.filled(hq * d * BF16, "q"), s.filled(hq * d * BF16, "out")
 
             def launch(i: int) -> None:
-                attention_ops.decode_attention(
-                    s.lib, s.stream, q, out, layers[i % len(layers)], attn, inputs, [1], pages, workspace, splits,
-                    kv_dtype=kv_dtype, pages_read=(),
-                )
+                attention_ops.decode_attention(s.lib, s.stream, step, attn, q, out, layers[i % len(layers)], decode, workspace)
 
             seconds = s.time(launch, len(layers))
             flops = 4 * hq * d * context
-            case = f"context={context} kv={kv_dtype} splits={splits}"
+            case = f"context={context} kv={kv_dtype.value} splits={splits}"
             params = {
-                "context": context, "kv": kv_dtype, "q_heads": hq, "kv_heads": hkv, "head_dim": d,
+                "context": context, "kv": kv_dtype.value, "q_heads": hq, "kv_heads": hkv, "head_dim": d,
                 "blocks_per_sm": resident, "num_splits": splits, "kv_copies": len(layers),
             }
             results.append(Measurement("decode_attention (split+combine)", case, seconds, kv_bytes(attn, context, kv_dtype), flops, params))
@@ -284,7 +282,7 @@ def bench_prefill_attention(
     s: BenchSession,
     shape: Shape,
     cases: tuple[tuple[int, int], ...] = PREFILL_CASES,
-    kv_kinds: tuple[str, ...] = KV_KINDS,
+    kv_kinds: tuple[KVVariant, ...] = KV_KINDS,
     unsplit: bool = True,
 ) -> list[Measurement]:
     """One sequence of `chunk` new rows over `context` keys per case; the split count as the executor picks
@@ -296,12 +294,12 @@ def bench_prefill_attention(
     arch = s.lib.target_arch
     results = []
     for kv_dtype in kv_kinds:
-        own = attention_ops.prefill_kernel(arch, d, kv_dtype) != attention_ops.prefill_kernel(arch, d, kv_dtype, wgmma=False)
+        own = attention_plan.prefill_kernel(arch, d, kv_dtype) != attention_plan.prefill_kernel(arch, d, kv_dtype, wgmma=False)
         for chunk, context in cases:
             prefill = _PrefillCase(s, attn, chunk, context, kv_dtype)
             for wgmma in (None, False) if own else (None,):
                 results += prefill.measure(wgmma, unsplit, widen=False)
-            if attention_ops.prefill_widens(arch, d, kv_dtype, attention_ops.PREFILL_WIDEN_MIN_QUERIES):
+            if attention_plan.prefill_widens(arch, d, kv_dtype, attention_plan.PREFILL_WIDEN_MIN_QUERIES):
                 results += prefill.measure(None, unsplit, widen=True)
             s.release()
     return results
@@ -310,9 +308,9 @@ def bench_prefill_attention(
 class _PrefillCase:
     """One prefill case's device data (K/V copies rotated past L2, step inputs, q and out), timed per kernel."""
 
-    def __init__(self, s: BenchSession, attn: AttentionShape, chunk: int, context: int, kv_dtype: str) -> None:
+    def __init__(self, s: BenchSession, attn: AttentionShape, chunk: int, context: int, kv_dtype: KVVariant) -> None:
         self.s, self.attn, self.chunk, self.context, self.kv_dtype = s, attn, chunk, context, kv_dtype
-        self.pages = -(-context // attention_ops.PAGE_SIZE)
+        self.pages = -(-context // PAGE_SIZE)
         self.layers = _kv_layers(s, attn, self.pages, kv_dtype)
         self.inputs = _step_inputs(s, [chunk], context, self.pages)
         rows_bytes = chunk * attn.num_heads * attn.head_dim * BF16
@@ -320,43 +318,49 @@ class _PrefillCase:
 
     def measure(self, wgmma: bool | None, unsplit: bool, widen: bool) -> list[Measurement]:
         """The kernel prefill_kernel picks with `wgmma` (or the widened one, after the widening, with `widen`),
-        at the split count the executor would use (and, with `unsplit`, at one split too); the workspace is
-        made here, as graph capture must not allocate."""
+        at the split count the executor would use (and, with `unsplit`, at one split too); the workspace and
+        the widening buffers are made here, as graph capture must not allocate."""
         s, attn, d = self.s, self.attn, self.attn.head_dim
-        kind = "widened" if widen else self.kv_dtype
-        spec = attention_ops.prefill_kernel(s.lib.target_arch, d, kind, wgmma).spec
-        blocks = attention_ops.prefill_grid_blocks(self.chunk, 1, attn.num_heads, attn.num_kv_heads)
-        resident = attention_ops.prefill_blocks_per_sm(s.lib, d, kind, wgmma)
-        splits = attention_ops.prefill_num_splits(
-            blocks, s.device.sm_count, resident, self.context, attention_ops.prefill_workspace_blocks(s.device.sm_count)
+        kernel = attention_plan.prefill_kernel(s.lib.target_arch, d, KVVariant.WIDENED if widen else self.kv_dtype, wgmma)
+        blocks = attention_plan.prefill_grid_blocks(self.chunk, 1, attn.num_heads, attn.num_kv_heads)
+        resident = attention_ops.prefill_blocks_per_sm(s.lib, kernel)
+        splits = attention_plan.prefill_num_splits(
+            blocks, s.device.sm_count, resident, self.context, attention_plan.prefill_workspace_blocks(s.device.sm_count)
         )
-        if widen:
-            attention_ops.widened_kv(s.lib, s.streams, attn.num_kv_heads, d, self.pages, self.inputs.block_tables.nbytes)
+        step = AttentionStep(self.inputs, (self.chunk,), self.pages)
+        widened = _widening_buffers(s, attn, self.pages, self.inputs) if widen else None
         results = []
         for num_splits in (splits, 1) if splits > 1 and unsplit else (splits,):
-            acc, ml = attention_ops.prefill_workspace_bytes(blocks * num_splits, d)
+            acc, ml = attention_plan.prefill_workspace_bytes(blocks * num_splits, d)
             workspace = PrefillWorkspace(s.filled(acc, "partial_acc"), s.filled(ml, "partial_ml")) if num_splits > 1 else None
+            prefill = PrefillPlan(kernel, blocks // attn.num_kv_heads, num_splits, self.context)
 
-            def launch(i: int, num_splits: int = num_splits, workspace: PrefillWorkspace | None = workspace) -> None:
-                attention_ops.prefill_attention(
-                    s.lib, s.stream, self.q, self.out, self.layers[i % len(self.layers)], attn, self.inputs, [self.chunk],
-                    self.pages, kv_dtype=self.kv_dtype, pages_read=(), num_splits=num_splits, workspace=workspace, wgmma=wgmma,
-                    widen=widen,
-                )
+            def launch(i: int, prefill: PrefillPlan = prefill, workspace: PrefillWorkspace | None = workspace) -> None:
+                kv = self.layers[i % len(self.layers)]
+                if widened is not None:
+                    attention_ops.widen_int8_kv(s.lib, s.stream, step, attn, kv, widened, self.context)
+                pages = widened if widened is not None else kv
+                attention_ops.prefill_attention(s.lib, s.stream, step, attn, self.q, self.out, pages, prefill, workspace)
 
             seconds = s.time(launch, len(self.layers))
             chunk, context = self.chunk, self.context
             attended = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal: row i sees the prefix and i + 1 rows
             moved = 2 * chunk * attn.num_heads * d * BF16 + kv_bytes(attn, context, self.kv_dtype)
             params = {
-                "kernel": ("widen_int8_kv + " if widen else "") + spec.name, "chunk": chunk, "context": context,
-                "kv": self.kv_dtype, "q_heads": attn.num_heads, "kv_heads": attn.num_kv_heads, "head_dim": d,
+                "kernel": ("widen_int8_kv + " if widen else "") + kernel.spec.name, "chunk": chunk, "context": context,
+                "kv": self.kv_dtype.value, "q_heads": attn.num_heads, "kv_heads": attn.num_kv_heads, "head_dim": d,
                 "blocks_per_sm": resident, "num_splits": num_splits, "kv_copies": len(self.layers),
             }
             name = params["kernel"] + (" (split+combine)" if num_splits > 1 else "")
-            case = f"chunk={chunk} context={context} kv={self.kv_dtype} splits={num_splits}"
+            case = f"chunk={chunk} context={context} kv={self.kv_dtype.value} splits={num_splits}"
             results.append(Measurement(name, case, seconds, moved, 4 * attn.num_heads * d * attended, params))
         return results
+
+
+def _widening_buffers(s: BenchSession, attn: AttentionShape, pages: int, inputs: StepInputs) -> WidenedKV:
+    """Widening buffers for one sequence of `pages` pages, released with the case's other buffers."""
+    values = pages * attention_plan.widened_page_bytes(attn.num_kv_heads, attn.head_dim) // 2
+    return WidenedKV(s.filled(values, "widened_k"), s.filled(values, "widened_v"), s.filled(inputs.block_tables.nbytes, "widened_tables"), pages)
 
 
 def bench_kv_widen(s: BenchSession, shape: Shape, contexts: tuple[int, ...] = (8192, 114812)) -> list[Measurement]:
@@ -365,19 +369,18 @@ def bench_kv_widen(s: BenchSession, shape: Shape, contexts: tuple[int, ...] = (8
     hkv, d = attn.num_kv_heads, attn.head_dim
     results = []
     for context in contexts:
-        pages = -(-context // attention_ops.PAGE_SIZE)
-        layers = _kv_layers(s, attn, pages, "int8")
-        inputs = _step_inputs(s, [attention_ops.PREFILL_WIDEN_MIN_QUERIES], context, pages)
-        attention_ops.widened_kv(s.lib, s.streams, hkv, d, pages, inputs.block_tables.nbytes)
+        pages = -(-context // PAGE_SIZE)
+        layers = _kv_layers(s, attn, pages, KVVariant.INT8)
+        inputs = _step_inputs(s, [attention_plan.PREFILL_WIDEN_MIN_QUERIES], context, pages)
+        step = AttentionStep(inputs, (attention_plan.PREFILL_WIDEN_MIN_QUERIES,), pages)
+        widened = _widening_buffers(s, attn, pages, inputs)
 
         def launch(i: int) -> None:
-            attention_ops.widen_int8_kv(
-                s.lib, s.stream, layers[i % len(layers)], attn, inputs, 1, pages, pages, pages, owner=s.streams, pages_read=(),
-            )
+            attention_ops.widen_int8_kv(s.lib, s.stream, step, attn, layers[i % len(layers)], widened, context)
 
         seconds = s.time(launch, len(layers))
-        moved = kv_bytes(attn, pages * attention_ops.PAGE_SIZE, "int8") + pages * attention_ops.widened_page_bytes(hkv, d)
-        results.append(Measurement(attention_ops.WIDEN_INT8_KV.name, f"context={context}", seconds, moved))
+        moved = kv_bytes(attn, pages * PAGE_SIZE, KVVariant.INT8) + pages * attention_plan.widened_page_bytes(hkv, d)
+        results.append(Measurement(attention_plan.WIDEN_INT8_KV.name, f"context={context}", seconds, moved))
         s.release()
     return results
 
@@ -394,6 +397,6 @@ BENCHES: dict[str, BenchFunction] = {
     "prefill_attention": bench_prefill_attention,
     # time the sm_90a kernels and the mma.sync one in the same run
     "prefill_attention_sm90": bench_prefill_attention,  # bf16, and int8 widened
-    "prefill_attention_sm90_int8": partial(bench_prefill_attention, kv_kinds=("int8",)),
+    "prefill_attention_sm90_int8": partial(bench_prefill_attention, kv_kinds=(KVVariant.INT8,)),
     "kv_widen": bench_kv_widen,
 }

@@ -13,7 +13,7 @@ import pytest
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
-from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward, prepare_model
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 
@@ -80,7 +80,7 @@ def make_runtime(model_dir: Path, kv_dtype: str = "f32", num_pages: int = 16, dt
         num_pages=num_pages,
         n_kv_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim,
-        dtype=kv_dtype,
+        dtype=KVDtype.parse(kv_dtype),
         page_size=PAGE_SIZE,
     )
     return Runtime(executor, weights, prepare_model(executor, weights), KVCache(streams, spec))

@@ -13,12 +13,16 @@ import pytest
 
 from attention_refs import PAGE, make_batch, make_pages, neox_rope_ref, paged_attention_ref
 from ninfer_rt.cuda import attention_ops
-from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
+from ninfer_rt.cuda import attention_plan as plan
+from ninfer_rt.cuda.attention_ops import STEP_INPUT_NAMES, AttentionStep, DecodeWorkspace, PagedKV, StepInputs, WidenedKV
+from ninfer_rt.cuda.attention_plan import KVVariant
 from ninfer_rt.cuda.compiler import compile_family
 from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, AttentionShape
-from ninfer_rt.kv.cache import KVCache, KVSpec, page_resource
+from ninfer_rt.exec.cuda_attention import AttentionBackend
+from ninfer_rt.exec.layer_backend import PublishedStep
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec, page_resource
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 
@@ -31,15 +35,13 @@ def kernel_names() -> dict[str, set[str]]:
     """Every kernel name the wrappers can launch, by family."""
     names: dict[str, set[str]] = {
         "rope_kv": set(), "decode_attention": {"decode_attention_combine"}, "prefill_attention": set(),
-        "kv_widen": {attention_ops.WIDEN_INT8_KV.name},
+        "kv_widen": {plan.WIDEN_INT8_KV.name},
     }
-    names["prefill_attention"] |= {attention_ops.prefill_combine_spec(d).name for d in attention_ops.PREFILL_HEAD_DIMS}
-    for kind in attention_ops.KV_KINDS:
-        names["rope_kv"] |= {attention_ops.rope_kv_spec(d, kind).name for d in attention_ops.ROPE_HEAD_DIMS}
-        names["prefill_attention"] |= {attention_ops.prefill_spec(d, kind).name for d in attention_ops.PREFILL_HEAD_DIMS}
-        names["decode_attention"] |= {
-            attention_ops.decode_spec(d, kind).name for d in attention_ops.DECODE_HEAD_DIMS
-        }
+    names["prefill_attention"] |= {plan.prefill_combine_spec(d).name for d in plan.PREFILL_HEAD_DIMS}
+    for kind in plan.CACHE_VARIANTS:
+        names["rope_kv"] |= {plan.rope_kv_spec(d, kind).name for d in plan.ROPE_HEAD_DIMS}
+        names["prefill_attention"] |= {plan.prefill_spec(d, kind).name for d in plan.PREFILL_HEAD_DIMS}
+        names["decode_attention"] |= {plan.decode_spec(d, kind).name for d in plan.DECODE_HEAD_DIMS}
     return names
 
 
@@ -60,38 +62,38 @@ def test_family_compiles_with_every_kernel_the_wrappers_launch(family: str, arch
 
 
 def test_num_splits_fills_one_wave_of_an_h200_at_batch_one_for_a_114k_context() -> None:
-    splits = attention_ops.decode_num_splits(1, 8, H200_SMS, RESIDENT, 114_812)
+    splits = plan.decode_num_splits(1, 8, H200_SMS, RESIDENT, 114_812)
     assert H200_SMS * RESIDENT - 8 < splits * 8 <= H200_SMS * RESIDENT
-    assert -(-114_812 // PAGE) / splits >= attention_ops.MIN_PAGES_PER_SPLIT
+    assert -(-114_812 // PAGE) / splits >= plan.MIN_PAGES_PER_SPLIT
 
 
 @pytest.mark.parametrize("context", [1, 63, 65, 256, 1000])
 def test_num_splits_never_cuts_short_contexts_below_two_pages_per_split(context: int) -> None:
-    splits = attention_ops.decode_num_splits(1, 8, H200_SMS, RESIDENT, context)
-    assert splits == max(1, -(-context // PAGE) // attention_ops.MIN_PAGES_PER_SPLIT)
+    splits = plan.decode_num_splits(1, 8, H200_SMS, RESIDENT, context)
+    assert splits == max(1, -(-context // PAGE) // plan.MIN_PAGES_PER_SPLIT)
 
 
 @pytest.mark.parametrize("num_seqs", [1, 2, 7, 64, 512])
 @pytest.mark.parametrize("n_kv_heads", [1, 4, 8])
 def test_num_splits_without_a_context_never_spills_into_a_second_wave(num_seqs: int, n_kv_heads: int) -> None:
-    splits = attention_ops.decode_num_splits(num_seqs, n_kv_heads, H200_SMS, RESIDENT)
-    assert 1 <= splits <= attention_ops.MAX_SPLITS
+    splits = plan.decode_num_splits(num_seqs, n_kv_heads, H200_SMS, RESIDENT)
+    assert 1 <= splits <= plan.MAX_SPLITS
     blocks, wave = splits * num_seqs * n_kv_heads, H200_SMS * RESIDENT
     assert blocks <= wave or splits == 1
-    assert blocks > wave - num_seqs * n_kv_heads or splits == attention_ops.MAX_SPLITS
+    assert blocks > wave - num_seqs * n_kv_heads or splits == plan.MAX_SPLITS
 
 
 def test_decode_takes_up_to_eight_rows_per_sequence_in_row_groups_of_eight() -> None:
-    assert attention_ops.decode_max_queries(32, 8) == 8
-    assert attention_ops.decode_max_queries(64, 8) == 8  # group 8 x 8 rows = 64 rows, 8 row groups
-    assert attention_ops.decode_max_queries(64, 4) == 4  # group 16
-    assert [attention_ops.decode_row_groups(r) for r in (1, 8, 9, 32, 33, 64)] == [1, 1, 2, 4, 5, 8]
+    assert plan.decode_max_queries(32, 8) == 8
+    assert plan.decode_max_queries(64, 8) == 8  # group 8 x 8 rows = 64 rows, 8 row groups
+    assert plan.decode_max_queries(64, 4) == 4  # group 16
+    assert [plan.decode_row_groups(r) for r in (1, 8, 9, 32, 33, 64)] == [1, 1, 2, 4, 5, 8]
     with pytest.raises(ValueError, match="1..64 rows"):
-        attention_ops.decode_row_groups(65)
+        plan.decode_row_groups(65)
 
 
 def test_row_groups_share_the_wave_with_the_splits() -> None:
-    assert attention_ops.decode_num_splits(1, 8, H200_SMS, RESIDENT, row_groups=2) == H200_SMS * RESIDENT // 16
+    assert plan.decode_num_splits(1, 8, H200_SMS, RESIDENT, row_groups=2) == H200_SMS * RESIDENT // 16
 
 
 @pytest.fixture
@@ -104,7 +106,7 @@ def yarn_config(tiny_qwen3: Path) -> ModelConfig:
 def test_rope_table_holds_scaled_cos_then_sin_per_position(yarn_config: ModelConfig) -> None:
     inv_freq, scaling = rope_inv_freq(yarn_config), rope_attention_scaling(yarn_config)
     assert scaling != 1.0
-    table = attention_ops.rope_table(inv_freq, scaling, 5000)
+    table = plan.rope_table(inv_freq, scaling, 5000)
     assert table.shape == (5000, 2, yarn_config.head_dim // 2) and table.dtype == np.float32
     angles = 4999 * inv_freq
     np.testing.assert_allclose(table[4999, 0], np.cos(angles) * scaling, rtol=1e-6, atol=1e-7)
@@ -115,7 +117,7 @@ def test_rotating_with_the_rope_table_is_neox_rope(yarn_config: ModelConfig) -> 
     """What rope_kv.cu does with a table row equals the reference rotation (i pairs with i + D/2)."""
     inv_freq, scaling = rope_inv_freq(yarn_config), rope_attention_scaling(yarn_config)
     d = yarn_config.head_dim
-    table = attention_ops.rope_table(inv_freq, scaling, 300).astype(np.float64)
+    table = plan.rope_table(inv_freq, scaling, 300).astype(np.float64)
     positions = np.array([0, 1, 17, 299])
     x = np.random.default_rng(0).standard_normal((4, 3, d))
     cos, sin = table[positions, 0][:, None, :], table[positions, 1][:, None, :]
@@ -185,7 +187,7 @@ def logical_step(query_lens: list[int], context_lens: list[int], kv_dtype: str =
     streams = StreamSet(verify=False)
     hq, hkv, d = 16, 4, 128
     batch = make_batch(np.random.default_rng(0), query_lens, context_lens)
-    kv = KVCache(streams, KVSpec(num_layers=1, num_pages=batch.num_pages, n_kv_heads=hkv, head_dim=d, dtype=kv_dtype))
+    kv = KVCache(streams, KVSpec(num_layers=1, num_pages=batch.num_pages, n_kv_heads=hkv, head_dim=d, dtype=KVDtype.parse(kv_dtype)))
     max_tokens = 512
 
     def buf(nbytes: int, name: str) -> DeviceBuffer:
@@ -208,15 +210,31 @@ def logical_step(query_lens: list[int], context_lens: list[int], kv_dtype: str =
 
 @pytest.fixture(autouse=True)
 def h200_occupancy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(attention_ops, "decode_blocks_per_sm", lambda kernel, dynamic_smem=0, threads=128: RESIDENT)
+    monkeypatch.setattr(attention_ops, "resident_blocks", lambda kernel, dynamic_smem=0, threads=128: RESIDENT)
 
 
-def run_attention_op(lib: RecordingLibrary, step: SimpleNamespace) -> None:
-    attention_ops.attention(
-        lib, step.stream, step.qkv, step.out, step.params, step.kv, 0, inputs=step.inputs,
-        query_lens=step.batch.query_lens.tolist(), max_pages_per_seq=step.batch.block_tables.shape[1],
-        pages_read=step.read, pages_written=step.written,
-    )
+HEADS = AttentionShape(num_heads=16, num_kv_heads=4, head_dim=128, norm_eps=1e-6)  # logical_step's
+
+
+def backend_for(lib: RecordingLibrary, step: SimpleNamespace) -> AttentionBackend:
+    """An executor's backend: 512 rows, 8 sequences, the step's block-table width."""
+    return AttentionBackend(lib, step.streams, step.stream, max_tokens=512, max_seqs=8, max_pages_per_seq=step.batch.block_tables.shape[1])
+
+
+def run_attention_op(
+    lib: RecordingLibrary, step: SimpleNamespace, backend: AttentionBackend | None = None, query_lens: list[int] | None = None
+) -> AttentionBackend:
+    """One layer of one step through the backend, as the executor runs it (plan, then forward)."""
+    backend = backend or backend_for(lib, step)
+    lens = tuple(query_lens if query_lens is not None else step.batch.query_lens.tolist())
+    inputs = {name: getattr(step.inputs, name) for name in STEP_INPUT_NAMES}
+    backend.plan(PublishedStep(inputs, lens, step.kv, step.read, step.written, None))
+    backend.forward(step.qkv, step.out, step.params, 0)
+    return backend
+
+
+def attention_step(step: SimpleNamespace, query_lens: list[int]) -> AttentionStep:
+    return AttentionStep(step.inputs, tuple(query_lens), step.batch.block_tables.shape[1], step.read, step.written)
 
 
 def test_decode_step_is_rope_then_split_then_combine_with_a_context_free_grid() -> None:
@@ -225,7 +243,7 @@ def test_decode_step_is_rope_then_split_then_combine_with_a_context_free_grid() 
     names = [launch.name for launch in lib.launches]
     assert names == ["rope_kv_d128_bf16", "decode_attention_d128_bf16", "decode_attention_combine"]
     rope, split, combine = lib.launches
-    splits = attention_ops.decode_num_splits(2, 4, H200_SMS, RESIDENT)
+    splits = plan.decode_num_splits(2, 4, H200_SMS, RESIDENT)
     assert rope.grid == (5, 3) and split.grid == (splits, 4, 2) and combine.grid == (2 * 8, 16)
     assert set(step.written) <= set(rope.writes) and set(step.read) <= set(split.reads)
     assert step.out.resource in combine.writes and not any(r[0] == "kv" for r in combine.reads)
@@ -240,16 +258,16 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
         "prefill_attention_combine_d128",
     ]
     # 4 verify rows x GQA group 4 = 16 rows per kv head: two row groups of 8 per split
-    splits = attention_ops.decode_num_splits(3, 4, H200_SMS, RESIDENT, row_groups=2)
+    splits = plan.decode_num_splits(3, 4, H200_SMS, RESIDENT, row_groups=2)
     assert lib.launches[1].grid == (splits * 2, 4, 3)
     prefill, combine = lib.launches[-2:]
     # GQA 4: 32 chunk rows x 4 q heads per 128-row tile, ceil(300 / 32) = 10 tiles per kv head; the context
     # bound is the block table's width (16 pages), so at most 4 splits of 4 pages
     blocks = 10 * 4 * 3
-    splits = attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, attention_ops.prefill_workspace_blocks(H200_SMS))
+    splits = plan.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, plan.prefill_workspace_blocks(H200_SMS))
     assert splits > 1
     assert prefill.grid == (10 * splits, 4, 3) and set(step.read) <= set(prefill.reads)
-    assert (prefill.block, prefill.smem) == (256, attention_ops.prefill_sm90_smem("bf16")) == (256, 99_328)
+    assert (prefill.block, prefill.smem) == (256, plan.prefill_sm90_smem(KVVariant.BF16)) == (256, 99_328)
     assert step.out.resource not in prefill.writes and len(prefill.writes) == 2
     assert combine.grid == (10 * 128 // 16, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
     assert not any(r[0] == "kv" for r in combine.reads)
@@ -265,75 +283,71 @@ def test_a_long_int8_chunk_is_widened_once_and_the_prefill_reads_only_the_widene
     assert (widen.grid, widen.block) == ((step.batch.block_tables.shape[1], 3), 256)
     assert set(step.read) <= set(widen.reads) and not any(r[0] == "kv" for r in prefill.reads)
     assert set(widen.writes) <= set(prefill.reads) and len(widen.writes) == 3
-    assert (prefill.block, prefill.smem) == (256, attention_ops.prefill_sm90_smem("widened")) == (256, 99_328)
+    assert (prefill.block, prefill.smem) == (256, plan.prefill_sm90_smem(KVVariant.WIDENED)) == (256, 99_328)
 
 
 def test_a_short_int8_chunk_runs_the_int8_kernel_without_widening() -> None:
-    lib, step = RecordingLibrary(), logical_step([attention_ops.PREFILL_WIDEN_MIN_QUERIES - 1], [900], kv_dtype="int8")
+    lib, step = RecordingLibrary(), logical_step([plan.PREFILL_WIDEN_MIN_QUERIES - 1], [900], kv_dtype="int8")
     run_attention_op(lib, step)
     prefill = lib.launches[1]
     assert [launch.name for launch in lib.launches][:2] == ["rope_kv_d128_int8", "prefill_attention_sm90_d128_int8"]
-    assert (prefill.block, prefill.smem) == (384, attention_ops.prefill_sm90_smem("int8")) == (384, 218_688)
+    assert (prefill.block, prefill.smem) == (384, plan.prefill_sm90_smem(KVVariant.INT8)) == (384, 218_688)
     assert set(step.read) <= set(prefill.reads)
 
 
 def test_int8_pages_past_the_widening_budget_run_the_int8_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     # a budget of 10 pages: the chunk's bound (the block table's width, 17 pages) does not fit
-    monkeypatch.setattr(attention_ops, "PREFILL_WIDEN_BUDGET", 10 * attention_ops.widened_page_bytes(4, 128))
+    monkeypatch.setattr(plan, "PREFILL_WIDEN_BUDGET", 10 * plan.widened_page_bytes(4, 128))
     lib, step = RecordingLibrary(), logical_step([400], [900], kv_dtype="int8")
     assert step.batch.block_tables.shape[1] > 10
     run_attention_op(lib, step)
     assert [launch.name for launch in lib.launches][:2] == ["rope_kv_d128_int8", "prefill_attention_sm90_d128_int8"]
 
 
-def test_widening_buffers_are_reused_across_batch_sizes_and_the_tables_grow_only_when_wider() -> None:
-    # the executor's block table is a view of num_seqs rows: 1, then 3, then 1 again
+def test_one_set_of_widening_buffers_serves_every_batch_size() -> None:
+    # the executor's block table is a view of num_seqs rows: 1, then 3, then 1 again; the widened tables are
+    # sized for the executor's most sequences (8) up front
     lib, wide = RecordingLibrary(), logical_step([4, 400, 1], [900, 400, 64], kv_dtype="int8")
     row = 4 * wide.batch.block_tables.shape[1]
+    backend = backend_for(lib, wide)
     for rows, query_lens in ((1, [400]), (3, [4, 400, 1]), (1, [400])):
-        inputs = replace(wide.inputs, block_tables=DeviceView(wide.inputs.block_tables, 0, rows * row, "step.block_tables"))
-        attention_ops.attention(
-            lib, wide.stream, wide.qkv, wide.out, wide.params, wide.kv, 0, inputs=inputs, query_lens=query_lens,
-            max_pages_per_seq=wide.batch.block_tables.shape[1], pages_read=(), pages_written=(), max_context_len=900,
-        )
+        view = DeviceView(wide.inputs.block_tables, 0, rows * row, "step.block_tables")
+        run_attention_op(lib, SimpleNamespace(**{**vars(wide), "inputs": replace(wide.inputs, block_tables=view)}), backend, query_lens)
     widens = [launch for launch in lib.launches if launch.name == "widen_int8_kv"]
-    assert len({launch.args[0] for launch in widens}) == 1  # one K buffer
-    assert [launch.args[2].nbytes for launch in widens] == [row, 3 * row, 3 * row]
-    assert widens[1].args[2] is widens[2].args[2]
+    assert len(widens) == 3 and len({launch.args[0] for launch in widens}) == 1  # one K buffer
+    assert len({launch.args[2] for launch in widens}) == 1 and widens[0].args[2].nbytes == 8 * row
 
 
-def test_a_forced_widening_that_does_not_fit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(attention_ops, "PREFILL_WIDEN_BUDGET", 10 * attention_ops.widened_page_bytes(4, 128))
+def test_a_widening_that_does_not_fit_its_buffers_is_refused() -> None:
     lib, step = RecordingLibrary(), logical_step([400], [900], kv_dtype="int8")
-    shape = AttentionShape(num_heads=16, num_kv_heads=4, head_dim=128, norm_eps=1e-6)
+    kv = step.kv.layers[0]
+    small = WidenedKV.allocate(step.streams, 4, 128, 10, 4 * 8 * step.batch.block_tables.shape[1])
     with pytest.raises(ValueError, match="exceed the widening buffers"):
-        attention_ops.prefill_attention(
-            lib, step.stream, step.qkv, step.out, step.kv.layers[0], shape, step.inputs, [400],
-            step.batch.block_tables.shape[1], kv_dtype="int8", pages_read=(), widen=True,
+        attention_ops.widen_int8_kv(
+            lib, step.stream, attention_step(step, [400]), HEADS, PagedKV(kv.k, kv.v, kv.k_scale, kv.v_scale), small, 900
         )
+    assert lib.launches == []
 
 
 def test_widening_buffers_reserved_up_front_are_the_ones_a_step_uses() -> None:
-    # CudaExecutor.reserve_attention reserves them at start-up for its widest block table
+    # CudaExecutor.reserve_attention reserves them at start-up, before the KV cache is sized
     lib, step = RecordingLibrary(), logical_step([4, 400, 1], [900, 400, 64], kv_dtype="int8")
-    max_pages = step.batch.block_tables.shape[1]
-    reserved = attention_ops.widened_kv(lib, step.qkv.owner, 4, 128, max_pages, step.inputs.block_tables.nbytes)
-    run_attention_op(lib, step)
+    backend = backend_for(lib, step)
+    backend.reserve(HEADS, KVDtype.INT8)
+    reserved = backend.widened_kv(HEADS)
+    run_attention_op(lib, step, backend)
     (widen,) = (launch for launch in lib.launches if launch.name == "widen_int8_kv")
     assert widen.args[:4] == (reserved.k, reserved.v, reserved.tables, reserved.capacity)
-    assert reserved.capacity == attention_ops.PREFILL_WIDEN_SEQUENCES * max_pages
+    assert reserved.capacity == plan.PREFILL_WIDEN_SEQUENCES * step.batch.block_tables.shape[1]
 
 
-@pytest.mark.parametrize(("arch", "kv_dtype"), [("sm_80", "int8"), ("sm_90a", "bf16")])
-def test_widening_where_it_does_not_apply_is_refused_before_any_launch(arch: str, kv_dtype: str) -> None:
-    lib = RecordingLibrary(device=SimpleNamespace(sm_count=H200_SMS, arch=arch))
-    step = logical_step([400], [900], kv_dtype=kv_dtype)
-    shape = AttentionShape(num_heads=16, num_kv_heads=4, head_dim=128, norm_eps=1e-6)
-    with pytest.raises(ValueError, match="widening needs int8 KV on sm_90a"):
-        attention_ops.prefill_attention(
-            lib, step.stream, step.qkv, step.out, step.kv.layers[0], shape, step.inputs, [400],
-            step.batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=(), widen=True,
-        )
+def test_widening_where_it_does_not_apply_is_refused_before_any_launch() -> None:
+    lib, step = RecordingLibrary(), logical_step([400], [900])
+    kv, widened = step.kv.layers[0], WidenedKV.allocate(step.streams, 4, 128, 40, 4 * 8 * step.batch.block_tables.shape[1])
+    with pytest.raises(ValueError, match="widening needs int8 KV"):
+        attention_ops.widen_int8_kv(lib, step.stream, attention_step(step, [400]), HEADS, PagedKV(kv.k, kv.v), widened, 900)
+    with pytest.raises(ValueError, match="need sm_90a"):
+        plan.prefill_kernel("sm_80", 128, KVVariant.WIDENED)
     assert lib.launches == []
 
 
@@ -344,7 +358,7 @@ def test_prefill_only_step_launches_no_decode_kernels() -> None:
     assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", "prefill_attention_sm90_d128_bf16"]
     prefill = lib.launches[1]
     assert prefill.grid == (4, 4, 1) and prefill.writes == (step.out.resource,)
-    assert (prefill.block, prefill.smem) == (256, attention_ops.prefill_sm90_smem("bf16")) == (256, 99_328)
+    assert (prefill.block, prefill.smem) == (256, plan.prefill_sm90_smem(KVVariant.BF16)) == (256, 99_328)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_120a"])
@@ -353,90 +367,105 @@ def test_prefill_runs_the_mma_sync_kernel_on_every_other_arch(arch: str) -> None
     run_attention_op(lib, step)
     prefill = lib.launches[1]
     assert (prefill.name, prefill.block) == ("prefill_attention_d128_bf16", 128)
-    assert prefill.smem == attention_ops.prefill_smem_bytes(128, "bf16") == 69_632
+    assert prefill.smem == plan.prefill_smem_bytes(128, KVVariant.BF16) == 69_632
 
 
 def test_the_wgmma_prefill_kernel_is_chosen_only_where_it_applies() -> None:
-    def name(arch: str, d: int, kv: str, wgmma: bool | None = None) -> str:
-        return attention_ops.prefill_kernel(arch, d, kv, wgmma).spec.name
+    def name(arch: str, d: int, kv: KVVariant, wgmma: bool | None = None) -> str:
+        return plan.prefill_kernel(arch, d, kv, wgmma).spec.name
 
-    assert name("sm_90a", 128, "bf16") == "prefill_attention_sm90_d128_bf16"
-    assert name("sm_90a", 128, "bf16", wgmma=False) == "prefill_attention_d128_bf16"
-    assert name("sm_90a", 128, "int8") == "prefill_attention_sm90_d128_int8"
-    assert name("sm_90a", 128, "int8", wgmma=False) == "prefill_attention_d128_int8"
-    assert name("sm_90a", 128, "widened") == "prefill_attention_sm90_d128_widened"
-    assert name("sm_90a", 64, "bf16") == "prefill_attention_d64_bf16"
-    assert name("sm_90", 128, "bf16") == "prefill_attention_d128_bf16"  # wgmma needs the arch-specific target
+    bf16, int8, widened = KVVariant.BF16, KVVariant.INT8, KVVariant.WIDENED
+    assert name("sm_90a", 128, bf16) == "prefill_attention_sm90_d128_bf16"
+    assert name("sm_90a", 128, bf16, wgmma=False) == "prefill_attention_d128_bf16"
+    assert name("sm_90a", 128, int8) == "prefill_attention_sm90_d128_int8"
+    assert name("sm_90a", 128, int8, wgmma=False) == "prefill_attention_d128_int8"
+    assert name("sm_90a", 128, widened) == "prefill_attention_sm90_d128_widened"
+    assert name("sm_90a", 64, bf16) == "prefill_attention_d64_bf16"
+    assert name("sm_90", 128, bf16) == "prefill_attention_d128_bf16"  # wgmma needs the arch-specific target
     with pytest.raises(ValueError, match="need sm_90a"):
-        attention_ops.prefill_kernel("sm_120a", 128, "bf16", wgmma=True)
+        plan.prefill_kernel("sm_120a", 128, bf16, wgmma=True)
     with pytest.raises(ValueError, match="need sm_90a"):
-        attention_ops.prefill_kernel("sm_120a", 128, "widened")
+        plan.prefill_kernel("sm_120a", 128, widened)
 
 
 def test_int8_kv_is_widened_only_on_sm_90a_for_chunks_of_256_rows_or_more() -> None:
-    widens = attention_ops.prefill_widens
-    assert widens("sm_90a", 128, "int8", 256) and not widens("sm_90a", 128, "int8", 255)
-    assert not widens("sm_90a", 128, "bf16", 531) and not widens("sm_90a", 64, "int8", 531)
-    assert not widens("sm_120a", 128, "int8", 531) and not widens("sm_90a", 128, "int8", 531, wgmma=False)
+    widens, int8 = plan.prefill_widens, KVVariant.INT8
+    assert widens("sm_90a", 128, int8, 256) and not widens("sm_90a", 128, int8, 255)
+    assert not widens("sm_90a", 128, KVVariant.BF16, 531) and not widens("sm_90a", 64, int8, 531)
+    assert not widens("sm_120a", 128, int8, 531) and not widens("sm_90a", 128, int8, 531, wgmma=False)
 
 
 def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_long_chunk() -> None:
     # qwen3-8b: 32 q heads, 8 kv heads -> 32 chunk rows per 128-row tile; 2 blocks per SM on an H200 (255
     # registers, 69.5 KiB of shared memory; registers decide)
-    capacity = attention_ops.prefill_workspace_blocks(H200_SMS)
-    blocks = attention_ops.prefill_grid_blocks(531, 1, 32, 8)
+    capacity = plan.prefill_workspace_blocks(H200_SMS)
+    blocks = plan.prefill_grid_blocks(531, 1, 32, 8)
     assert blocks == 17 * 8
-    splits = attention_ops.prefill_num_splits(blocks, H200_SMS, 2, 114_812, capacity)
+    splits = plan.prefill_num_splits(blocks, H200_SMS, 2, 114_812, capacity)
     assert 4 <= splits and blocks * splits <= capacity
     waves = blocks * splits / (H200_SMS * 2)
     assert waves / np.ceil(waves) > 0.85
     # the workspace: capacity blocks of 128 rows (138 MB at head_dim 128 on an H200)
-    assert attention_ops.prefill_workspace_bytes(capacity, 128) == (capacity * 128 * 128 * 4, capacity * 128 * 2 * 4)
-    long_chunk = attention_ops.prefill_grid_blocks(4096, 1, 32, 8)
-    assert attention_ops.prefill_num_splits(long_chunk, H200_SMS, RESIDENT, 32768, capacity) == 1
+    assert plan.prefill_workspace_bytes(capacity, 128) == (capacity * 128 * 128 * 4, capacity * 128 * 2 * 4)
+    long_chunk = plan.prefill_grid_blocks(4096, 1, 32, 8)
+    assert plan.prefill_num_splits(long_chunk, H200_SMS, RESIDENT, 32768, capacity) == 1
     # a short context keeps 4 pages per split
-    assert attention_ops.prefill_num_splits(blocks, H200_SMS, RESIDENT, 531, capacity) <= 2
-    assert attention_ops.prefill_tile_queries(40, 8) == 25  # GQA 5: 125 of 128 rows used
+    assert plan.prefill_num_splits(blocks, H200_SMS, RESIDENT, 531, capacity) <= 2
+    assert plan.prefill_tile_queries(40, 8) == 25  # GQA 5: 125 of 128 rows used
     with pytest.raises(ValueError, match="exceeds"):
-        attention_ops.prefill_tile_queries(256, 1)
+        plan.prefill_tile_queries(256, 1)
 
 
 def test_the_scratch_of_a_shape_is_allocated_once_and_reused() -> None:
     lib, step = RecordingLibrary(), logical_step([1], [100])
-    run_attention_op(lib, step)
-    run_attention_op(lib, step)
+    backend = run_attention_op(lib, step)
+    run_attention_op(lib, step, backend)
     q_args = {launch.args[0] for launch in lib.launches if launch.name.startswith("rope_kv")}
     assert len(q_args) == 1
+
+
+def test_a_captured_step_that_would_allocate_is_refused() -> None:
+    lib, step = RecordingLibrary(), logical_step([1], [100])
+    backend = backend_for(lib, step)
+    with backend.capturing(), pytest.raises(RuntimeError, match="inside a captured step"):
+        run_attention_op(lib, step, backend)
+    run_attention_op(lib, step, backend)  # eagerly first: the capture then finds every buffer
+    with backend.capturing():
+        run_attention_op(lib, step, backend)
+    assert len({launch.args[0] for launch in lib.launches if launch.name.startswith("rope_kv")}) == 1
 
 
 def test_wrappers_refuse_bad_geometry_before_launching() -> None:
     lib, step = RecordingLibrary(), logical_step([1], [100])
     layer = step.kv.layers[0]
-    shape = AttentionShape(num_heads=12, num_kv_heads=8, head_dim=128, norm_eps=1e-6)
-    with pytest.raises(ValueError, match="multiple"):
-        attention_ops.prefill_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [100], 2, kv_dtype="bf16", pages_read=())
-    shape = AttentionShape(num_heads=16, num_kv_heads=4, head_dim=256, norm_eps=1e-6)
-    with pytest.raises(ValueError, match="head_dim 256"):
-        attention_ops.prefill_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [100], 2, kv_dtype="bf16", pages_read=())
-    shape = AttentionShape(num_heads=16, num_kv_heads=4, head_dim=128, norm_eps=1e-6)
-    workspace = DecodeWorkspace(step.out, step.out)
+    kv = PagedKV(layer.k, layer.v)
+    one_split = plan.PrefillPlan(plan.prefill_kernel("sm_90a", 128, KVVariant.BF16), 4, 1, 2 * PAGE)
+    prefill_step = attention_step(step, [100])
+    for heads, match in (((12, 8, 128), "multiple"), ((16, 4, 256), "head_dim 256")):
+        with pytest.raises(ValueError, match=match):
+            shape = AttentionShape(*heads, norm_eps=1e-6)
+            attention_ops.prefill_attention(lib, step.stream, prefill_step, shape, step.qkv, step.out, kv, one_split)
+    with pytest.raises(ValueError, match="a kernel for bf16 pages given widened pages"):
+        widened = WidenedKV.allocate(step.streams, 4, 128, 4, 64)
+        attention_ops.prefill_attention(lib, step.stream, prefill_step, HEADS, step.qkv, step.out, widened, one_split)
+    with pytest.raises(ValueError, match="need a workspace"):
+        attention_ops.prefill_attention(
+            lib, step.stream, prefill_step, HEADS, step.qkv, step.out, kv, replace(one_split, num_splits=2)
+        )
+    workspace, decode_step = DecodeWorkspace(step.out, step.out), attention_step(step, [1])
     with pytest.raises(ValueError, match="num_splits"):
-        attention_ops.decode_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [1], 2, workspace, 0, kv_dtype="bf16", pages_read=())
+        attention_ops.decode_attention(lib, step.stream, decode_step, HEADS, step.qkv, step.out, kv, plan.DecodePlan(0, 1), workspace)
     with pytest.raises(ValueError, match="int8 KV needs"):
-        attention_ops.decode_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [1], 2, workspace, 4, kv_dtype="int8", pages_read=())
+        PagedKV(layer.k, layer.v, layer.k, None)
     with pytest.raises(ValueError, match="holds"):  # partial buffers too small for 200 splits
-        attention_ops.decode_attention(lib, step.stream, step.qkv, step.out, layer, shape, step.inputs, [1], 2, workspace, 200, kv_dtype="bf16", pages_read=())
+        attention_ops.decode_attention(lib, step.stream, decode_step, HEADS, step.qkv, step.out, kv, plan.DecodePlan(200, 1), workspace)
     assert lib.launches == []
 
 
-def test_a_prefill_step_given_its_context_length_splits_only_long_contexts() -> None:
+@pytest.mark.parametrize(("context", "split"), [(300, False), (4000, True)])
+def test_a_prefill_step_splits_the_keys_only_where_the_block_table_is_long(context: int, split: bool) -> None:
     prefill = "prefill_attention_sm90_d128_bf16"  # RecordingLibrary's H200
-    for context, launches in ((300, ["rope_kv_d128_bf16", prefill]),
-                              (4000, ["rope_kv_d128_bf16", prefill, "prefill_attention_combine_d128"])):
-        lib, step = RecordingLibrary(), logical_step([300], [4000])
-        attention_ops.attention(
-            lib, step.stream, step.qkv, step.out, step.params, step.kv, 0, inputs=step.inputs,
-            query_lens=[300], max_pages_per_seq=step.batch.block_tables.shape[1],
-            pages_read=step.read, pages_written=step.written, max_context_len=context,
-        )
-        assert [launch.name for launch in lib.launches] == launches, context
+    lib, step = RecordingLibrary(), logical_step([300], [context])
+    run_attention_op(lib, step)
+    combine = ["prefill_attention_combine_d128"] if split else []
+    assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", prefill, *combine]

@@ -31,10 +31,23 @@ from attention_refs import (
 from gpu_session import POISON, OneStream
 
 from ninfer_rt.cuda import attention_ops
-from ninfer_rt.cuda.attention_ops import DecodeWorkspace, PrefillWorkspace, StepInputs
+from ninfer_rt.cuda import attention_plan as plan
+from ninfer_rt.cuda.attention_ops import (
+    STEP_INPUT_NAMES,
+    AttentionStep,
+    DecodeWorkspace,
+    PrefillWorkspace,
+    RopeArgs,
+    StepInputs,
+    WidenedKV,
+)
+from ninfer_rt.cuda.attention_ops import PagedKV as DevicePages
+from ninfer_rt.cuda.attention_plan import KVVariant
 from ninfer_rt.cuda.memory import StagingRing
 from ninfer_rt.exec.base import AttentionParams, AttentionShape
-from ninfer_rt.kv.cache import KVCache, KVLayer, KVSpec, page_resource
+from ninfer_rt.exec.cuda_attention import AttentionBackend
+from ninfer_rt.exec.layer_backend import PublishedStep
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec, page_resource
 
 pytestmark = pytest.mark.gpu
 RTOL = 1e-2  # relative L2 bound for bf16 results
@@ -52,9 +65,13 @@ class Gpu(OneStream):
             slot_mapping=self.upload(batch.slot_mapping),
         )
 
-    def kv_layer(self, k: PagedKV, v: PagedKV) -> KVLayer:
+    def kv_layer(self, k: PagedKV, v: PagedKV) -> DevicePages:
         scales = (self.upload(k.scale), self.upload(v.scale)) if k.scale is not None else (None, None)
-        return KVLayer(self.upload(k.raw), self.upload(v.raw), *scales)
+        return DevicePages(self.upload(k.raw), self.upload(v.raw), *scales)
+
+    def step(self, batch: Batch) -> AttentionStep:
+        read, written = pages_of(batch)
+        return AttentionStep(self.inputs(batch), tuple(batch.query_lens.tolist()), batch.block_tables.shape[1], read, written)
 
 
 @pytest.fixture(scope="module")
@@ -100,19 +117,16 @@ def test_rope_kv_normalizes_rotates_and_writes_only_the_mapped_slots(
     q_norm = (1 + 0.1 * rng.standard_normal(d)).astype(BF16) if norms else None
     k_norm = (1 + 0.1 * rng.standard_normal(d)).astype(BF16) if norms else None
     scaling = 1.1  # a YaRN-like attention factor must reach both cos and sin
-    table = attention_ops.rope_table(rope_inv_freq(d), scaling, 4096)
+    table = plan.rope_table(rope_inv_freq(d), scaling, 4096)
 
     elem = np.int8 if kv_dtype == "int8" else BF16
     cache_shape = (batch.num_pages, PAGE, hkv, d)
     k_buf, v_buf = gpu.poisoned(int(np.prod(cache_shape)) * np.dtype(elem).itemsize), gpu.poisoned(int(np.prod(cache_shape)) * np.dtype(elem).itemsize)
     scales = (gpu.poisoned(batch.num_pages * PAGE * hkv * 4), gpu.poisoned(batch.num_pages * PAGE * hkv * 4)) if kv_dtype == "int8" else (None, None)
-    cache = KVLayer(k_buf, v_buf, *scales)
+    cache = DevicePages(k_buf, v_buf, *scales)
     q_out = gpu.poisoned(t * hq * d * 2)
-    attention_ops.rope_kv(
-        gpu.lib, gpu.stream, gpu.upload(qkv), q_out, cache, shape_of(hq, hkv, d), gpu.inputs(batch), t,
-        gpu.upload(table), gpu.upload(q_norm) if norms else None, gpu.upload(k_norm) if norms else None,
-        kv_dtype=kv_dtype, pages_written=pages_of(batch)[1],
-    )
+    rope = RopeArgs(gpu.upload(table), gpu.upload(q_norm) if norms else None, gpu.upload(k_norm) if norms else None, 1e-6)
+    attention_ops.rope_kv(gpu.lib, gpu.stream, gpu.step(batch), shape_of(hq, hkv, d), gpu.upload(qkv), q_out, cache, rope)
 
     x = qkv.astype(np.float64).reshape(t, hq + 2 * hkv, d)
     q, k, v = x[:, :hq], x[:, hq : hq + hkv], x[:, hq + hkv :]
@@ -148,12 +162,9 @@ def test_rope_kv_int8_zero_row_stores_zeros_with_scale_one(gpu: Gpu) -> None:
     hq, hkv, d = 2, 1, 128
     batch = make_batch(np.random.default_rng(0), query_lens=[1], context_lens=[1], spare_pages=0)
     qkv = np.zeros((1, (hq + 2 * hkv) * d), BF16)
-    cache = KVLayer(gpu.poisoned(PAGE * hkv * d), gpu.poisoned(PAGE * hkv * d), gpu.poisoned(PAGE * hkv * 4), gpu.poisoned(PAGE * hkv * 4))
-    attention_ops.rope_kv(
-        gpu.lib, gpu.stream, gpu.upload(qkv), gpu.poisoned(hq * d * 2), cache, shape_of(hq, hkv, d), gpu.inputs(batch), 1,
-        gpu.upload(attention_ops.rope_table(rope_inv_freq(d), 1.0, 8)), None, None,
-        kv_dtype="int8", pages_written=pages_of(batch)[1],
-    )
+    cache = DevicePages(gpu.poisoned(PAGE * hkv * d), gpu.poisoned(PAGE * hkv * d), gpu.poisoned(PAGE * hkv * 4), gpu.poisoned(PAGE * hkv * 4))
+    rope = RopeArgs(gpu.upload(plan.rope_table(rope_inv_freq(d), 1.0, 8)))
+    attention_ops.rope_kv(gpu.lib, gpu.stream, gpu.step(batch), shape_of(hq, hkv, d), gpu.upload(qkv), gpu.poisoned(hq * d * 2), cache, rope)
     slot = int(batch.slot_mapping[0])
     assert (gpu.download(cache.k, np.int8, (PAGE, hkv, d))[slot] == 0).all()
     assert gpu.download(cache.k_scale, np.float32, (PAGE, hkv))[slot, 0] == 1.0
@@ -168,18 +179,18 @@ def run_decode(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str,
     slots = batch.all_slots()
     k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
     q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
-    max_queries = attention_ops.decode_max_queries(hq, hkv)
-    row_groups = attention_ops.decode_row_groups(int(batch.query_lens.max()) * (hq // hkv))
-    resident = attention_ops.decode_blocks_per_sm(gpu.lib.kernel(attention_ops.decode_spec(d, kv_dtype)))
-    splits = num_splits or attention_ops.decode_num_splits(
+    max_queries = plan.decode_max_queries(hq, hkv)
+    row_groups = plan.decode_row_groups(int(batch.query_lens.max()) * (hq // hkv))
+    resident = attention_ops.resident_blocks(gpu.lib.kernel(plan.decode_spec(d, KVVariant(kv_dtype))))
+    splits = num_splits or plan.decode_num_splits(
         len(batch.query_lens), hkv, gpu.lib.device.sm_count, resident, int(batch.context_lens.max()), row_groups
     )
-    acc_bytes, ml_bytes = attention_ops.decode_workspace_bytes(splits, len(batch.query_lens), max_queries, hq, d)
+    acc_bytes, ml_bytes = plan.decode_workspace_bytes(splits, len(batch.query_lens), max_queries, hq, d)
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
+    workspace = DecodeWorkspace(gpu.poisoned(acc_bytes), gpu.poisoned(ml_bytes))
     attention_ops.decode_attention(
-        gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),
-        batch.query_lens.tolist(), batch.block_tables.shape[1], DecodeWorkspace(gpu.poisoned(acc_bytes), gpu.poisoned(ml_bytes)),
-        splits, kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
+        gpu.lib, gpu.stream, gpu.step(batch), shape_of(hq, hkv, d), gpu.upload(q), out, gpu.kv_layer(k, v),
+        plan.DecodePlan(splits, row_groups), workspace,
     )
     expected = paged_attention_ref(q, k.values, v.values, batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
     return gpu.download(out, BF16, (batch.num_rows, hq, d)), expected
@@ -249,11 +260,11 @@ def test_decode_attention_long_context_fills_many_splits(gpu: Gpu) -> None:
 
 def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, wgmma: bool | None = None) -> int:
     """The split count prefill_attention picks for this batch on this GPU (its default path)."""
-    blocks = attention_ops.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv)
-    resident = attention_ops.prefill_blocks_per_sm(gpu.lib, d, kv_dtype, wgmma)
+    blocks = plan.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv)
+    resident = attention_ops.prefill_blocks_per_sm(gpu.lib, plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kv_dtype), wgmma))
     sm_count = gpu.lib.device.sm_count
-    return attention_ops.prefill_num_splits(
-        blocks, sm_count, resident, int(batch.context_lens.max()), attention_ops.prefill_workspace_blocks(sm_count)
+    return plan.prefill_num_splits(
+        blocks, sm_count, resident, int(batch.context_lens.max()), plan.prefill_workspace_blocks(sm_count)
     )
 
 
@@ -270,18 +281,22 @@ def run_prefill(
     q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
     longest = int(batch.query_lens.max())
-    widened = attention_ops.prefill_widens(gpu.lib.target_arch, d, kv_dtype, longest, wgmma) if widen is None else widen
+    widened = plan.prefill_widens(gpu.lib.target_arch, d, KVVariant(kv_dtype), longest, wgmma) if widen is None else widen
     kind = "widened" if widened else kv_dtype
     splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kind, wgmma)
-    blocks = attention_ops.prefill_grid_blocks(longest, len(batch.query_lens), hq, hkv) * splits
-    workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in attention_ops.prefill_workspace_bytes(blocks, d)))
-    kernel = attention_ops.prefill_kernel(gpu.lib.target_arch, d, kind, wgmma)
+    blocks = plan.prefill_grid_blocks(longest, len(batch.query_lens), hq, hkv) * splits
+    workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in plan.prefill_workspace_bytes(blocks, d)))
+    kernel = plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kind), wgmma)
     print(f"prefill: {'widen_int8_kv + ' if widened else ''}{kernel.spec.name}, {splits} split(s), {blocks} blocks")
-    attention_ops.prefill_attention(
-        gpu.lib, gpu.stream, gpu.upload(q), out, gpu.kv_layer(k, v), shape_of(hq, hkv, d), gpu.inputs(batch),
-        batch.query_lens.tolist(), batch.block_tables.shape[1], kv_dtype=kv_dtype, pages_read=pages_of(batch)[0],
-        num_splits=splits, workspace=workspace, wgmma=wgmma, widen=widen,
-    )
+    shape, step, pages = shape_of(hq, hkv, d), gpu.step(batch), gpu.kv_layer(k, v)
+    context = batch.block_tables.shape[1] * PAGE  # the widening walks the block table's width, as the executor's
+    if widened:
+        capacity = plan.widening_pages(shape, step.query_lens, context)
+        widened_pages = WidenedKV.allocate(gpu.streams, hkv, d, capacity, step.inputs.block_tables.nbytes)
+        attention_ops.widen_int8_kv(gpu.lib, gpu.stream, step, shape, pages, widened_pages, context)
+        pages = widened_pages
+    prefill = plan.PrefillPlan(kernel, plan.prefill_tiles(shape, step.query_lens), splits, context)
+    attention_ops.prefill_attention(gpu.lib, gpu.stream, step, shape, gpu.upload(q), out, pages, prefill, workspace)
     # int8: the int8 kernels multiply the exact int8 values and apply the scales in f32 (their headers), the widened
     # path the dequantized values rounded to f16 (kv_widen.cu); the reference is the dequantized values themselves.
     args = (batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
@@ -315,7 +330,7 @@ def test_prefill_attention_portable_kernel_matches_float64(gpu: Gpu, chunk: int,
 
 
 def sm90_only(gpu: Gpu) -> None:
-    if not attention_ops.prefill_wgmma_applies(gpu.lib.target_arch, 128):
+    if not plan.prefill_wgmma_applies(gpu.lib.target_arch, 128):
         pytest.skip(f"int8 KV is widened on sm_90a only (this GPU: {gpu.lib.target_arch})")
 
 
@@ -440,7 +455,7 @@ def test_attention_op_mixed_step_matches_float64(gpu: Gpu, kv_dtype: str) -> Non
     rng = np.random.default_rng(99)
     batch = make_batch(rng, query_lens=[1, 150, 4], context_lens=[700, 150, 66])
     t = batch.num_rows
-    spec = KVSpec(num_layers=1, num_pages=batch.num_pages, n_kv_heads=hkv, head_dim=d, dtype=kv_dtype)
+    spec = KVSpec(num_layers=1, num_pages=batch.num_pages, n_kv_heads=hkv, head_dim=d, dtype=KVDtype.parse(kv_dtype))
     kv = KVCache(gpu.streams, spec)
     prefix = [make_pages(rng, batch.num_pages, hkv, d, kv_dtype, batch.slots_before_step()) for _ in range(2)]
     layer = kv.layers[0]
@@ -451,7 +466,7 @@ def test_attention_op_mixed_step_matches_float64(gpu: Gpu, kv_dtype: str) -> Non
             ring.free()
     qkv = rng.standard_normal((t, (hq + 2 * hkv) * d)).astype(BF16)
     norms = [(1 + 0.1 * rng.standard_normal(d)).astype(BF16) for _ in range(2)]
-    table = attention_ops.rope_table(rope_inv_freq(d), 1.0, 1024)
+    table = plan.rope_table(rope_inv_freq(d), 1.0, 1024)
     params = AttentionParams(
         shape=shape_of(hq, hkv, d),
         rope=SimpleNamespace(buffer=gpu.upload(table)),
@@ -460,11 +475,11 @@ def test_attention_op_mixed_step_matches_float64(gpu: Gpu, kv_dtype: str) -> Non
     )
     out = gpu.poisoned(t * hq * d * 2)
     read, written = pages_of(batch)
-    attention_ops.attention(
-        gpu.lib, gpu.stream, gpu.upload(qkv), out, params, kv, 0, inputs=gpu.inputs(batch),
-        query_lens=batch.query_lens.tolist(), max_pages_per_seq=batch.block_tables.shape[1],
-        pages_read=read, pages_written=written,
-    )
+    backend = AttentionBackend(gpu.lib, gpu.streams, gpu.stream, max_tokens=t, max_seqs=3, max_pages_per_seq=batch.block_tables.shape[1])
+    inputs = gpu.inputs(batch)
+    published = {name: getattr(inputs, name) for name in STEP_INPUT_NAMES}
+    backend.plan(PublishedStep(published, tuple(batch.query_lens.tolist()), kv, tuple(read), tuple(written), None))
+    backend.forward(gpu.upload(qkv), out, params, 0)
 
     x = qkv.astype(np.float64).reshape(t, hq + 2 * hkv, d)
     q = neox_rope_ref(rms_normalize_ref(x[:, :hq], norms[0], 1e-6), batch.positions, rope_inv_freq(d), 1.0)

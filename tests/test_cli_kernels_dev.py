@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from ninfer_rt import kernel_dev
 from ninfer_rt.cli import kernels as cli_kernels
 from ninfer_rt.cli import main
-from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops, sampling_ops
+from ninfer_rt.cuda import attention_plan, linear_ops, ops, quant_ops, sampling_ops
 from ninfer_rt.cuda.compiler import compile_family, families
 from ninfer_rt.cuda.driver import device_count
 from ninfer_rt.kernel_benches import BENCHES
@@ -67,15 +67,15 @@ def family_blocks(output: str) -> dict[str, str]:
 def kernels_loaded_by_the_launch_wrappers() -> dict[str, set[str]]:
     """family -> every kernel name the ops modules ask KernelLibrary for."""
     specs = [
-        ops.RMSNORM, ops.RMSNORM_RESIDUAL, ops.SILU_MUL, linear_ops.GATHER_ROWS, attention_ops.DECODE_COMBINE,
+        ops.RMSNORM, ops.RMSNORM_RESIDUAL, ops.SILU_MUL, linear_ops.GATHER_ROWS, attention_plan.DECODE_COMBINE,
         sampling_ops.ARGMAX, sampling_ops.SAMPLE_BEGIN, sampling_ops.SAMPLE_RADIX, sampling_ops.SAMPLE_DRAW,
         *(linear_ops.gemv_spec(e, rows) for e in linear_ops.Epilogue for rows in linear_ops.GEMV_BUCKETS),
         *(quant_ops.gemv_spec(bits, rows, 128, w) for bits in (4, 8) for rows in linear_ops.GEMV_BUCKETS for w in quant_ops.WARPS),
         *(quant_ops.dequantize_spec(bits) for bits in (4, 8)),
-        *(attention_ops.rope_kv_spec(d, kv) for d in attention_ops.ROPE_HEAD_DIMS for kv in attention_ops.KV_KINDS),
-        *(attention_ops.prefill_spec(d, kv) for d in attention_ops.PREFILL_HEAD_DIMS for kv in attention_ops.KV_KINDS),
-        *(attention_ops.prefill_sm90_spec(kv) for kv in (*attention_ops.KV_KINDS, "widened")), attention_ops.WIDEN_INT8_KV,
-        *(attention_ops.decode_spec(d, kv) for d in attention_ops.DECODE_HEAD_DIMS for kv in attention_ops.KV_KINDS),
+        *(attention_plan.rope_kv_spec(d, kv) for d in attention_plan.ROPE_HEAD_DIMS for kv in attention_plan.CACHE_VARIANTS),
+        *(attention_plan.prefill_spec(d, kv) for d in attention_plan.PREFILL_HEAD_DIMS for kv in attention_plan.CACHE_VARIANTS),
+        *(attention_plan.prefill_sm90_spec(kv) for kv in attention_plan.KVVariant), attention_plan.WIDEN_INT8_KV,
+        *(attention_plan.decode_spec(d, kv) for d in attention_plan.DECODE_HEAD_DIMS for kv in attention_plan.CACHE_VARIANTS),
     ]
     loaded: dict[str, set[str]] = {}
     for spec in specs:

@@ -16,7 +16,7 @@ from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
-from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward, prepare_model
 from ninfer_rt.model.weights import load_model_weights
 from ninfer_rt.testing.tiny import make_tiny_model
@@ -63,7 +63,7 @@ def runtime(model_dir: Path, device: bool, kv_dtype: str = "bf16", dependent_lau
         )
     else:
         executor = NumpyExecutor(StreamSet(), dtype=np.float32)
-    spec = KVSpec(cfg.num_hidden_layers, 8, cfg.num_key_value_heads, cfg.head_dim, kv_dtype, PAGE_SIZE)
+    spec = KVSpec(cfg.num_hidden_layers, 8, cfg.num_key_value_heads, cfg.head_dim, KVDtype.parse(kv_dtype), PAGE_SIZE)
     return Runtime(executor, prepare_model(executor, weights), KVCache(executor.streams, spec))
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.kv.cache import KVCache, KVSpec, dequantize_int8, quantize_int8
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec, dequantize_int8, quantize_int8
 from ninfer_rt.ordering import OrderingViolation
 
 SPEC = KVSpec(num_layers=3, num_pages=6, n_kv_heads=2, head_dim=8, page_size=4)
@@ -17,7 +17,7 @@ def kv_tokens(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def make_cache(dtype: str) -> KVCache:
-    return KVCache(StreamSet(verify=True), KVSpec(**{**SPEC.__dict__, "dtype": dtype}))
+    return KVCache(StreamSet(verify=True), KVSpec(**{**SPEC.__dict__, "dtype": KVDtype.parse(dtype)}))
 
 
 def test_int8_quantization_error_is_within_half_a_step_per_head() -> None:
@@ -68,6 +68,12 @@ def test_copy_page_declares_its_pages_to_the_verifier() -> None:
         cache.copy_page(2, 5, copy)
 
 
-def test_unknown_kv_dtype_is_rejected() -> None:
-    with pytest.raises(ValueError, match="kv dtype"):
-        KVSpec(num_layers=1, num_pages=1, n_kv_heads=1, head_dim=8, dtype="fp8")
+def test_unknown_kv_dtype_is_rejected_where_the_text_is_parsed() -> None:
+    with pytest.raises(ValueError, match="kv dtype must be one of"):
+        KVDtype.parse("fp8")
+    with pytest.raises(TypeError, match="KVDtype"):
+        KVSpec(num_layers=1, num_pages=1, n_kv_heads=1, head_dim=8, dtype="int8")
+
+
+def test_a_kv_dtype_knows_its_element_bytes_and_whether_it_has_scales() -> None:
+    assert [(d.itemsize, d.has_scales) for d in (KVDtype.BF16, KVDtype.INT8, KVDtype.F32)] == [(2, False), (1, True), (4, False)]

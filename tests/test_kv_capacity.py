@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer_rt.kv.cache import KVSpec
+from ninfer_rt.kv.cache import KVDtype, KVSpec
 from ninfer_rt.kv.capacity import (
     CPU_DEFAULT_PAGES,
     ContextTooLong,
@@ -23,7 +23,7 @@ def test_a_bf16_page_costs_k_and_v_of_every_layer() -> None:
 
 
 def test_an_int8_page_costs_values_plus_a_float32_scale_per_slot_and_head() -> None:
-    spec = KVSpec(num_layers=4, num_pages=0, n_kv_heads=2, head_dim=64, dtype="int8")
+    spec = KVSpec(num_layers=4, num_pages=0, n_kv_heads=2, head_dim=64, dtype=KVDtype.INT8)
     assert bytes_per_page(spec) == 4 * 2 * (64 * 2 * 64 + 64 * 2 * 4)
 
 

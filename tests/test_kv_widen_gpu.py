@@ -11,12 +11,13 @@ from attention_refs import Batch, make_batch, make_pages
 from gpu_session import POISON, OneStream
 
 from ninfer_rt.cuda import attention_ops
-from ninfer_rt.cuda.attention_ops import StepInputs, WidenedKV
+from ninfer_rt.cuda import attention_plan as plan
+from ninfer_rt.cuda.attention_ops import AttentionStep, PagedKV, StepInputs, WidenedKV
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionShape
 from ninfer_rt.exec.cuda_exec import CudaExecutor
-from ninfer_rt.kv.cache import KVLayer, page_resource
+from ninfer_rt.kv.cache import KVDtype, page_resource
 
 pytestmark = pytest.mark.gpu
 HQ, HKV, D = 16, 4, 128
@@ -35,20 +36,20 @@ def widen(gpu: OneStream, batch: Batch, scale_factor: float = 1.0) -> tuple[Wide
     k, v = (make_pages(rng, batch.num_pages, HKV, D, "int8", batch.all_slots()) for _ in range(2))
     for pages in (k, v):
         pages.scale[...] *= np.float32(scale_factor)
-    layer = KVLayer(gpu.upload(k.raw), gpu.upload(v.raw), gpu.upload(k.scale), gpu.upload(v.scale))
+    layer = PagedKV(gpu.upload(k.raw), gpu.upload(v.raw), gpu.upload(k.scale), gpu.upload(v.scale))
     inputs = StepInputs(*(gpu.upload(a) for a in (batch.positions, batch.query_start, batch.context_lens, batch.block_tables, batch.slot_mapping)))
     shape = AttentionShape(num_heads=HQ, num_kv_heads=HKV, head_dim=D, norm_eps=1e-6)
-    widened = attention_ops.widened_kv(gpu.lib, gpu.streams, HKV, D, batch.block_tables.shape[1], inputs.block_tables.nbytes)
+    max_pages = batch.block_tables.shape[1]
+    decode = plan.decode_max_queries(HQ, HKV)
+    pages = [-(-int(c) // 64) if q > decode else 0 for q, c in zip(batch.query_lens, batch.context_lens)]
+    capacity = sum(1 for n in pages if n) * max(pages)  # what widen_int8_kv requires: prefill sequences x the longest
+    widened = WidenedKV.allocate(gpu.streams, HKV, D, capacity, inputs.block_tables.nbytes)
     for buffer in (widened.k, widened.v, widened.tables):
         gpu.stream.memset(buffer, POISON)
-    decode = attention_ops.decode_max_queries(HQ, HKV)
-    pages = [-(-int(c) // 64) if q > decode else 0 for q, c in zip(batch.query_lens, batch.context_lens)]
     read = [page_resource(p) for p in np.unique(batch.block_tables[batch.block_tables >= 0])]
-    result = attention_ops.widen_int8_kv(
-        gpu.lib, gpu.stream, layer, shape, inputs, len(pages), batch.block_tables.shape[1], sum(pages), max(pages),
-        owner=gpu.streams, pages_read=read,
-    )
-    assert result == widened  # the same buffers
+    step = AttentionStep(inputs, tuple(int(q) for q in batch.query_lens), max_pages, read)
+    # the longest prefill context bounds the walk (the executor passes the block table's width)
+    attention_ops.widen_int8_kv(gpu.lib, gpu.stream, step, shape, layer, widened, 64 * max(pages))
     return widened, k, v, pages
 
 
@@ -109,12 +110,16 @@ def test_an_executor_reserves_the_widening_buffers_before_the_kv_cache_is_sized(
     # long int8 prefill step later finds them instead of allocating
     streams = StreamSet(open_device(0))
     executor = CudaExecutor(streams, max_tokens=512, max_seqs=4, max_pages_per_seq=100, max_positions=6400)
-    if not attention_ops.prefill_wgmma_applies(executor.library.target_arch, D):
+    if not plan.prefill_wgmma_applies(executor.library.target_arch, D):
         pytest.skip(f"int8 KV is widened on sm_90a only (this GPU: {executor.library.target_arch})")
+    shape = AttentionShape(HQ, HKV, D, 1e-6)
     free = streams.device.free_memory()
-    executor.reserve_attention(AttentionShape(HQ, HKV, D, 1e-6), "int8")
-    reserved = attention_ops.widened_kv(executor.library, streams, HKV, D, 100, 4 * 4 * 100)
-    assert reserved.capacity == attention_ops.PREFILL_WIDEN_SEQUENCES * 100
-    assert free - streams.device.free_memory() >= 2 * reserved.capacity * 64 * HKV * D * 2
-    executor.reserve_attention(AttentionShape(HQ, HKV, D, 1e-6), "int8")  # idempotent
-    assert attention_ops.widened_kv(executor.library, streams, HKV, D, 100, 16) == reserved
+    executor.reserve_attention(shape, KVDtype.INT8)
+    allocated = free - streams.device.free_memory()
+    reserved = executor.attention_backend.widened_kv(shape)
+    assert reserved.capacity == plan.PREFILL_WIDEN_SEQUENCES * 100
+    assert reserved.tables.nbytes == 4 * 4 * 100  # the executor's widest block table: 4 sequences of 100 pages
+    assert allocated >= 2 * reserved.capacity * 64 * HKV * D * 2
+    executor.reserve_attention(shape, KVDtype.INT8)  # idempotent
+    assert executor.attention_backend.widened_kv(shape) == reserved
+    assert free - streams.device.free_memory() == allocated

@@ -10,7 +10,7 @@ from forward_helpers import PAGE_SIZE, SeqStep, relative_error, step_batch
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, AttentionShape
 from ninfer_rt.exec.numpy_exec import NumpyExecutor, quantize_int8
-from ninfer_rt.kv.cache import KVCache, KVSpec, page_resource
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec, page_resource
 from ninfer_rt.ordering import OrderingViolation
 
 SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=32, norm_eps=1e-6)
@@ -25,7 +25,7 @@ def attention_setup(kv_dtype: str, streams: StreamSet | None = None) -> tuple[Nu
     inv_freq = 1.0 / 10000 ** (np.arange(0, SHAPE.head_dim, 2) / SHAPE.head_dim)
     params = AttentionParams(SHAPE, executor.prepare_rope(inv_freq, 1.0), q_norm=None, k_norm=None)
     spec = KVSpec(num_layers=1, num_pages=NUM_PAGES, n_kv_heads=SHAPE.num_kv_heads, head_dim=SHAPE.head_dim,
-                  dtype=kv_dtype, page_size=PAGE_SIZE)
+                  dtype=KVDtype.parse(kv_dtype), page_size=PAGE_SIZE)
     return executor, params, KVCache(streams, spec)
 
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from attention_refs import PAGE, make_batch, make_pages, paged_attention_ref
-from ninfer_rt.cuda import attention_ops
+from ninfer_rt.cuda import attention_plan
 
-TILE_ROWS = attention_ops.PREFILL_TILE_ROWS
+TILE_ROWS = attention_plan.PREFILL_TILE_ROWS
 LOG2E = 1.4426950408889634
 
 
@@ -73,7 +73,7 @@ def emulate(q, k_pages, v_pages, batch, scale, num_splits):
     hkv = k_pages.shape[2]
     group = hq // hkv
     out = np.full(q.shape, np.nan)
-    max_queries = attention_ops.decode_max_queries(hq, hkv)
+    max_queries = attention_plan.decode_max_queries(hq, hkv)
     for seq, ctx in enumerate(batch.context_lens):
         start, stop = int(batch.query_start[seq]), int(batch.query_start[seq + 1])
         chunk = stop - start

@@ -21,7 +21,7 @@ from ninfer_rt.engine.spec_vocab import REFRESH_TOKENS, DraftVocab
 from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.exec.cuda_exec import BF16, CudaExecutor, StepShape
 from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps, MTPGraphKey
-from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.model.layers import PreparedModel, forward, prepare_model
 from ninfer_rt.model.mtp import EagerMTPSteps, MTPOutput, PreparedMTP, prepare_mtp
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
@@ -113,7 +113,7 @@ class MTPRuntime:
             StreamSet(open_device(0)), max_tokens=128, max_seqs=2, max_pages_per_seq=2, max_positions=cfg.max_position_embeddings
         )
         model = prepare_model(executor, weights)
-        spec = KVSpec(cfg.num_hidden_layers + cfg.mtp_layers, 4, cfg.num_key_value_heads, cfg.head_dim, "bf16", PAGE_SIZE)
+        spec = KVSpec(cfg.num_hidden_layers + cfg.mtp_layers, 4, cfg.num_key_value_heads, cfg.head_dim, KVDtype.BF16, PAGE_SIZE)
         return cls(weights, executor, model, prepare_mtp(executor, weights, model), KVCache(executor.streams, spec))
 
 

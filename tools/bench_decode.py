@@ -34,7 +34,7 @@ from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, StepBatch
 from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, GraphedForward
-from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.layers import PreparedLayer, PreparedModel, attention_shape
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
@@ -220,7 +220,7 @@ def profile_host_steps(step: Callable[[], object], steps: int) -> None:
 
 
 def make_kv(streams: StreamSet, cfg: ModelConfig, context: int, dtype: str, executor: CudaExecutor) -> KVCache:
-    spec = KVSpec(cfg.num_hidden_layers, -(-context // PAGE_SIZE) + 1, cfg.num_key_value_heads, cfg.head_dim, dtype, PAGE_SIZE)
+    spec = KVSpec(cfg.num_hidden_layers, -(-context // PAGE_SIZE) + 1, cfg.num_key_value_heads, cfg.head_dim, KVDtype.parse(dtype), PAGE_SIZE)
     kv = KVCache(streams, spec)
     for layer in kv.layers:  # zeros: finite scores; the speed of the step does not depend on the values
         for buffer in (layer.k, layer.v, layer.k_scale, layer.v_scale):

@@ -48,7 +48,7 @@ from ninfer_rt.exec.base import Executor, StepBatch
 from ninfer_rt.exec.cuda_exec import CudaExecutor, GraphedForward
 from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
-from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.kv.capacity import check_fits, resolve_kv_capacity
 from ninfer_rt.kv.manager import KVManager
 from ninfer_rt.kv.pages import PoolStats
@@ -73,7 +73,7 @@ class EngineConfig:
     max_context: int = 32768
     kv_capacity: str = "auto"  # 'auto' or a page count
     max_concurrency: int = 2
-    kv_dtype: str = "bf16"
+    kv_dtype: KVDtype = KVDtype.BF16  # the flag's text is parsed here, once
     page_size: int = 64
     token_budget: int = 2048  # tokens per step: bounds the prefill chunk that shares a step with decodes
     prefix_caching: bool = True
@@ -84,6 +84,8 @@ class EngineConfig:
     overlap: bool = True  # enqueue each step before reading the previous one's samples (module docstring)
 
     def __post_init__(self) -> None:
+        if isinstance(self.kv_dtype, str):
+            object.__setattr__(self, "kv_dtype", KVDtype.parse(self.kv_dtype))
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.max_context < 2:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ninfer_rt.cuda.streams import Stream, StreamSet
-from ninfer_rt.kv.cache import KVCache
+from ninfer_rt.kv.cache import KVCache, KVDtype
 
 Tensor = Any
 
@@ -103,7 +103,7 @@ class Executor(Protocol):
         """NeoX RoPE with these inverse frequencies (pair i rotates dims i and i+D/2); cos/sin are scaled by
         `attention_scaling` (YaRN's mscale) as transformers does."""
 
-    def reserve_attention(self, shape: AttentionShape, kv_dtype: str) -> None:
+    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
         """Allocate now what the attention of the longest steps will need (before the KV cache takes what
         memory is left), so no step allocates it later."""
 

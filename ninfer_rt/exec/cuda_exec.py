@@ -9,7 +9,8 @@ after the last op that read it; the pool never frees, so addresses stay valid in
 Per op: linear is the decode GEMV for <= 8 rows (gemv.cu; gemv_quant.cu for int4/int8 weights, which
 wider steps dequantize into one bf16 scratch matrix first) and cuBLASLt above; a GEMV into gate_up is
 deferred and fused with the SwiGLU that consumes it (one pass over the weights, no gate_up round trip);
-attention is attention_ops.attention (rope_kv, then the decode or prefill kernel per sequence).
+attention is the AttentionBackend's (cuda_attention.py: rope_kv, then the decode or prefill kernel per
+sequence), which owns attention's device state and plans each step once in begin_step.
 
 Step inputs (rule 3) are published by `begin_step` through a StagingRing on the compute stream: all seven
 int32 arrays packed into one staging slot and one copy, at offsets that depend only on their lengths
@@ -20,14 +21,15 @@ fresh publish into the same addresses.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
 
-from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops, sampling_ops
+from ninfer_rt.cuda import linear_ops, ops, quant_ops, sampling_ops
+from ninfer_rt.cuda.attention_plan import rope_table
 from ninfer_rt.cuda.blas import Blas, GemmShape
 from ninfer_rt.cuda.compiler import families
 from ninfer_rt.cuda.graphs import Graph, capture
@@ -37,7 +39,9 @@ from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView, PinnedBuffer, Stagin
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
-from ninfer_rt.kv.cache import KVCache, page_resource
+from ninfer_rt.exec.cuda_attention import AttentionBackend
+from ninfer_rt.exec.layer_backend import LayerBackend, PublishedStep
+from ninfer_rt.kv.cache import KVCache, KVDtype, page_resource
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
 from ninfer_rt.ordering.verifier import Resource
 from ninfer_rt.quantize.format import Linear, QuantizedWeight
@@ -160,6 +164,10 @@ class CudaExecutor:
         self._vocab = 0  # rows of the embedding table, for validating token ids
         self._dequant_elements = 0  # of the largest quantized weight: the prefill scratch's size
         self._dequant_scratch: DeviceBuffer | None = None
+        self.attention_backend = AttentionBackend(
+            self.library, streams, self.compute, max_tokens=max_tokens, max_seqs=max_seqs, max_pages_per_seq=max_pages_per_seq
+        )
+        self._backends: tuple[LayerBackend, ...] = (self.attention_backend,)
 
     # -- preparation -------------------------------------------------------------------------------------
 
@@ -209,19 +217,14 @@ class CudaExecutor:
 
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> DeviceTensor:
         """cos/sin table f32 [max_positions, 2, D/2], as rope_kv.cu reads it (row p: cos, then sin)."""
-        table = attention_ops.rope_table(inv_freq, attention_scaling, self.max_positions)
+        table = rope_table(inv_freq, attention_scaling, self.max_positions)
         tensor = self.empty_weight("rope", self.max_positions, table.shape[1] * table.shape[2], "f32")
         self.upload(tensor.buffer, table, label="upload rope")
         return tensor
 
-    def reserve_attention(self, shape: AttentionShape, kv_dtype: str) -> None:
-        """int8 KV's widening buffers, where long prefill steps widen (attention_ops.prefill_widens), for the
-        widest block table this executor publishes."""
-        if attention_ops.prefill_widening_applies(self.library.target_arch, shape.head_dim, kv_dtype):
-            attention_ops.widened_kv(
-                self.library, self.streams, shape.num_kv_heads, shape.head_dim, self.max_pages_per_seq,
-                4 * self._input_capacity("block_tables"),  # int32 entries
-            )
+    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
+        """int8 KV's widening buffers, where long prefill steps widen (AttentionBackend.reserve)."""
+        self.attention_backend.reserve(shape, kv_dtype)
 
     # -- step --------------------------------------------------------------------------------------------
 
@@ -268,6 +271,17 @@ class CudaExecutor:
         self._pages_written = (
             tuple(page_resource(p) for p in sorted(batch.pages_written(kv.spec.page_size))) if verifying else ()
         )
+        step = PublishedStep(self._inputs, self.shape.query_lens, kv, self._pages_read, self._pages_written, self._lane)
+        for backend in self._backends:
+            backend.plan(step)
+
+    def capture(self, enqueue: Callable[[], object]) -> Graph:
+        """A graph of what `enqueue` puts on the compute stream, every backend told it is capturing (run the
+        step eagerly first: nothing may be allocated while capturing)."""
+        with ExitStack() as stack:
+            for backend in self._backends:
+                stack.enter_context(backend.capturing())
+            return capture(self.compute, enqueue)
 
     @property
     def step_pages(self) -> tuple[tuple[Resource, ...], tuple[Resource, ...]]:
@@ -325,12 +339,7 @@ class CudaExecutor:
     def attention(self, qkv: DeviceTensor, params: AttentionParams, kv: KVCache, kv_layer: int) -> DeviceTensor:
         qkv = self._ready(qkv)
         out = self._tensor(qkv.rows, params.shape.q_size)
-        attention_ops.attention(
-            self.library, self.compute, qkv.buffer, out.buffer, params, kv, kv_layer,
-            inputs=attention_ops.StepInputs(**{name: self._inputs[name] for name in attention_ops.STEP_INPUT_NAMES}),
-            query_lens=self.shape.query_lens, max_pages_per_seq=self.max_pages_per_seq,
-            pages_read=self._pages_read, pages_written=self._pages_written, lane=self._lane,
-        )
+        self.attention_backend.forward(qkv.buffer, out.buffer, params, kv_layer)
         return out
 
     def select_rows(self, x: DeviceTensor) -> DeviceTensor:
@@ -552,7 +561,7 @@ class GraphedForward:
         # the capture finds every buffer it needs free (no allocation while capturing). It writes this
         # step's K/V, which the replay that follows rewrites with the same values.
         forward(self.executor, self.model, batch, self.kv)
-        return capture(self.executor.compute, lambda: forward(self.executor, self.model, batch, self.kv))
+        return self.executor.capture(lambda: forward(self.executor, self.model, batch, self.kv))
 
     def destroy(self) -> None:
         for graph in self.graphs.values():

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from ninfer_rt.cuda.graphs import Graph, capture
+from ninfer_rt.cuda.graphs import Graph
 from ninfer_rt.cuda.linear_ops import GEMV_MAX_ROWS
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.exec.base import StepBatch
@@ -103,7 +103,7 @@ class GraphedMTPSteps:
             self._carry(carried)
             return out
 
-        return capture(self.executor.compute, enqueue)
+        return self.executor.capture(enqueue)
 
     def _forward(
         self, batch: StepBatch, hidden: DeviceTensor, lm_head: DeviceTensor, phase: Phase

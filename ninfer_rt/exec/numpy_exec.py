@@ -18,7 +18,7 @@ import numpy as np
 from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
 from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
-from ninfer_rt.kv.cache import KVCache, KVLayer, page_resource
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVLayer, page_resource
 from ninfer_rt.ordering.verifier import Resource
 from ninfer_rt.quantize.format import Linear
 from ninfer_rt.quantize.layouts import dense
@@ -85,7 +85,7 @@ class PagedLayerArrays:
         self.page_size = spec.page_size
         self.values = (layer.k.view(spec.element_dtype, shape), layer.v.view(spec.element_dtype, shape))
         self.scales = None
-        if spec.dtype == "int8":
+        if spec.dtype.has_scales:
             scale_shape = shape[:-1]
             self.scales = (layer.k_scale.view(np.float32, scale_shape), layer.v_scale.view(np.float32, scale_shape))
 
@@ -182,7 +182,7 @@ class NumpyExecutor:
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> RopeTable:
         return RopeTable(np.asarray(inv_freq, dtype=np.float64), float(attention_scaling))
 
-    def reserve_attention(self, shape: AttentionShape, kv_dtype: str) -> None:
+    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
         """Nothing: host memory is allocated as the ops run."""
 
     # -- step --------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ declares the two pages.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -20,8 +21,39 @@ import numpy as np
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.streams import Stream, StreamSet
 
-KV_DTYPES = ("bf16", "int8", "f32")  # f32: golden tests against float32 references only
-_ELEMENT_DTYPES = {"bf16": np.dtype(ml_dtypes.bfloat16), "int8": np.dtype(np.int8), "f32": np.dtype(np.float32)}
+
+
+class KVDtype(enum.Enum):
+    """What the K/V pages hold: bf16 values, or int8 values with a float32 scale per (page, slot, kv head).
+    F32 serves golden tests against float32 references only (the CUDA kernels read bf16 or int8)."""
+
+    BF16 = "bf16"
+    INT8 = "int8"
+    F32 = "f32"
+
+    @classmethod
+    def parse(cls, text: str) -> KVDtype:
+        """The dtype a flag or config names ('bf16', 'int8', 'f32')."""
+        try:
+            return cls(text)
+        except ValueError:
+            raise ValueError(f"kv dtype must be one of {[d.value for d in cls]}, got {text!r}") from None
+
+    @property
+    def element_dtype(self) -> np.dtype:
+        return _ELEMENT_DTYPES[self]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per K or V element."""
+        return self.element_dtype.itemsize
+
+    @property
+    def has_scales(self) -> bool:
+        return self is KVDtype.INT8
+
+
+_ELEMENT_DTYPES = {KVDtype.BF16: np.dtype(ml_dtypes.bfloat16), KVDtype.INT8: np.dtype(np.int8), KVDtype.F32: np.dtype(np.float32)}
 
 
 def page_resource(page: int) -> tuple[str, int]:
@@ -46,24 +78,24 @@ class KVSpec:
     num_pages: int
     n_kv_heads: int
     head_dim: int
-    dtype: str = "bf16"
+    dtype: KVDtype = KVDtype.BF16
     page_size: int = 64
 
     def __post_init__(self) -> None:
-        if self.dtype not in KV_DTYPES:
-            raise ValueError(f"kv dtype must be one of {KV_DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.dtype, KVDtype):
+            raise TypeError(f"KVSpec.dtype is a KVDtype (KVDtype.parse reads a flag's text), got {self.dtype!r}")
 
     @property
     def element_dtype(self) -> np.dtype:
-        return _ELEMENT_DTYPES[self.dtype]
+        return self.dtype.element_dtype
 
     @property
     def page_shape(self) -> tuple[int, int, int]:
         return (self.page_size, self.n_kv_heads, self.head_dim)
 
     def bytes_per_page_per_layer(self) -> int:
-        values = 2 * self.page_size * self.n_kv_heads * self.head_dim * self.element_dtype.itemsize
-        scales = 2 * self.page_size * self.n_kv_heads * 4 if self.dtype == "int8" else 0
+        values = 2 * self.page_size * self.n_kv_heads * self.head_dim * self.dtype.itemsize
+        scales = 2 * self.page_size * self.n_kv_heads * 4 if self.dtype.has_scales else 0
         return values + scales
 
 
@@ -86,14 +118,15 @@ class KVCache:
     def __init__(self, streams: StreamSet, spec: KVSpec) -> None:
         self.spec = spec
         shape = (spec.num_pages, *spec.page_shape)
-        values = int(np.prod(shape)) * spec.element_dtype.itemsize
+        values = int(np.prod(shape)) * spec.dtype.itemsize
         scales = spec.num_pages * spec.page_size * spec.n_kv_heads * 4
+        scaled = spec.dtype.has_scales
         self.layers = [
             KVLayer(
                 k=DeviceBuffer(streams, values, f"k[{i}]"),
                 v=DeviceBuffer(streams, values, f"v[{i}]"),
-                k_scale=DeviceBuffer(streams, scales, f"k_scale[{i}]") if spec.dtype == "int8" else None,
-                v_scale=DeviceBuffer(streams, scales, f"v_scale[{i}]") if spec.dtype == "int8" else None,
+                k_scale=DeviceBuffer(streams, scales, f"k_scale[{i}]") if scaled else None,
+                v_scale=DeviceBuffer(streams, scales, f"v_scale[{i}]") if scaled else None,
             )
             for i in range(spec.num_layers)
         ]

@@ -15,7 +15,7 @@ import numpy as np
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
-from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.model.layers import forward, prepare_model
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.model.weights import load_model_weights
@@ -66,7 +66,7 @@ def input_hessians(model_dir: Path, text_path: str, tokens: int) -> dict[str, np
     model = prepare_model(recorder, weights)
     kv = KVCache(streams, KVSpec(
         num_pages=-(-CALIBRATION_WINDOW // 16), num_layers=cfg.num_hidden_layers, n_kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim, dtype="bf16", page_size=16,
+        head_dim=cfg.head_dim, dtype=KVDtype.BF16, page_size=16,
     ))
     for start in range(0, len(ids) - CALIBRATION_WINDOW + 1, CALIBRATION_WINDOW):
         forward(recorder, model, _window_batch(ids[start:start + CALIBRATION_WINDOW], kv.spec.page_size), kv)

@@ -1,0 +1,38 @@
+"""What the CUDA executor's backends share: one backend per kind of layer owns that kind's device state
+(attention: scratch, workspaces, widening buffers; Gated DeltaNet next: state slots, conv windows, verify
+slots). The executor publishes a step, every backend plans it once (`plan`), then each layer of the kind
+calls its backend's forward. Buffers are allocated by a reservation or by a plan outside any capture, and
+kept for the executor's life, so a captured step replays over the same addresses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from ninfer_rt.cuda.memory import DeviceView
+from ninfer_rt.kv.cache import KVCache
+from ninfer_rt.ordering.verifier import Resource
+
+
+@dataclass(frozen=True)
+class PublishedStep:
+    """A step as the executor published it (rule 3): its int32 arrays in their fixed device buffers, each
+    sequence's new rows, the KV it runs over and the pages it reads and writes (empty when the
+    verifier is off) and its lanes."""
+
+    inputs: Mapping[str, DeviceView]
+    query_lens: tuple[int, ...]
+    kv: KVCache
+    pages_read: tuple[Resource, ...]
+    pages_written: tuple[Resource, ...]
+    lane: object
+
+
+class LayerBackend(Protocol):
+    def plan(self, step: PublishedStep) -> None:
+        """Decide the step's launches (kernels, split counts, buffers) once, before its first layer."""
+
+    def capturing(self) -> AbstractContextManager[None]:
+        """While open, the step is being captured into a graph: allocating then is an error."""

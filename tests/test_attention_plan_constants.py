@@ -1,0 +1,67 @@
+"""attention_plan's constants are the kernels' own: each is read from the `constexpr int` that defines it in
+kernels_src, so a kernel change that is not mirrored in the host-side geometry fails here, on the CPU."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ninfer_rt.cuda import attention_plan as plan
+
+KERNELS = Path(__file__).resolve().parents[1] / "kernels_src"
+
+# (source file, constexpr name, the Python constant it must equal)
+MIRRORED = [
+    ("attention_common.cuh", "kPageSize", plan.PAGE_SIZE),
+    ("decode_attention.cu", "kDecodeThreads", plan.THREADS),
+    ("decode_attention.cu", "kRowsPerBlock", plan.DECODE_ROWS_PER_BLOCK),
+    ("decode_attention.cu", "kMaxSplits", plan.MAX_SPLITS),
+    ("prefill_attention.cu", "kPrefillThreads", plan.THREADS),
+    ("prefill_attention.cu", "kCombineRows", plan.PREFILL_COMBINE_ROWS),
+    ("prefill_common.cuh", "kFlashRows", plan.PREFILL_TILE_ROWS),
+    ("prefill_attention_sm90.cu", "kBlockThreads", plan.PREFILL_SM90_BF16_THREADS),
+    ("prefill_attention_sm90_int8.cu", "kBlockThreads", plan.PREFILL_SM90_INT8_THREADS),
+    ("prefill_attention_sm90_int8.cu", "kStages", plan.PREFILL_SM90_INT8_STAGES),
+    ("prefill_attention_sm90_int8.cu", "kLookahead", plan.PREFILL_SM90_INT8_LOOKAHEAD),
+    ("rope_kv.cu", "kRopeWarps", plan.ROPE_HEADS_PER_BLOCK),
+    ("kv_widen.cu", "kWidenThreads", plan.WIDEN_THREADS),
+]
+
+
+def constexpr_int(source: str, name: str) -> int:
+    """The value of the file-scope `constexpr int name = <literal>;` in kernels_src/`source`."""
+    text = (KERNELS / source).read_text()
+    found = re.findall(rf"^constexpr int {name} = (\d+);", text, flags=re.MULTILINE)
+    assert len(found) == 1, f"{source}: expected one file-scope constexpr int {name}, found {len(found)}"
+    return int(found[0])
+
+
+@pytest.mark.parametrize(("source", "name", "value"), MIRRORED, ids=[f"{s}:{n}" for s, n, _ in MIRRORED])
+def test_python_constant_equals_the_kernel_constexpr(source: str, name: str, value: int) -> None:
+    assert constexpr_int(source, name) == value
+
+
+def test_rope_kv_runs_a_warp_per_head_in_the_shared_block_size() -> None:
+    # rope_kv.cu launches kRopeWarps warps per block: the block size the wrapper uses
+    assert constexpr_int("rope_kv.cu", "kRopeWarps") * 32 == plan.THREADS
+
+
+def test_the_prefill_key_tile_is_one_page() -> None:
+    text = (KERNELS / "prefill_common.cuh").read_text()
+    assert re.search(r"^constexpr int kKeyTile = kPageSize;", text, flags=re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    ("source", "macro", "dims"),
+    [
+        ("rope_kv.cu", "ROPE_KV_KERNEL", plan.ROPE_HEAD_DIMS),
+        ("decode_attention.cu", "DECODE_KERNEL", plan.DECODE_HEAD_DIMS),
+        ("prefill_attention.cu", "PREFILL_KERNEL", plan.PREFILL_HEAD_DIMS),
+    ],
+)
+def test_head_dims_are_the_instantiated_ones(source: str, macro: str, dims: tuple[int, ...]) -> None:
+    text = (KERNELS / source).read_text()
+    instantiated = {int(d) for d in re.findall(rf"^{macro}\((?:[a-z_0-9]+, [a-z_0-9]+, )?(\d+),", text, flags=re.MULTILINE)}
+    assert instantiated == set(dims)
