@@ -108,7 +108,7 @@ def chunked_gated_delta_rule(
         states[seqs] = s
         saver.offer(seqs, plan.end[ids] - query_start[seqs], s)
     out = np.zeros_like(v)
-    out[plan.rows[plan.valid]] = chunk_out.swapaxes(1, 2)[plan.valid]
+    out[plan.rows(0)[plan.valid]] = chunk_out.swapaxes(1, 2)[plan.valid]
     return DeltaRuleResult(out, states, saver.saved)
 
 
@@ -120,12 +120,11 @@ class ChunkPlan:
     start: np.ndarray  # [N]
     end: np.ndarray  # [N]
     local: np.ndarray  # [N]
-    width: int  # the longest chunk; shorter ones are padded with rows that change nothing
+    width: int  # the longest chunk rounded up to a power of two; padding rows change nothing
 
-    @property
-    def rows(self) -> np.ndarray:
-        """[N, width] row of each chunk slot, clamped into the chunk on padding slots."""
-        return np.minimum(self.start[:, None] + np.arange(self.width), np.maximum(self.end - 1, 0)[:, None])
+    def rows(self, padding_row: int) -> np.ndarray:
+        """[N, width] row of each chunk slot; padding slots read `padding_row`."""
+        return np.where(self.valid, self.start[:, None] + np.arange(self.width), padding_row)
 
     @property
     def valid(self) -> np.ndarray:
@@ -147,8 +146,8 @@ def plan_chunks(query_start: np.ndarray, save_after: Sequence[Sequence[int]] | N
             seq.append(b), start.append(first + previous), end.append(first + cut), local.append(index)
             previous = cut
     as_int = [np.asarray(x, dtype=np.int64) for x in (seq, start, end, local)]
-    width = int((as_int[2] - as_int[1]).max(initial=1))
-    return ChunkPlan(*as_int, width=width)
+    longest = int((as_int[2] - as_int[1]).max(initial=1))
+    return ChunkPlan(*as_int, width=1 << (longest - 1).bit_length())  # a power of two, for the block inverse
 
 
 class _ChunkTerms:
@@ -157,11 +156,11 @@ class _ChunkTerms:
     def __init__(
         self, plan: ChunkPlan, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray
     ) -> None:
-        rows, valid = plan.rows, plan.valid
+        rows = plan.rows(padding_row=v.shape[0])
 
         def gather(x: np.ndarray) -> np.ndarray:
-            picked = np.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x[rows], 0)
-            return np.moveaxis(picked, 1, 2)  # [N, H, width, ...]
+            with_zero_row = np.concatenate([x, np.zeros_like(x[:1])])
+            return np.ascontiguousarray(np.moveaxis(with_zero_row[rows], 1, 2))  # [N, H, width, ...]
 
         q, k, v, g, beta = (gather(x) for x in (q, k, v, g, beta))
         cum = np.cumsum(g, axis=-1)  # log of the decay from the chunk's start to each row (inclusive)
@@ -171,14 +170,37 @@ class _ChunkTerms:
         strictly_lower = (beta[..., :, None] * (k @ k.swapaxes(-1, -2)) * decay) * ~np.eye(plan.width, dtype=bool)
         # UT transform: (I + strictly_lower) [u | w] = [beta v | beta k exp(cum)]; u are the values the chunk
         # writes on a zero state, w the keys through which the incoming state cancels them
-        system = strictly_lower + np.eye(plan.width, dtype=v.dtype)
-        rhs = np.concatenate([beta[..., None] * v, (beta * np.exp(cum))[..., None] * k], axis=-1)
-        solved = np.linalg.solve(system, rhs)
-        self.u, self.w = solved[..., : v.shape[-1]], solved[..., v.shape[-1] :]
+        inverse = unit_lower_inverse(strictly_lower)
+        self.u = inverse @ (beta[..., None] * v)
+        self.w = inverse @ ((beta * np.exp(cum))[..., None] * k)
         self.qk_decayed = (q @ k.swapaxes(-1, -2)) * decay
         self.q_decayed = q * np.exp(cum)[..., None]
         self.k_to_end = k * np.exp(cum[..., -1:] - cum)[..., None]
         self.total_decay = np.exp(cum[..., -1])
+
+
+def unit_lower_inverse(strictly_lower: np.ndarray) -> np.ndarray:
+    """(I + L)^-1 for strictly lower triangular L [..., n, n], n a power of two, by doubling the inverted
+    diagonal blocks: inv([[A, 0], [C, B]]) = [[A^-1, 0], [-B^-1 C A^-1, B^-1]]. Batched matmuls only."""
+    n = strictly_lower.shape[-1]
+    inverse = np.ones((*strictly_lower.shape[:-2], n, 1, 1), dtype=strictly_lower.dtype)  # the 1x1 blocks
+    size = 1
+    while size < n:
+        pairs = _diagonal_blocks(strictly_lower, 2 * size)
+        upper, lower = inverse[..., 0::2, :, :], inverse[..., 1::2, :, :]
+        merged = np.zeros((*pairs.shape[:-2], 2 * size, 2 * size), dtype=inverse.dtype)
+        merged[..., :size, :size] = upper
+        merged[..., size:, size:] = lower
+        merged[..., size:, :size] = -(lower @ pairs[..., size:, :size] @ upper)
+        inverse, size = merged, 2 * size
+    return inverse[..., 0, :, :]
+
+
+def _diagonal_blocks(x: np.ndarray, size: int) -> np.ndarray:
+    """[..., n, n] -> [..., n / size, size, size], the blocks on the diagonal."""
+    count = x.shape[-1] // size
+    blocks = x.reshape(*x.shape[:-2], count, size, count, size)
+    return np.moveaxis(np.diagonal(blocks, axis1=-4, axis2=-2), -1, -3)
 
 
 class _Saver:

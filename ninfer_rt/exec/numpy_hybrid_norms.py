@@ -16,9 +16,11 @@ def compute_dtype(x: np.ndarray) -> np.dtype:
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    """1 / (1 + e^-x) without overflow, and exact in relative terms for large negative x."""
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0, e) / (1.0 + e)
+    """1 / (1 + e^-x), accurate in relative terms for large negative x too; e^-x = inf there gives exactly 0."""
+    with np.errstate(over="ignore"):
+        denominator = np.exp(-x)
+    denominator += 1.0
+    return np.reciprocal(denominator, out=denominator)
 
 
 def silu(x: np.ndarray) -> np.ndarray:

@@ -106,7 +106,9 @@ def causal_conv_silu(x: np.ndarray, weight: np.ndarray, query_start: np.ndarray,
     row_at = np.arange(x.shape[0]) + (seq_of_row + 1) * width  # history row of each input row
     history[row_at] = x
     taps = weight.astype(dtype, copy=False)
-    conv = sum(taps[:, j] * history[row_at - width + j] for j in range(width + 1))
+    # every history row past the first `width` gets a conv value; the rows that are inputs are then picked
+    span = history.shape[0] - width
+    conv = sum(taps[:, j] * history[j : j + span] for j in range(width + 1))[row_at - width]
     return ConvResult(silu(conv), history, history_start, lengths, width)
 
 
