@@ -11,6 +11,7 @@ import pytest
 from ninfer_rt.exec import numpy_delta_rule
 from ninfer_rt.exec.numpy_delta_rule import (
     CHUNK,
+    DeltaRuleInputs,
     chunked_gated_delta_rule,
     plan_chunks,
     recurrent_gated_delta_rule,
@@ -77,8 +78,8 @@ def test_chunked_equals_recurrent_over_a_batch_of_lengths(with_initial_state: bo
     q, k, v, g, beta = rule_inputs(rng, int(starts[-1]))
     shape = (len(LENGTHS), SHAPE.num_value_heads, SHAPE.key_head_dim, SHAPE.value_head_dim)
     initial = rng.standard_normal(shape) * 0.3 if with_initial_state else np.zeros(shape)
-    recurrent = recurrent_gated_delta_rule(q, k, v, g, beta, starts, initial)
-    chunked = chunked_gated_delta_rule(q, k, v, g, beta, starts, initial)
+    recurrent = recurrent_gated_delta_rule(DeltaRuleInputs(q, k, v, g, beta, starts, initial))
+    chunked = chunked_gated_delta_rule(DeltaRuleInputs(q, k, v, g, beta, starts, initial))
     for seq in range(len(LENGTHS)):
         rows = slice(starts[seq], starts[seq + 1])
         assert rel_err(chunked.out[rows], recurrent.out[rows]) < 1e-12, LENGTHS[seq]
@@ -91,8 +92,8 @@ def test_chunked_equals_recurrent_for_one_sequence(length: int) -> None:
     q, k, v, g, beta = rule_inputs(rng, length)
     initial = rng.standard_normal((1, SHAPE.num_value_heads, SHAPE.key_head_dim, SHAPE.value_head_dim))
     starts = query_start((length,))
-    recurrent = recurrent_gated_delta_rule(q, k, v, g, beta, starts, initial)
-    chunked = chunked_gated_delta_rule(q, k, v, g, beta, starts, initial)
+    recurrent = recurrent_gated_delta_rule(DeltaRuleInputs(q, k, v, g, beta, starts, initial))
+    chunked = chunked_gated_delta_rule(DeltaRuleInputs(q, k, v, g, beta, starts, initial))
     assert rel_err(chunked.out, recurrent.out) < 1e-12
     assert rel_err(chunked.final_states, recurrent.final_states) < 1e-12
 
@@ -102,8 +103,9 @@ def test_float32_inputs_compute_in_float32_close_to_float64() -> None:
     q, k, v, g, beta = rule_inputs(rng, 130)
     starts = query_start((130,))
     initial = np.zeros((1, SHAPE.num_value_heads, SHAPE.key_head_dim, SHAPE.value_head_dim))
-    exact = chunked_gated_delta_rule(q, k, v, g, beta, starts, initial)
-    single = chunked_gated_delta_rule(*(x.astype(np.float32) for x in (q, k, v, g, beta)), starts, initial)
+    exact = chunked_gated_delta_rule(DeltaRuleInputs(q, k, v, g, beta, starts, initial))
+    single_rows = (x.astype(np.float32) for x in (q, k, v, g, beta))
+    single = chunked_gated_delta_rule(DeltaRuleInputs(*single_rows, starts, initial))
     assert single.out.dtype == np.float32 and single.final_states.dtype == np.float32
     assert rel_err(single.out, exact.out) < 1e-4
 
@@ -123,14 +125,14 @@ def test_states_at_requested_counts_are_the_states_of_the_prefixes(form) -> None
     starts = query_start(lengths)
     q, k, v, g, beta = rule_inputs(rng, int(starts[-1]))
     initial = rng.standard_normal((2, SHAPE.num_value_heads, SHAPE.key_head_dim, SHAPE.value_head_dim)) * 0.3
-    result = form(q, k, v, g, beta, starts, initial, counts)
+    result = form(DeltaRuleInputs(q, k, v, g, beta, starts, initial), counts)
     for seq, wanted in enumerate(counts):
         assert result.saved_states[seq].shape[0] == len(wanted)
         for slot, n in enumerate(wanted):
             rows = slice(starts[seq], starts[seq] + n)
-            prefix = recurrent_gated_delta_rule(
-                q[rows], k[rows], v[rows], g[rows], beta[rows], query_start((n,)), initial[seq : seq + 1]
-            )
+            prefix_rows = (x[rows] for x in (q, k, v, g, beta))
+            prefix_inputs = DeltaRuleInputs(*prefix_rows, query_start((n,)), initial[seq : seq + 1])
+            prefix = recurrent_gated_delta_rule(prefix_inputs)
             assert rel_err(result.saved_states[seq][slot], prefix.final_states[0]) < 1e-12, (seq, n)
 
 
@@ -138,7 +140,7 @@ def test_a_count_outside_the_sequence_is_refused() -> None:
     q, k, v, g, beta = rule_inputs(np.random.default_rng(0), 5)
     initial = np.zeros((1, SHAPE.num_value_heads, SHAPE.key_head_dim, SHAPE.value_head_dim))
     with pytest.raises(ValueError, match="outside 0..5"):
-        chunked_gated_delta_rule(q, k, v, g, beta, query_start((5,)), initial, [[6]])
+        chunked_gated_delta_rule(DeltaRuleInputs(q, k, v, g, beta, query_start((5,)), initial), [[6]])
 
 
 def test_verification_states_after_each_row_equal_plain_decoding() -> None:
@@ -201,24 +203,21 @@ def test_gating_stays_finite_at_extreme_inputs() -> None:
     assert np.all(np.isfinite(g)) and np.all(g <= 0) and g[-1, 0] == pytest.approx(-16000.0, rel=1e-15)
 
 
-def test_decode_and_verification_run_the_recurrent_form(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("lengths", "forbidden"),
+    [((1, 4), "chunked_gated_delta_rule"), ((8,), "chunked_gated_delta_rule"), ((65,), "recurrent_gated_delta_rule")],
+)
+def test_decode_and_verification_run_recurrent_and_prefill_chunked(
+    monkeypatch: pytest.MonkeyPatch, lengths: tuple[int, ...], forbidden: str
+) -> None:
     def refuse(*args, **kwargs):
-        raise AssertionError("the chunked form ran for decode rows")
+        raise AssertionError(f"{forbidden} ran for sequences of {lengths} rows")
 
-    monkeypatch.setattr(numpy_delta_rule, "chunked_gated_delta_rule", refuse)
+    monkeypatch.setattr(numpy_delta_rule, forbidden, refuse)
     rng = np.random.default_rng(0)
-    inputs = random_inputs(rng, SHAPE, 5)
-    linear_attention_mix(*inputs, random_layer(rng, SHAPE), SHAPE, query_start((1, 4)), random_state(rng, SHAPE, 2))
-
-
-def test_prefill_longer_than_a_chunk_never_runs_the_recurrent_form(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args, **kwargs):
-        raise AssertionError("the recurrent form ran for a prefill")
-
-    monkeypatch.setattr(numpy_delta_rule, "recurrent_gated_delta_rule", refuse)
-    rng = np.random.default_rng(0)
-    inputs = random_inputs(rng, SHAPE, 65)
-    linear_attention_mix(*inputs, random_layer(rng, SHAPE), SHAPE, query_start((65,)), LinearAttnState.fresh(SHAPE, 1))
+    inputs = random_inputs(rng, SHAPE, sum(lengths))
+    state = random_state(rng, SHAPE, len(lengths))
+    linear_attention_mix(*inputs, random_layer(rng, SHAPE), SHAPE, query_start(lengths), state)
 
 
 def test_prefill_of_2000_tokens_through_six_layers_is_fast(monkeypatch: pytest.MonkeyPatch) -> None:

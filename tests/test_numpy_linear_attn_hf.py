@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ninfer_rt.exec.numpy_delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
+from ninfer_rt.exec.numpy_delta_rule import DeltaRuleInputs, chunked_gated_delta_rule, recurrent_gated_delta_rule
 from ninfer_rt.exec.numpy_gated_attention import apply_partial_neox_rope, gate_output, split_query_gate
 from ninfer_rt.exec.numpy_hybrid_norms import gated_rms_norm, zero_centred_rms_norm
 from ninfer_rt.exec.numpy_linear_attn import (
@@ -62,10 +62,9 @@ def test_delta_rule_equals_transformers_chunked_and_recurrent(float64_reference:
     flat = [x.reshape(batch * length, *x.shape[2:]) for x in (q, k, v, g, beta)]
     flat[0], flat[1] = normalize_qk(flat[0], flat[1])
     starts = np.array([0, length, 2 * length])
-    for ours, theirs in (
-        (chunked_gated_delta_rule(*flat, starts, initial), hf_chunk),
-        (recurrent_gated_delta_rule(*flat, starts, initial), hf_recurrent),
-    ):
+    inputs = DeltaRuleInputs(*flat, starts, initial)
+    for form, theirs in ((chunked_gated_delta_rule, hf_chunk), (recurrent_gated_delta_rule, hf_recurrent)):
+        ours = form(inputs)
         assert rel_err(ours.out.reshape(batch, length, hv, dv), theirs[0].numpy()) < 1e-12
         assert rel_err(ours.final_states, theirs[1].numpy()) < 1e-12
 

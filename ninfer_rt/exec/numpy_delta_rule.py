@@ -25,6 +25,30 @@ import numpy as np
 
 CHUNK = 64
 RECURRENT_MAX_ROWS = 8  # decode (1 row) and verification (k+1 rows); anything longer is chunked
+SaveAfter = Sequence[Sequence[int]]  # per sequence, the row counts after which its state is kept
+
+
+@dataclass(frozen=True)
+class DeltaRuleInputs:
+    q: np.ndarray  # [T, Hk, dk], normalised and scaled
+    k: np.ndarray  # [T, Hk, dk], normalised
+    v: np.ndarray  # [T, Hv, dv]
+    g: np.ndarray  # [T, Hv], log-decay (<= 0)
+    beta: np.ndarray  # [T, Hv]
+    query_start: np.ndarray  # [B+1]
+    initial_states: np.ndarray  # [B, Hv, dk, dv]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.query_start)
+
+    def per_value_head(self) -> tuple[np.ndarray, np.ndarray]:
+        """q, k repeated to [T, Hv, dk] in v's dtype: value head j reads key head j // (Hv / Hk)."""
+        ratio, remainder = divmod(self.v.shape[1], self.k.shape[1])
+        if remainder:
+            raise ValueError(f"{self.v.shape[1]} value heads are not a multiple of {self.k.shape[1]} key heads")
+        q, k = (np.repeat(x.astype(self.v.dtype, copy=False), ratio, axis=1) for x in (self.q, self.k))
+        return q, k
 
 
 @dataclass(frozen=True)
@@ -34,38 +58,17 @@ class DeltaRuleResult:
     saved_states: tuple[np.ndarray, ...]  # per sequence [len(save_after[b]), Hv, dk, dv]
 
 
-def gated_delta_rule(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    g: np.ndarray,
-    beta: np.ndarray,
-    query_start: np.ndarray,
-    initial_states: np.ndarray,
-    save_after: Sequence[Sequence[int]] | None = None,
-) -> DeltaRuleResult:
+def gated_delta_rule(x: DeltaRuleInputs, save_after: SaveAfter | None = None) -> DeltaRuleResult:
     """The form the executor runs: recurrent for decode and verification rows, chunked for prefill."""
-    lengths = np.diff(query_start)
-    form = recurrent_gated_delta_rule if lengths.max(initial=0) <= RECURRENT_MAX_ROWS else chunked_gated_delta_rule
-    return form(q, k, v, g, beta, query_start, initial_states, save_after)
+    recurrent = x.lengths.max(initial=0) <= RECURRENT_MAX_ROWS
+    return (recurrent_gated_delta_rule if recurrent else chunked_gated_delta_rule)(x, save_after)
 
 
-def recurrent_gated_delta_rule(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    g: np.ndarray,
-    beta: np.ndarray,
-    query_start: np.ndarray,
-    initial_states: np.ndarray,
-    save_after: Sequence[Sequence[int]] | None = None,
-) -> DeltaRuleResult:
+def recurrent_gated_delta_rule(x: DeltaRuleInputs, save_after: SaveAfter | None = None) -> DeltaRuleResult:
     """Token by token, vectorised over sequences and heads."""
-    q, k = _per_value_head(q, k, v)
-    starts, lengths = np.asarray(query_start[:-1]), np.diff(query_start)
-    states = initial_states.astype(v.dtype, copy=True)
-    saver = _Saver(save_after, lengths, states)
-    saver.offer(np.arange(len(lengths)), np.zeros(len(lengths), dtype=np.int64), states)
+    (q, k), g, v, beta = x.per_value_head(), x.g, x.v, x.beta
+    starts, lengths = np.asarray(x.query_start[:-1]), x.lengths
+    states, saver = _start(x, save_after)
     out = np.zeros_like(v)
     for t in range(int(lengths.max(initial=0))):
         seqs = np.flatnonzero(lengths > t)
@@ -80,24 +83,11 @@ def recurrent_gated_delta_rule(
     return DeltaRuleResult(out, states, saver.saved)
 
 
-def chunked_gated_delta_rule(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    g: np.ndarray,
-    beta: np.ndarray,
-    query_start: np.ndarray,
-    initial_states: np.ndarray,
-    save_after: Sequence[Sequence[int]] | None = None,
-) -> DeltaRuleResult:
+def chunked_gated_delta_rule(x: DeltaRuleInputs, save_after: SaveAfter | None = None) -> DeltaRuleResult:
     """Chunks of all sequences at once (intra-chunk work batched), then one scan step per chunk index."""
-    q, k = _per_value_head(q, k, v)
-    lengths = np.diff(query_start)
-    plan = plan_chunks(query_start, save_after)
-    chunks = _ChunkTerms(plan, q, k, v, g, beta)
-    states = initial_states.astype(v.dtype, copy=True)
-    saver = _Saver(save_after, lengths, states)
-    saver.offer(np.arange(len(lengths)), np.zeros(len(lengths), dtype=np.int64), states)
+    plan = plan_chunks(x.query_start, save_after)
+    chunks = _ChunkTerms(plan, *x.per_value_head(), x.v, x.g, x.beta)
+    states, saver = _start(x, save_after)
     chunk_out = np.empty_like(chunks.u)
     for ids in plan.by_local_index():
         seqs = plan.seq[ids]
@@ -106,8 +96,8 @@ def chunked_gated_delta_rule(
         chunk_out[ids] = chunks.q_decayed[ids] @ s + chunks.qk_decayed[ids] @ v_new
         s = s * chunks.total_decay[ids][..., None, None] + chunks.k_to_end[ids].swapaxes(-1, -2) @ v_new
         states[seqs] = s
-        saver.offer(seqs, plan.end[ids] - query_start[seqs], s)
-    out = np.zeros_like(v)
+        saver.offer(seqs, plan.end[ids] - x.query_start[seqs], s)
+    out = np.zeros_like(x.v)
     out[plan.rows(0)[plan.valid]] = chunk_out.swapaxes(1, 2)[plan.valid]
     return DeltaRuleResult(out, states, saver.saved)
 
@@ -228,10 +218,9 @@ class _Saver:
                 self.saved[b][slot] = states[i]
 
 
-def _per_value_head(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """q, k [T, Hk, dk] repeated to [T, Hv, dk] in v's dtype: value head j reads key head j // (Hv / Hk)."""
-    ratio, remainder = divmod(v.shape[1], k.shape[1])
-    if remainder:
-        raise ValueError(f"{v.shape[1]} value heads are not a multiple of {k.shape[1]} key heads")
-    q, k = (np.repeat(x.astype(v.dtype, copy=False), ratio, axis=1) for x in (q, k))
-    return q, k
+def _start(x: DeltaRuleInputs, save_after: SaveAfter | None) -> tuple[np.ndarray, _Saver]:
+    """The working states (a copy of the initial ones, in v's dtype) and a saver that holds count 0's."""
+    states = x.initial_states.astype(x.v.dtype, copy=True)
+    saver = _Saver(save_after, x.lengths, states)
+    saver.offer(np.arange(len(states)), np.zeros(len(states), dtype=np.int64), states)
+    return states, saver

@@ -155,7 +155,8 @@ def linear_attention_mix(
     q, k = normalize_qk(q.reshape(key_heads), k.reshape(key_heads))
     v = v.reshape(rows, shape.num_value_heads, shape.value_head_dim)
     g, beta = gating(a, b, weights.a_log, weights.dt_bias)
-    mixed = numpy_delta_rule.gated_delta_rule(q, k, v, g, beta, query_start, state.recurrent, save_after)
+    inputs = numpy_delta_rule.DeltaRuleInputs(q, k, v, g, beta, query_start, state.recurrent)
+    mixed = numpy_delta_rule.gated_delta_rule(inputs, save_after)
     gate = z.reshape(rows, shape.num_value_heads, shape.value_head_dim)
     out = gated_rms_norm(mixed.out, gate, weights.norm, shape.norm_eps).reshape(rows, shape.value_size)
     saved = tuple(
