@@ -273,8 +273,9 @@ def snapshot_points(
 ) -> list[int]:
     """Positions in (start, end] where the state should be saved, for a span of tokens [start, end) that
     is about to be computed: `input_end` (the prompt's length), `generation_end` (the processed length at
-    finish, when known), the `branch_points`, and multiples of `interval` (0: never) when the span belongs
-    to a cold prefill longer than `interval`. The engine ends a chunk at each point and writes a snapshot."""
+    finish, when known), the `branch_points`, and multiples of `interval` (0: never) up to the input's end
+    when the prompt is longer than `interval` (a cold prefill of it crosses several; a warm turn's short
+    recompute rarely one). The engine ends a chunk at each point and writes a snapshot there."""
     if not 0 <= start <= end:
         raise ValueError(f"span [{start}, {end}) is not a span of positions")
     points = {input_end, *branch_points}
