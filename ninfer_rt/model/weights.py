@@ -214,18 +214,24 @@ def _layout_problems(cfg: ModelConfig, expected: dict[str, Shape], found: dict[s
 
 
 @dataclass(frozen=True)
-class LayerWeights:
+class _NormsAndMLP:
+    """What every decoder layer has around its token mixer."""
+
+    input_norm: np.ndarray
+    post_norm: np.ndarray
+    gate_proj: Linear
+    up_proj: Linear
+    down_proj: Linear
+
+
+@dataclass(frozen=True)
+class LayerWeights(_NormsAndMLP):
     q_proj: Linear
     k_proj: Linear
     v_proj: Linear
     o_proj: Linear
     q_norm: np.ndarray | None  # None for architectures without q/k norm (llama)
     k_norm: np.ndarray | None
-    input_norm: np.ndarray
-    post_norm: np.ndarray
-    gate_proj: Linear
-    up_proj: Linear
-    down_proj: Linear
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, prefix: str) -> LayerWeights:
@@ -241,15 +247,10 @@ class LayerWeights:
 
 
 @dataclass(frozen=True)
-class HybridLayerWeights:
+class HybridLayerWeights(_NormsAndMLP):
     """A Qwen3.5 decoder layer: its token mixer by layer type, then the MLP. The norms are zero-centred."""
 
     mixer: LinearAttentionWeights | GatedAttentionWeights
-    input_norm: np.ndarray
-    post_norm: np.ndarray
-    gate_proj: Linear
-    up_proj: Linear
-    down_proj: Linear
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, prefix: str, layer_type: str) -> HybridLayerWeights:
@@ -265,6 +266,14 @@ def _norms_and_mlp(ckpt: Checkpoint, prefix: str) -> dict[str, Linear]:
         "up_proj": ckpt[prefix + "mlp.up_proj.weight"],
         "down_proj": ckpt[prefix + "mlp.down_proj.weight"],
     }
+
+
+def _layers(ckpt: Checkpoint) -> list[LayerWeights] | list[HybridLayerWeights]:
+    cfg = ckpt.config
+    prefixes = [f"model.layers.{i}." for i in range(cfg.num_hidden_layers)]
+    if cfg.is_hybrid:
+        return [HybridLayerWeights.from_checkpoint(ckpt, p, cfg.layer_type(i)) for i, p in enumerate(prefixes)]
+    return [LayerWeights.from_checkpoint(ckpt, p) for p in prefixes]
 
 
 def _layer(ckpt: Checkpoint, prefix: str, layer_type: str) -> LayerWeights | HybridLayerWeights:
@@ -310,7 +319,7 @@ class ModelWeights:
         return cls(
             config=cfg,
             embed=embed,
-            layers=[_layer(ckpt, f"model.layers.{i}.", cfg.layer_type(i)) for i in range(cfg.num_hidden_layers)],  # type: ignore[misc]
+            layers=_layers(ckpt),
             norm=ckpt["model.norm.weight"],
             lm_head=embed if cfg.tie_word_embeddings else ckpt["lm_head.weight"],
             mtp=MTPWeights.from_checkpoint(ckpt) if cfg.mtp_layers else None,
