@@ -4,8 +4,8 @@ sizes, partial RoPE, and what the family has that ninfer-rt does not run (the Mo
 Read as transformers' ``Qwen3_5TextConfig`` / ``Qwen3_5Config`` read it, defaults included. Two things the
 config carries are deliberately not read:
 - ``attn_output_gate`` and ``output_gate_type``: the gates are fixed by the architecture (attention output
-  * sigmoid(gate), Gated DeltaNet norm * silu(z)); transformers reads neither field, and the published
-  ``output_gate_type: "swish"`` describes the DeltaNet gate, not the attention one.
+  * sigmoid(gate), Gated DeltaNet norm * silu(z)); transformers reads neither field, and applying the
+  published ``output_gate_type: "swish"`` to the attention output would compute a different model.
 - ``mrope_section`` / ``mrope_interleaved``: multimodal RoPE gives each of the rotary frequency pairs a
   position from the temporal, height or width grid. For text every token's three positions are the same
   integer (transformers expands one ``position_ids`` row to all three), so the recomposed cos/sin equal
