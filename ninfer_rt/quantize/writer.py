@@ -2,7 +2,11 @@
 
 Every linear weight of the decoder layers (and of the MTP module) is quantized; embeddings and norms stay
 bf16, and so does lm_head unless asked (a tied lm_head is then stored as its own quantized matrix and the
-config unties it). The output directory gets the tokenizer/generation files of the input, safetensors
+config unties it). In the Qwen3.5 hybrids the Gated DeltaNet's conv weight, A_log and dt_bias stay as
+stored, and so do in_proj_a / in_proj_b: one row per value head (48 of 10,000+ rows in the 27B layer),
+whose outputs set the decay exp(g) and the write strength beta that every later token of the recurrence
+inherits, so a rounding error there compounds instead of averaging out. Tensors are written under the
+input checkpoint's own names (``model.language_model.*`` for a vision-language one). The output directory gets the tokenizer/generation files of the input, safetensors
 shards, and config.json with a ``quantization_config`` that documents the layout. It is built in a
 temporary sibling directory and renamed into place, so an interrupted run leaves nothing half-written.
 """
@@ -22,7 +26,7 @@ from safetensors.numpy import save_file
 from tqdm import tqdm
 
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.model.weights import SHARD_INDEX, load_checkpoint
+from ninfer_rt.model.weights import SHARD_INDEX, load_checkpoint, stored_name
 from ninfer_rt.quantize.calibration import input_hessians
 from ninfer_rt.quantize.format import SUPPORTED_BITS, QuantFormatError, QuantizedWeight, check_group_size
 from ninfer_rt.quantize.quantizer import quantize
@@ -31,13 +35,16 @@ from ninfer_rt.quantize.scheme import quantization_config, scheme_from_dir
 SHARD_BYTES = 2 << 30
 EMBEDDING = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
+KEPT_AS_STORED = ("linear_attn.in_proj_a.weight", "linear_attn.in_proj_b.weight")  # module docstring says why
 
 
 def quantized_names(shapes: dict[str, tuple[int, ...]], quantize_lm_head: bool) -> list[str]:
-    """The weights to quantize: every 2-D weight but the embedding, and lm_head only when asked."""
+    """The weights to quantize: every 2-D weight but the embedding and the hybrids' gate projections, and
+    lm_head only when asked."""
     return [
         name for name, shape in shapes.items()
         if len(shape) == 2 and name != EMBEDDING and (name != LM_HEAD or quantize_lm_head)
+        and not name.endswith(KEPT_AS_STORED)
     ]
 
 
@@ -67,7 +74,8 @@ def quantize_checkpoint(
         )
     staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
     try:
-        _write_shards(staging, _stored_tensors(tensors, set(names), bits, group_size, hessians))
+        stored = _stored_tensors(tensors, set(names), bits, group_size, hessians)
+        _write_shards(staging, ((stored_name(cfg, name), array) for name, array in stored))
         _copy_side_files(model_dir, staging)
         _write_config(model_dir, staging, bits, group_size, quantize_lm_head)
         _apply_umask(staging)

@@ -1,1 +1,1 @@
-"""Checkpoint writers for tests and tools: tiny trained-shape models and random-weight models of a named shape."""
+"""Checkpoint writers for tests and tools: tiny models (dense and hybrid, the hybrid written by transformers itself) and random-weight models of a named shape."""
