@@ -44,7 +44,6 @@ from ninfer_rt.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStep
 from ninfer_rt.engine.spec import Drafter, DraftHead, SpecRunner
 from ninfer_rt.engine.spec import lookahead as spec_lookahead
 from ninfer_rt.engine.spec_vocab import DraftVocab, load_token_frequencies
-from ninfer_rt.exec.base import Executor, StepBatch
 from ninfer_rt.exec.cuda_exec import CudaExecutor, GraphedForward
 from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
@@ -52,6 +51,7 @@ from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.kv.capacity import check_fits, resolve_kv_capacity
 from ninfer_rt.kv.manager import KVManager
 from ninfer_rt.kv.pages import PoolStats
+from ninfer_rt.model.executor import Executor, StepBatch
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, attention_shape, prepare_model
 from ninfer_rt.model.mtp import MTPSteps, PreparedMTP, prepare_mtp
 from ninfer_rt.model.tokenizer import Tokenizer

@@ -52,8 +52,8 @@ from ninfer_rt.engine.sampling import Sample, argmax_decides, described, final_l
 from ninfer_rt.engine.scheduler import ScheduledChunk
 from ninfer_rt.engine.spec_verify import Verdict, verify_greedy, verify_sampled
 from ninfer_rt.engine.spec_vocab import DraftVocab
-from ninfer_rt.exec.base import Executor, StepBatch, Tensor
 from ninfer_rt.kv.cache import KVCache
+from ninfer_rt.model.executor import Executor, StepBatch, Tensor
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import EagerMTPSteps, MTPSteps, PreparedMTP
 from ninfer_rt.model.weights import ModelWeights

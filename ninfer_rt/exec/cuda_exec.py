@@ -1,4 +1,4 @@
-"""CUDA Executor: the model's ops as kernels on one compute stream (the GPU side of exec/base.py).
+"""CUDA Executor: the model's ops as kernels on one compute stream (the GPU side of model/executor.py).
 
 Tensors are `DeviceTensor`s: bf16 (or f32 logits) row-major [rows, cols] in device buffers. Weights are
 uploaded once through pinned staging (qkv and gate_up fused by layers.py's prepare). Activations come
@@ -36,8 +36,8 @@ from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
 from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView, PinnedBuffer, StagingRing
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
 from ninfer_rt.kv.cache import KVCache, page_resource
+from ninfer_rt.model.executor import AttentionParams, AttentionShape, StepBatch
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
 from ninfer_rt.model.quant import Linear, QuantizedWeight, concat_rows
 from ninfer_rt.ordering.verifier import Resource
@@ -115,7 +115,7 @@ class StepShape:
 
 
 class CudaExecutor:
-    """The Executor of exec/base.py on one GPU."""
+    """The Executor of model/executor.py on one GPU."""
 
     def __init__(
         self,

@@ -25,9 +25,9 @@ from typing import Literal
 from ninfer_rt.cuda.graphs import Graph, capture
 from ninfer_rt.cuda.linear_ops import GEMV_MAX_ROWS
 from ninfer_rt.cuda.memory import DeviceBuffer
-from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, StepShape, step_shape
 from ninfer_rt.kv.cache import KVCache
+from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import MTPOutput, PreparedMTP, mtp_forward, scored
 

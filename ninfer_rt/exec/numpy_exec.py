@@ -17,8 +17,8 @@ import numpy as np
 
 from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
 from ninfer_rt.cuda.streams import Stream, StreamSet
-from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
 from ninfer_rt.kv.cache import KVCache, KVLayer, page_resource
+from ninfer_rt.model.executor import AttentionParams, AttentionShape, StepBatch
 from ninfer_rt.model.quant import Linear, dense
 from ninfer_rt.ordering.verifier import Resource
 
@@ -144,7 +144,7 @@ def causal_gqa_attention(
 
 
 class NumpyExecutor:
-    """The reference Executor (see exec/base.py). Tensors are numpy arrays of `dtype`."""
+    """The reference Executor (see model/executor.py). Tensors are numpy arrays of `dtype`."""
 
     def __init__(
         self,

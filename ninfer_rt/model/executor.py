@@ -3,21 +3,37 @@
 `StepBatch` is the host-side description of one step: any mix of prefill chunks and decode tokens over
 the paged KV (DESIGN.md, "Data layouts"). `Executor` is the interface `model/layers.py` is written against;
 `exec/numpy_exec.py` (reference, CPU) and `exec/cuda_exec.py` (GPU) implement it. Tensors are opaque to
-layers.py: numpy arrays on one, device buffers on the other.
+layers.py: numpy arrays on one, device buffers on the other. So is the KV cache: the model hands a
+`PagedKV` to the executor's ops without opening it (kv/cache.py's KVCache is the one the engine builds,
+and the executors know its layout), which keeps the model below the kv package.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ninfer_rt.cuda.streams import Stream, StreamSet
-from ninfer_rt.kv.cache import KVCache
 
 Tensor = Any
+
+
+class PageGeometry(Protocol):
+    @property
+    def page_size(self) -> int:
+        """Tokens per KV page."""
+
+
+@runtime_checkable
+class PagedKV(Protocol):
+    """Every layer's K/V pages, as the model sees them: a handle passed through to the executor's ops."""
+
+    @property
+    def spec(self) -> PageGeometry:
+        """The pages' geometry (kv/cache.py's KVSpec)."""
 
 
 @dataclass
@@ -107,7 +123,7 @@ class Executor(Protocol):
         """Allocate now what the attention of the longest steps will need (before the KV cache takes what
         memory is left), so no step allocates it later."""
 
-    def begin_step(self, batch: StepBatch, kv: KVCache) -> None:
+    def begin_step(self, batch: StepBatch, kv: PagedKV) -> None:
         """Publish the step's inputs (ids, positions, block tables, slots) in the compute stream's order."""
 
     def embed(self, table: Tensor) -> Tensor:
@@ -122,7 +138,7 @@ class Executor(Protocol):
     def concat(self, parts: Sequence[Tensor]) -> Tensor:
         """Features of `parts` side by side, row by row."""
 
-    def attention(self, qkv: Tensor, params: AttentionParams, kv: KVCache, kv_layer: int) -> Tensor:
+    def attention(self, qkv: Tensor, params: AttentionParams, kv: PagedKV, kv_layer: int) -> Tensor:
         """q/k RMSNorm (if given), RoPE, K/V write into pages at the step's slots, then paged attention (GQA)
         over each sequence's block table: a row sees its sequence's keys at positions <= its own position.
         Returns [rows, num_heads * head_dim]."""
