@@ -32,7 +32,9 @@ from ninfer_rt.cuda.driver import Device, open_device
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, GraphedForward
+from ninfer_rt.exec.cuda_exec import CudaExecutor
+from ninfer_rt.exec.cuda_graphs import GraphedForward
+from ninfer_rt.exec.cuda_tensors import DeviceTensor
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.executor import AttentionParams, StepBatch

@@ -8,7 +8,7 @@ through the same shape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,11 +19,8 @@ from ninfer_rt.engine.sampling import PendingSamples, Sample, start_sampling
 from ninfer_rt.engine.scheduler import ScheduledChunk
 from ninfer_rt.kv.cache import KVCache
 from ninfer_rt.kv.sequence import SequenceKV
-from ninfer_rt.model.executor import Executor, StepBatch
+from ninfer_rt.model.executor import Executor, StepBatch, StepForward
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
-
-StepForward = Callable[[StepBatch], ForwardOutput]
-
 
 @dataclass(frozen=True)
 class SampledTokens:

@@ -10,15 +10,21 @@ and the executors know its layout), which keeps the model below the kv package.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ninfer_rt.cuda.streams import Stream, StreamSet
 
+if TYPE_CHECKING:  # the model modules are written against this one
+    from ninfer_rt.model.layers import ForwardOutput, PreparedModel
+    from ninfer_rt.model.mtp import MTPSteps, PreparedMTP
+
 Tensor = Any
+StepForward = Callable[["StepBatch"], "ForwardOutput"]
+SampleTokens = Callable[[Tensor, np.ndarray], Tensor]  # (logits, packed params) -> int32 ids [rows, 1]
 
 
 class PageGeometry(Protocol):
@@ -102,10 +108,24 @@ class Executor(Protocol):
 
     Activations are [rows, features] with one row per token of the current step. Device results reach the
     host only through `to_host`, so everything between `begin_step` and it can be captured as one graph.
+    Capabilities an executor may lack (graphed steps, sampling on the device) are methods returning None
+    there: the engine asks, it never inspects the executor's class.
     """
 
     streams: StreamSet
     compute: Stream
+
+    def graphed_forward(self, model: PreparedModel, kv: PagedKV) -> StepForward | None:
+        """The main forward with decode-width steps replayed from captured graphs, or None where steps
+        run op by op (layers.forward)."""
+
+    def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: PagedKV) -> MTPSteps | None:
+        """MTP catch-up and drafting replayed from captured graphs, or None where they run op by op
+        (mtp.EagerMTPSteps)."""
+
+    def device_sampler(self) -> SampleTokens | None:
+        """Token selection on the executor (engine/sampling.py's definition over pack_device_params rows,
+        only ids coming back), or None where every row is sampled on the host from its logits."""
 
     def prepare_weight(self, name: str, parts: Sequence[np.ndarray]) -> Tensor:
         """Convert/upload a weight once: the parts' rows stacked in order (a fused qkv or gate_up matrix,

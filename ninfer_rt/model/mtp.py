@@ -8,7 +8,7 @@ An MTP step's StepBatch is therefore the main step's with token_ids shifted by o
 
 Drafting chains MTP steps: the catch-up over a verify step's rows, then single-row draft steps, each fed
 the hidden state the previous one left (`MTPSteps`). `EagerMTPSteps` runs them op by op on any executor;
-the CUDA executor replays them from graphs (exec/cuda_mtp.py).
+the CUDA executor replays them from graphs (exec/cuda_graphs.py).
 """
 
 from __future__ import annotations
