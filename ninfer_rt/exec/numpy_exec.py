@@ -18,7 +18,7 @@ import numpy as np
 from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
 from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.kv.cache import KVCache, KVLayer, page_resource
-from ninfer_rt.model.executor import AttentionParams, AttentionShape, StepBatch
+from ninfer_rt.model.executor import AttentionParams, AttentionShape, StepBatch, WeightRole
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import PreparedMTP
 from ninfer_rt.model.quant import Linear, dense
@@ -169,7 +169,7 @@ class NumpyExecutor:
 
     # -- preparation -------------------------------------------------------------------------------------
 
-    def prepare_weight(self, name: str, parts: Sequence[Linear]) -> np.ndarray:
+    def prepare_weight(self, name: str, parts: Sequence[Linear], role: WeightRole) -> np.ndarray:
         # Quantized weights are dequantized exactly here: the reference computes with the weights the
         # kernels dequantize in registers.
         return self._stacked(parts)

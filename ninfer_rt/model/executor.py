@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -71,6 +72,17 @@ class StepBatch:
         return {int(s) // page_size for s in self.slot_mapping}
 
 
+class WeightRole(Enum):
+    """What a prepared weight is to the ops that read it. The model names it when it prepares the weight
+    (executors never read it from the weight's name) and executors pick storage and kernels by it; each
+    layer kind adds the roles its own ops need."""
+
+    EMBEDDING = "embedding"  # [vocab, hidden] rows gathered by token id (embed); also a tied lm_head
+    LINEAR = "linear"  # [out, in] matrix of `linear` whose output any op may read
+    GATE_UP = "gate_up"  # [gate | up] rows of a `linear` whose output only silu_mul reads (fusable)
+    NORM = "norm"  # [features] RMSNorm gains
+
+
 @dataclass(frozen=True)
 class AttentionShape:
     """Head geometry of one attention layer; the fused qkv rows are q heads, then k heads, then v heads."""
@@ -127,9 +139,10 @@ class Executor(Protocol):
         """Token selection on the executor (engine/sampling.py's definition over pack_device_params rows,
         only ids coming back), or None where every row is sampled on the host from its logits."""
 
-    def prepare_weight(self, name: str, parts: Sequence[np.ndarray]) -> Tensor:
+    def prepare_weight(self, name: str, parts: Sequence[np.ndarray], role: WeightRole) -> Tensor:
         """Convert/upload a weight once: the parts' rows stacked in order (a fused qkv or gate_up matrix,
-        or a single matrix/vector). Parts are the checkpoint's arrays, [out, in] for linear weights."""
+        or a single matrix/vector). Parts are the checkpoint's arrays, [out, in] for linear weights.
+        `name` labels the weight (buffers, op labels); `role` is what the ops do with it."""
 
     def rewrite_weight(self, weight: Tensor, parts: Sequence[np.ndarray]) -> None:
         """Replace a prepared dense weight's values in place (same shape), in the compute stream's order:

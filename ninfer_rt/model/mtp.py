@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from ninfer_rt.model.executor import Executor, PagedKV, StepBatch, Tensor
+from ninfer_rt.model.executor import Executor, PagedKV, StepBatch, Tensor, WeightRole
 from ninfer_rt.model.layers import ForwardOutput, PreparedLayer, PreparedModel, decoder_layer, prepare_layer
 from ninfer_rt.model.weights import ModelWeights
 
@@ -36,11 +36,11 @@ def prepare_mtp(executor: Executor, weights: ModelWeights, model: PreparedModel)
         raise ValueError("the checkpoint has no MTP weights")
     mtp = weights.mtp
     return PreparedMTP(
-        fc=executor.prepare_weight("mtp.fc", [mtp.fc]),
-        norm_embedding=executor.prepare_weight("mtp.norm_embedding", [mtp.norm_embedding]),
-        norm_hidden=executor.prepare_weight("mtp.norm_hidden", [mtp.norm_hidden]),
+        fc=executor.prepare_weight("mtp.fc", [mtp.fc], WeightRole.LINEAR),
+        norm_embedding=executor.prepare_weight("mtp.norm_embedding", [mtp.norm_embedding], WeightRole.NORM),
+        norm_hidden=executor.prepare_weight("mtp.norm_hidden", [mtp.norm_hidden], WeightRole.NORM),
         layer=prepare_layer(executor, model.config, model.rope, mtp.layer, "mtp.layer"),
-        norm=executor.prepare_weight("mtp.norm", [mtp.norm]),
+        norm=executor.prepare_weight("mtp.norm", [mtp.norm], WeightRole.NORM),
         kv_layer=model.config.num_hidden_layers,
     )
 
