@@ -226,7 +226,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):
 )
 def test_engine_draws_the_same_tokens_on_the_device_as_on_the_host(tiny_model, params: SamplingParams, monkeypatch) -> None:
     """Same GPU logits, same seeds: the device sampler and the host sampler agree token for token."""
-    from ninfer_rt.engine.engine import Engine, EngineConfig
+    from ninfer_rt.engine.build import EngineConfig
+    from ninfer_rt.engine.engine import Engine
 
     prompts = [np.random.default_rng(s).integers(0, 500, n).tolist() for s, n in ((1, 70), (2, 9), (3, 130))]
 

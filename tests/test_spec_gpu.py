@@ -14,7 +14,8 @@ import pytest
 from forward_helpers import SeqStep, step_batch
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.spec import DraftHead
 from ninfer_rt.engine.spec_vocab import REFRESH_TOKENS, DraftVocab

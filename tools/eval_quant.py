@@ -24,7 +24,8 @@ import numpy as np
 
 from eval_ppl import heldout_text, window_batch
 from ninfer_rt.cli_quantize import quantize_checkpoint
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.model.layers import forward
 from ninfer_rt.model.tiny import ENDOFTEXT
 from ninfer_rt.model.tokenizer import Tokenizer
