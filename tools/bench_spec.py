@@ -4,7 +4,7 @@ of a named shape with a random MTP module of the same shape (one decoder layer, 
 plain: bench_decode.time_decode (publish, graph replay, device argmax, 4-byte read-back).
 spec: one step as SpecRunner runs it for a greedy request whose k drafts are all accepted: the verify
 forward over 1 + k rows (graph), its argmax ids to the host, the MTP catch-up over the same rows and the
-k - 1 draft steps (graphs, exec/cuda_mtp.py), each followed by its argmax read; drafting scores the whole
+k - 1 draft steps (graphs, exec/cuda_graphs.py), each followed by its argmax read; drafting scores the whole
 lm_head or, with --lm-head-draft N, N rows of it. Scheduling and batch building on the host are not timed
 in either. A step that emits a + 1 tokens pays off when ratio = spec / plain < a + 1.
 Prints a table and appends one JSON line per measurement to bench/results/spec.jsonl.
