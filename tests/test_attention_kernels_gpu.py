@@ -44,10 +44,10 @@ from ninfer_rt.cuda.attention_ops import (
 from ninfer_rt.cuda.attention_ops import PagedKV as DevicePages
 from ninfer_rt.cuda.attention_plan import KVVariant
 from ninfer_rt.cuda.memory import StagingRing
-from ninfer_rt.exec.base import AttentionParams, AttentionShape
 from ninfer_rt.exec.cuda_attention import AttentionBackend
 from ninfer_rt.exec.layer_backend import PublishedStep
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec, page_resource
+from ninfer_rt.model.executor import AttentionParams, AttentionShape
 
 pytestmark = pytest.mark.gpu
 RTOL = 1e-2  # relative L2 bound for bf16 results

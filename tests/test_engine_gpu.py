@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.request import SamplingParams
-from ninfer_rt.exec.base import StepBatch
+from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.testing.tiny import make_tiny_model
 
 pytestmark = pytest.mark.gpu

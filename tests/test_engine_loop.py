@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.loop import EngineLoop
 from ninfer_rt.engine.output import RequestOutput
 from ninfer_rt.engine.request import FinishReason, SamplingParams

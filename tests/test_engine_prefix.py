@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.output import RequestOutput
 from ninfer_rt.engine.request import SamplingParams
 

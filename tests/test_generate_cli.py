@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from ninfer_rt.cli import main
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.request import SamplingParams
 
 SMALL_ENGINE = ["--kv-capacity", "16", "--max-context", "1024"]

@@ -19,7 +19,8 @@ import pytest
 from server_helpers import healthy_server
 from test_tokenizer import TOOLS
 
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.serve.app import create_app
 from ninfer_rt.serve.backend import EngineBackend

@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from ninfer_rt.cli import main
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.tokenizer import Tokenizer

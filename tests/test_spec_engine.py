@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ninfer_rt.engine.engine import Engine, EngineConfig, EngineError, max_step_rows
+from ninfer_rt.engine.build import EngineConfig, EngineError, max_step_rows
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.output import RequestStats
 from ninfer_rt.engine.request import SamplingParams
 from spec_models import make_agreeable_mtp_model

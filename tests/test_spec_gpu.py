@@ -14,14 +14,16 @@ import pytest
 from forward_helpers import SeqStep, step_batch
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.spec import DraftHead
 from ninfer_rt.engine.spec_vocab import REFRESH_TOKENS, DraftVocab
-from ninfer_rt.exec.base import StepBatch
-from ninfer_rt.exec.cuda_exec import BF16, CudaExecutor, StepShape
-from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps, MTPGraphKey
+from ninfer_rt.exec.cuda_exec import BF16, CudaExecutor
+from ninfer_rt.exec.cuda_graphs import GraphedMTPSteps, MTPGraphKey
+from ninfer_rt.exec.cuda_tensors import StepShape
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
+from ninfer_rt.model.executor import StepBatch, WeightRole
 from ninfer_rt.model.layers import PreparedModel, forward, prepare_model
 from ninfer_rt.model.mtp import EagerMTPSteps, MTPOutput, PreparedMTP, prepare_mtp
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
@@ -129,7 +131,7 @@ def drafting_outputs(model_dir: Path, graphed: bool, widths: tuple[int, ...], re
     steps = GraphedMTPSteps(rt.executor, rt.model, rt.mtp, rt.kv) if graphed else EagerMTPSteps(rt.executor, rt.model, rt.mtp, rt.kv)
     lm_head = rt.model.lm_head
     if reduced_head:
-        lm_head = rt.executor.prepare_weight("mtp.lm_head_draft", [np.asarray(rt.weights.lm_head)[::3]])
+        lm_head = rt.executor.prepare_weight("mtp.lm_head_draft", [np.asarray(rt.weights.lm_head)[::3]], WeightRole.LINEAR)
     results = []
 
     def read(scored: MTPOutput) -> None:  # now: a replay's outputs live until the same graph replays again

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from forward_helpers import PAGE_SIZE, SeqStep, make_runtime, relative_error, step_batch
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.model.mtp import mtp_forward, prepare_mtp
 from spec_models import make_agreeable_mtp_model

@@ -4,7 +4,7 @@ of a named shape with a random MTP module of the same shape (one decoder layer, 
 plain: bench_decode.time_decode (publish, graph replay, device argmax, 4-byte read-back).
 spec: one step as SpecRunner runs it for a greedy request whose k drafts are all accepted: the verify
 forward over 1 + k rows (graph), its argmax ids to the host, the MTP catch-up over the same rows and the
-k - 1 draft steps (graphs, exec/cuda_mtp.py), each followed by its argmax read; drafting scores the whole
+k - 1 draft steps (graphs, exec/cuda_graphs.py), each followed by its argmax read; drafting scores the whole
 lm_head or, with --lm-head-draft N, N rows of it. Scheduling and batch building on the host are not timed
 in either. A step that emits a + 1 tokens pays off when ratio = spec / plain < a + 1.
 Prints a table and appends one JSON line per measurement to bench/results/spec.jsonl.
@@ -24,13 +24,14 @@ import numpy as np
 from bench_decode import PAGE_SIZE, RandomModel, append_results, build_random_model, make_kv, print_table, run_info, shape_config, time_decode
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import StepBatch
-from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, GraphedForward
-from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps
-from ninfer_rt.model.shapes import SHAPES
+from ninfer_rt.exec.cuda_exec import CudaExecutor
+from ninfer_rt.exec.cuda_graphs import GraphedForward, GraphedMTPSteps
+from ninfer_rt.exec.cuda_tensors import DeviceTensor
 from ninfer_rt.kv.cache import KVCache
+from ninfer_rt.model.executor import StepBatch, WeightRole
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import PreparedMTP
+from ninfer_rt.model.shapes import SHAPES
 
 
 @dataclass
@@ -49,7 +50,7 @@ def build_spec_model(executor: CudaExecutor, shape: str, layers: int | None, dra
     h = cfg.hidden_size
 
     def ones(name: str) -> DeviceTensor:
-        return executor.prepare_weight(name, [np.ones(h, ml_dtypes.bfloat16)])
+        return executor.prepare_weight(name, [np.ones(h, ml_dtypes.bfloat16)], WeightRole.NORM)
 
     mtp = PreparedMTP(
         fc=rows_of(executor, full.lm_head, "mtp.fc", h, 2 * h),
@@ -65,7 +66,7 @@ def build_spec_model(executor: CudaExecutor, shape: str, layers: int | None, dra
 
 def rows_of(executor: CudaExecutor, source: DeviceTensor, name: str, rows: int, cols: int) -> DeviceTensor:
     """A new [rows, cols] weight holding the first bytes of `source` (random values are all a timing needs)."""
-    tensor = executor.empty_weight(name, rows, cols)
+    tensor = executor.empty_weight(name, rows, cols, role=WeightRole.LINEAR)
     if tensor.buffer.nbytes > source.buffer.nbytes:
         raise ValueError(f"{name}: {tensor.buffer.nbytes} bytes wanted from a {source.buffer.nbytes}-byte source")
     executor.compute.copy(tensor.buffer, source.buffer, tensor.buffer.nbytes, label=f"fill {name}")

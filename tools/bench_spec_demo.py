@@ -14,7 +14,8 @@ import statistics
 
 from bench_decode import append_results, print_table, run_info
 from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.shipped import default_model_dir
 

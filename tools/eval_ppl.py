@@ -20,8 +20,9 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ninfer_rt.engine.engine import Engine, EngineConfig
-from ninfer_rt.exec.base import StepBatch
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
+from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import forward
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.shipped import default_model_dir

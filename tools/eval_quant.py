@@ -23,7 +23,8 @@ import click
 import numpy as np
 
 from eval_ppl import heldout_text, window_batch
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.model.layers import forward
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.quantize.writer import quantize_checkpoint

@@ -14,7 +14,8 @@ import click
 
 from ninfer_rt.cli.errors import BadUsage, OneLineErrors
 from ninfer_rt.cli.options import engine_config, engine_options
-from ninfer_rt.engine.engine import Engine, EngineError
+from ninfer_rt.engine.build import EngineError
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.output import RequestStats
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.serve.chat import ChatTemplate

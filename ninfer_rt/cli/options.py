@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ninfer_rt.engine.engine import EngineConfig
+from ninfer_rt.engine.build import EngineConfig
 from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
 
 _OPTIONS = [

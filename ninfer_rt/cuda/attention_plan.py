@@ -82,7 +82,7 @@ CACHE_VARIANTS = (KVVariant.BF16, KVVariant.INT8)
 
 
 class Heads(Protocol):
-    """Head geometry of an attention layer (exec.base.AttentionShape is one)."""
+    """Head geometry of an attention layer (model.executor.AttentionShape is one)."""
 
     @property
     def num_heads(self) -> int: ...

@@ -1,4 +1,5 @@
-"""Engine: add_request / step / abort / generate over the scheduler, the KV ledger and the model runner.
+"""Engine: add_request / step / abort / generate over the scheduler, the KV ledger and the model runner
+(the request loop; build.py assembles what it runs on from the flags and the checkpoint).
 
 Thread model: the engine belongs to one thread, the one that calls it first; that thread owns the streams
 and is the only one that enqueues work. Calls from another thread raise instead of racing. EngineLoop
@@ -27,75 +28,23 @@ import itertools
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ninfer_rt.cuda.driver import Device, device_count, open_device
-from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.engine.kv_ledger import KVLedger
+from ninfer_rt.cuda.driver import open_device
+from ninfer_rt.engine.build import EngineConfig, StartupTimes, build, sync_device
 from ninfer_rt.engine.output import OutputStream, RequestOutput
 from ninfer_rt.engine.request import FinishReason, Request, SamplingParams
-from ninfer_rt.engine.runner import ModelRunner
 from ninfer_rt.engine.sampling import PendingSamples
-from ninfer_rt.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStep
-from ninfer_rt.engine.spec import Drafter, DraftHead, SpecRunner
-from ninfer_rt.engine.spec import lookahead as spec_lookahead
-from ninfer_rt.engine.spec_vocab import DraftVocab, load_token_frequencies
-from ninfer_rt.exec.base import Executor, StepBatch
-from ninfer_rt.exec.cuda_exec import CudaExecutor, GraphedForward
-from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps
-from ninfer_rt.exec.numpy_exec import NumpyExecutor
-from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
-from ninfer_rt.kv.capacity import check_fits, resolve_kv_capacity
-from ninfer_rt.kv.manager import KVManager
+from ninfer_rt.engine.scheduler import SchedulerStep
+from ninfer_rt.engine.spec_vocab import load_token_frequencies
+from ninfer_rt.kv.capacity import check_fits
 from ninfer_rt.kv.pages import PoolStats
-from ninfer_rt.model.layers import ForwardOutput, PreparedModel, attention_shape, prepare_model
-from ninfer_rt.model.mtp import MTPSteps, PreparedMTP, prepare_mtp
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
-
-DEVICES = ("auto", "cpu", "cuda")
-SPEC_METHODS = ("none", "mtp")
-
-
-class EngineError(RuntimeError):
-    """The engine cannot be built as configured (one line, for the CLI and the server)."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The flags `generate` and `serve` share."""
-
-    device: str = "auto"  # the GPU when one is present
-    max_context: int = 32768
-    kv_capacity: str = "auto"  # 'auto' or a page count
-    max_concurrency: int = 2
-    kv_dtype: KVDtype = KVDtype.BF16  # the flag's text is parsed here, once
-    page_size: int = 64
-    token_budget: int = 2048  # tokens per step: bounds the prefill chunk that shares a step with decodes
-    prefix_caching: bool = True
-    verify_ordering: bool | None = None  # None: NINFER_VERIFY_ORDERING decides
-    spec: str = "none"  # speculative decoding: 'none' or 'mtp' (the checkpoint's MTP module drafts)
-    draft_tokens: int = 3  # drafts verified per step
-    lm_head_draft: int | None = None  # draft over the N most frequent tokens only (engine/spec_vocab.py)
-    overlap: bool = True  # enqueue each step before reading the previous one's samples (module docstring)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.kv_dtype, str):
-            object.__setattr__(self, "kv_dtype", KVDtype.parse(self.kv_dtype))
-        if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
-        if self.max_context < 2:
-            raise ValueError(f"max_context must be at least 2, got {self.max_context}")
-        if self.spec not in SPEC_METHODS:
-            raise ValueError(f"spec must be one of {SPEC_METHODS}, got {self.spec!r}")
-        if self.draft_tokens < 1:
-            raise ValueError(f"draft_tokens must be at least 1, got {self.draft_tokens}")
-        if self.lm_head_draft is not None and self.lm_head_draft < 1:
-            raise ValueError(f"lm_head_draft must be at least 1, got {self.lm_head_draft}")
 
 
 @dataclass(frozen=True)
@@ -106,24 +55,6 @@ class InFlight:
     samples: PendingSamples
 
 
-@dataclass
-class StartupTimes:
-    """Seconds spent getting ready, by phase (printed at start-up by `generate` and `serve`)."""
-
-    read_weights: float = 0.0  # safetensors -> host arrays (Engine.load)
-    upload_weights: float = 0.0  # prepare_model: host -> device, fused matrices
-    kernels: float = 0.0  # executor: NVRTC (or the cubin cache) and module loads
-    kv: float = 0.0  # KV cache allocation
-    graphs: float = 0.0  # warm-up requests capturing every decode step graph
-
-    def describe(self) -> str:
-        total = self.read_weights + self.upload_weights + self.kernels + self.kv + self.graphs
-        return (
-            f"ready in {total:.1f} s: weights {self.read_weights + self.upload_weights:.1f} s, kernels {self.kernels:.1f} s, "
-            f"KV {self.kv:.1f} s, decode graphs {self.graphs:.1f} s"
-        )
-
-
 class Engine:
     def __init__(
         self,
@@ -132,45 +63,22 @@ class Engine:
         config: EngineConfig = EngineConfig(),
         token_frequencies: np.ndarray | None = None,  # for --lm-head-draft (spec_vocab.py)
     ) -> None:
-        if config.spec == "mtp" and weights.mtp is None:
-            raise EngineError("--spec mtp: the checkpoint has no MTP weights (no mtp.* tensors); use --spec none")
         self.config = config
         self.tokenizer = tokenizer
-        self.device = resolve_device(config.device)
+        self.eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(weights.config.eos_token_ids)
         self.startup = StartupTimes()
-        clock = time.perf_counter()
-        self.streams = StreamSet(open_device() if self.device == "cuda" else None, verify=config.verify_ordering)
-        cfg = weights.config
-        max_context = min(config.max_context, cfg.max_position_embeddings)
-        self.executor = make_executor(config, self.streams, max_context)
-        self.eos_ids = frozenset(tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
-        self.startup.kernels, clock = time.perf_counter() - clock, time.perf_counter()
-        model = prepare_model(self.executor, weights)
-        drafter = make_drafter(self.executor, weights, model, config, token_frequencies)  # before KV sizing
-        self.executor.reserve_attention(attention_shape(cfg), config.kv_dtype)  # likewise
-        self._sync_device()
-        self.startup.upload_weights, clock = time.perf_counter() - clock, time.perf_counter()
-        # KV is sized last: `--kv-capacity auto` takes what the weights and activations left free.
-        self.kv = KVCache(self.streams, kv_spec(weights, config, self.streams.device))
-        self.startup.kv = time.perf_counter() - clock
-        self.kv_manager = KVManager(self.streams, self.kv, max_context, config.prefix_caching)
-        self.ledger = KVLedger(self.kv_manager, self.executor.compute, self.streams.create("copy"))
-        lookahead = spec_lookahead(config.draft_tokens) if config.spec == "mtp" else 0
-        self.scheduler = Scheduler(SchedulerConfig(config.max_concurrency, config.token_budget, lookahead), self.ledger)
-        step_forward = step_forward_for(self.executor, model, self.kv)
-        if drafter is None:
-            self.runner = ModelRunner(self.executor, model, self.kv, self.ledger, step_forward)
-        else:
-            mtp_steps = mtp_steps_for(self.executor, model, drafter.mtp, self.kv)
-            self.runner = SpecRunner(self.executor, model, self.kv, self.ledger, drafter, step_forward, mtp_steps)
+        parts = build(weights, config, token_frequencies, self.startup)
+        self.device, self.streams = parts.device, parts.streams
+        self.executor, self.kv, self.kv_manager = parts.executor, parts.kv, parts.kv_manager
+        self.ledger, self.scheduler, self.runner = parts.ledger, parts.scheduler, parts.runner
         self._requests: dict[str, OutputStream] = {}
         self._pending: list[RequestOutput] = []  # outputs of requests ended between steps (abort)
-        self._overlap = config.overlap and drafter is None
+        self._overlap = config.overlap and config.spec == "none"
         self._inflight: InFlight | None = None
         self._ids = itertools.count()
         self._owner: int | None = None
         self.streams.crash.add_section("engine", self._frontier)
-        if isinstance(self.executor, CudaExecutor):
+        if parts.graphed:
             clock = time.perf_counter()
             self._capture_decode_graphs()
             self.startup.graphs = time.perf_counter() - clock
@@ -186,11 +94,6 @@ class Engine:
         print(f"ninfer-rt: {engine.startup.describe()}", file=sys.stderr)
         return engine
 
-    def _sync_device(self) -> None:
-        """Wait for everything enqueued so far (start-up phases are timed to completion, not to enqueue)."""
-        if self.streams.device is not None:
-            self.executor.compute.synchronize()
-
     def _capture_decode_graphs(self) -> None:
         """Serve throwaway requests, alone and then side by side up to max_concurrency, so every decode step
         shape's CUDA graph (batch size, and verify width with --spec mtp) is captured now: a capture costs an
@@ -201,7 +104,7 @@ class Engine:
         for lanes in range(1, self.config.max_concurrency + 1):
             for _ in self.generate([[0]] * lanes, params):
                 pass
-        self._sync_device()
+        sync_device(self.executor)
         self._owner = None  # the serving thread (EngineLoop) takes the engine over
 
     # -- requests --------------------------------------------------------------------------------------
@@ -339,70 +242,3 @@ class Engine:
                 open_device(self.streams.device.ordinal)  # the CUDA context is current per thread
         elif self._owner != me:
             raise RuntimeError("the engine belongs to the thread that first used it; use EngineLoop from others")
-
-
-def resolve_device(device: str) -> str:
-    """'auto' is the GPU when one is present, else the CPU."""
-    if device == "auto":
-        return "cuda" if device_count() > 0 else "cpu"
-    return device
-
-
-def max_step_rows(config: EngineConfig) -> int:
-    """The most rows one step can hold: the token budget counts a speculative decode as one token, but
-    it verifies 1 + draft_tokens rows."""
-    drafts = config.draft_tokens if config.spec == "mtp" else 0
-    return config.token_budget + config.max_concurrency * drafts
-
-
-def make_executor(config: EngineConfig, streams: StreamSet, max_context: int) -> Executor:
-    if streams.device is None:
-        return NumpyExecutor(streams)
-    return CudaExecutor(
-        streams,
-        max_tokens=max_step_rows(config),
-        max_seqs=config.max_concurrency,
-        max_pages_per_seq=-(-max_context // config.page_size) + 1,
-        max_positions=max_context,
-    )
-
-
-def make_drafter(
-    executor: Executor, weights: ModelWeights, model: PreparedModel, config: EngineConfig, token_frequencies: np.ndarray | None
-) -> Drafter | None:
-    if config.spec == "none":
-        return None
-    vocab = None
-    if config.lm_head_draft is not None:
-        vocab = DraftVocab(config.lm_head_draft, weights.config.vocab_size, token_frequencies)
-    return Drafter(prepare_mtp(executor, weights, model), DraftHead(executor, model, weights, vocab), config.draft_tokens)
-
-
-def step_forward_for(executor: Executor, model: PreparedModel, kv: KVCache) -> Callable[[StepBatch], ForwardOutput] | None:
-    """Decode steps replay CUDA graphs on the GPU; the numpy executor runs the plain forward."""
-    return GraphedForward(executor, model, kv) if isinstance(executor, CudaExecutor) else None
-
-
-def mtp_steps_for(executor: Executor, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> MTPSteps | None:
-    """MTP catch-up and drafting replay CUDA graphs on the GPU; the numpy executor runs them op by op."""
-    return GraphedMTPSteps(executor, model, mtp, kv) if isinstance(executor, CudaExecutor) else None
-
-
-def kv_spec(weights: ModelWeights, config: EngineConfig, device: Device | None) -> KVSpec:
-    cfg = weights.config
-    shape = dict(
-        num_layers=cfg.num_hidden_layers + cfg.mtp_layers,
-        n_kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        dtype=config.kv_dtype,
-        page_size=config.page_size,
-    )
-    page = KVSpec(num_pages=1, **shape)
-    if device is None:  # CPU: memory is not the limit
-        num_pages = resolve_kv_capacity(config.kv_capacity, page, None)
-    else:
-        # What prepare_model left free; the margin keeps room for the activation pool, cuBLAS workspaces
-        # and graphs, which are allocated after the KV.
-        margin = max(3 << 30, device.total_memory // 20)
-        num_pages = resolve_kv_capacity(config.kv_capacity, page, device.free_memory(), margin)
-    return KVSpec(num_pages=num_pages, **shape)

@@ -62,7 +62,7 @@ from ninfer_rt.cuda.attention_plan import (
 from ninfer_rt.cuda.kernels import KernelLibrary, KernelSpec
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.streams import Stream, StreamSet
-from ninfer_rt.exec.base import AttentionParams
+from ninfer_rt.model.executor import AttentionParams
 from ninfer_rt.exec.layer_backend import PublishedStep
 from ninfer_rt.kv.cache import KVCache, KVDtype
 

@@ -1,10 +1,9 @@
-"""CUDA Executor: the model's ops as kernels on one compute stream (the GPU side of exec/base.py).
+"""CUDA Executor: the model's ops as kernels on one compute stream (the GPU side of model/executor.py).
 
-Tensors are `DeviceTensor`s: bf16 (or f32 logits) row-major [rows, cols] in device buffers. Weights are
-uploaded once through pinned staging (qkv and gate_up fused by layers.py's prepare). Activations come
-from a pool of buffers sized for `max_tokens` rows; a tensor returns its buffer to the pool when Python
-drops it. Everything runs on the one `compute` stream, so a buffer reused by a later op is always ordered
-after the last op that read it; the pool never frees, so addresses stay valid inside captured graphs.
+Tensors are `DeviceTensor`s (exec/cuda_tensors.py). Weights are uploaded once through pinned staging (qkv
+and gate_up fused by layers.py's prepare). Activations come from a pool of buffers sized for `max_tokens`
+rows. Everything runs on the one `compute` stream, so a buffer reused by a later op is always ordered
+after the last op that read it.
 
 Per op: linear is the decode GEMV for <= 8 rows (gemv.cu; gemv_quant.cu for int4/int8 weights, which
 wider steps dequantize into one bf16 scratch matrix first) and cuBLASLt above; a GEMV into gate_up is
@@ -14,7 +13,7 @@ sequence), which owns attention's device state and plans each step once in begin
 
 Step inputs (rule 3) are published by `begin_step` through a StagingRing on the compute stream: all seven
 int32 arrays packed into one staging slot and one copy, at offsets that depend only on their lengths
-(so on the step's shape), which is what lets a captured step (GraphedForward, graphs.py) replay after a
+(so on the step's shape), which is what lets a captured step (exec/cuda_graphs.py) replay after a
 fresh publish into the same addresses.
 """
 
@@ -23,7 +22,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -38,60 +38,24 @@ from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
 from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView, PinnedBuffer, StagingRing
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
 from ninfer_rt.exec.cuda_attention import AttentionBackend
+from ninfer_rt.exec.cuda_graphs import GraphedForward, GraphedMTPSteps
+from ninfer_rt.exec.cuda_tensors import ITEMSIZE, ActivationPool, DeviceTensor, StepShape, step_shape
 from ninfer_rt.exec.layer_backend import LayerBackend, PublishedStep
 from ninfer_rt.kv.cache import KVCache, KVDtype, page_resource
-from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
-from ninfer_rt.ordering.verifier import Resource
+from ninfer_rt.model.executor import AttentionParams, AttentionShape, SampleTokens, StepBatch, WeightRole
+from ninfer_rt.model.layers import PreparedModel
+from ninfer_rt.model.mtp import PreparedMTP
 from ninfer_rt.quantize.format import Linear, QuantizedWeight
 from ninfer_rt.quantize.layouts import concat_rows
+from ninfer_rt.ordering.verifier import Resource
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-_ITEMSIZE = {"bf16": 2, "f32": 4, "i32": 4}
 _HOST_DTYPE = {"bf16": BF16, "f32": np.dtype(np.float32), "i32": np.dtype(np.int32)}
 STEP_INPUTS = ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows")
 UPLOAD_CHUNK_BYTES = 64 << 20
 MAX_INPUT_LAYOUTS = 1024
-
-
-class _Pool:
-    """Activation buffers by (cols, dtype, capacity rows), handed out again once their tensor is dropped."""
-
-    def __init__(self, streams: StreamSet) -> None:
-        self._streams = streams
-        self._free: dict[tuple[int, str, int], list[DeviceBuffer]] = {}
-        self.allocated = 0  # buffers ever made: constant in steady state (a test checks it)
-
-    def take(self, cols: int, dtype: str, capacity: int) -> DeviceBuffer:
-        free = self._free.setdefault((cols, dtype, capacity), [])
-        if free:
-            return free.pop()
-        self.allocated += 1
-        return DeviceBuffer(self._streams, capacity * cols * _ITEMSIZE[dtype], f"act[{cols}x{dtype}]#{self.allocated}")
-
-    def give(self, buffer: DeviceBuffer, cols: int, dtype: str, capacity: int) -> None:
-        self._free[(cols, dtype, capacity)].append(buffer)
-
-
-@dataclass(eq=False)
-class DeviceTensor:
-    """[rows, cols] row-major on the device. Pooled tensors give their buffer back when dropped."""
-
-    buffer: DeviceBuffer
-    rows: int
-    cols: int
-    dtype: str = "bf16"
-    _pool: tuple[_Pool, int] | None = field(default=None, repr=False)  # (pool, capacity rows)
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows * self.cols * _ITEMSIZE[self.dtype]
-
-    def __del__(self) -> None:
-        if self._pool is not None:
-            pool, capacity = self._pool
-            pool.give(self.buffer, self.cols, self.dtype, capacity)
+W = TypeVar("W", DeviceTensor, QuantizedDeviceWeight)
 
 
 @dataclass(eq=False)
@@ -111,16 +75,8 @@ class InputLayout:
     views: dict[str, DeviceView]
 
 
-@dataclass(frozen=True)
-class StepShape:
-    """Everything host-side that decides which launches a step makes (a captured graph's key)."""
-
-    query_lens: tuple[int, ...]  # new rows per sequence: also picks each sequence's attention kernel
-    logit_rows: int
-
-
 class CudaExecutor:
-    """The Executor of exec/base.py on one GPU."""
+    """The Executor of model/executor.py on one GPU."""
 
     def __init__(
         self,
@@ -145,7 +101,7 @@ class CudaExecutor:
         self.max_pages_per_seq = max_pages_per_seq
         self.max_positions = max_positions
         self.max_logit_rows = max_logit_rows or max_tokens
-        self._pool = _Pool(streams)
+        self._pool = ActivationPool(streams)
         self._input_buffer = DeviceBuffer(streams, self._input_bytes(), "step.inputs")
         self._staging = StagingRing(streams, 3, self._input_bytes(), name="step_inputs")
         self._input_layouts: dict[tuple[int, ...], InputLayout] = {}
@@ -161,6 +117,7 @@ class CudaExecutor:
         self._lane: object = None
         self._pages_read: tuple[Resource, ...] = ()
         self._pages_written: tuple[Resource, ...] = ()
+        self._roles: dict[DeviceBuffer, WeightRole] = {}  # by the buffer naming each prepared weight
         self._vocab = 0  # rows of the embedding table, for validating token ids
         self._dequant_elements = 0  # of the largest quantized weight: the prefill scratch's size
         self._dequant_scratch: DeviceBuffer | None = None
@@ -171,11 +128,11 @@ class CudaExecutor:
 
     # -- preparation -------------------------------------------------------------------------------------
 
-    def prepare_weight(self, name: str, parts: Sequence[Linear]) -> DeviceTensor | QuantizedDeviceWeight:
+    def prepare_weight(self, name: str, parts: Sequence[Linear], role: WeightRole) -> DeviceTensor | QuantizedDeviceWeight:
         if isinstance(parts[0], QuantizedWeight):
-            return self._prepare_quantized(name, concat_rows(parts))
+            return self._prepare_quantized(name, concat_rows(parts), role)
         array = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0).astype(BF16)
-        tensor = self.empty_weight(name, *array.shape)
+        tensor = self.empty_weight(name, *array.shape, role=role)
         self.upload(tensor.buffer, array, label=f"upload {name}")
         return tensor
 
@@ -187,7 +144,7 @@ class CudaExecutor:
             raise ValueError(f"rewrite_weight: {array.shape} values for a {weight.dtype} weight of {(weight.rows, weight.cols)}")
         self.upload(weight.buffer, array, label=f"rewrite {weight.buffer.name}")
 
-    def _prepare_quantized(self, name: str, weight: QuantizedWeight) -> QuantizedDeviceWeight:
+    def _prepare_quantized(self, name: str, weight: QuantizedWeight, role: WeightRole) -> QuantizedDeviceWeight:
         rows, cols = weight.shape
         tensor = QuantizedDeviceWeight(
             DeviceBuffer(self.streams, weight.qweight.nbytes, f"w.{name}"),
@@ -196,14 +153,25 @@ class CudaExecutor:
         )
         self.upload(tensor.qweight, weight.qweight, label=f"upload {name}")
         self.upload(tensor.scales, weight.scales, label=f"upload {name}.scales")
-        self._dequant_elements = max(self._dequant_elements, rows * cols)
-        return tensor
+        return self.adopt_weight(tensor, role)
 
-    def empty_weight(self, name: str, rows: int, cols: int, dtype: str = "bf16") -> DeviceTensor:
+    def empty_weight(self, name: str, rows: int, cols: int, dtype: str = "bf16", *, role: WeightRole) -> DeviceTensor:
         """An unpooled device tensor that lives as long as the model (benchmarks fill it on the device)."""
-        if name == "embed":
-            self._vocab = rows  # token ids are validated against it before every publish
-        return DeviceTensor(DeviceBuffer(self.streams, rows * cols * _ITEMSIZE[dtype], f"w.{name}"), rows, cols, dtype)
+        return self.adopt_weight(self._model_tensor(name, rows, cols, dtype), role)
+
+    def adopt_weight(self, weight: W, role: WeightRole) -> W:
+        """Keep what the ops need to know of a weight's role (for weights made here, and for those a
+        benchmark builds itself): an embedding's rows bound the token ids checked before every publish; a
+        gate_up's decode GEMV is deferred into the SwiGLU that reads it."""
+        self._roles[weight.buffer] = role
+        if role is WeightRole.EMBEDDING:
+            self._vocab = weight.rows
+        if isinstance(weight, QuantizedDeviceWeight):
+            self._dequant_elements = max(self._dequant_elements, weight.rows * weight.cols)
+        return weight
+
+    def _model_tensor(self, name: str, rows: int, cols: int, dtype: str) -> DeviceTensor:
+        return DeviceTensor(DeviceBuffer(self.streams, rows * cols * ITEMSIZE[dtype], f"w.{name}"), rows, cols, dtype)
 
     def upload(self, buffer: DeviceBuffer, array: np.ndarray, *, label: str) -> None:
         """Host array -> device buffer through pinned staging, in chunks, ordered on the compute stream."""
@@ -218,13 +186,24 @@ class CudaExecutor:
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> DeviceTensor:
         """cos/sin table f32 [max_positions, 2, D/2], as rope_kv.cu reads it (row p: cos, then sin)."""
         table = rope_table(inv_freq, attention_scaling, self.max_positions)
-        tensor = self.empty_weight("rope", self.max_positions, table.shape[1] * table.shape[2], "f32")
+        tensor = self._model_tensor("rope", self.max_positions, table.shape[1] * table.shape[2], "f32")
         self.upload(tensor.buffer, table, label="upload rope")
         return tensor
 
     def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
         """int8 KV's widening buffers, where long prefill steps widen (AttentionBackend.reserve)."""
         self.attention_backend.reserve(shape, kv_dtype)
+
+    # -- capabilities ------------------------------------------------------------------------------------
+
+    def graphed_forward(self, model: PreparedModel, kv: KVCache) -> GraphedForward:
+        return GraphedForward(self, model, kv)
+
+    def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> GraphedMTPSteps:
+        return GraphedMTPSteps(self, model, mtp, kv)
+
+    def device_sampler(self) -> SampleTokens:
+        return self.sample_tokens
 
     # -- step --------------------------------------------------------------------------------------------
 
@@ -310,7 +289,7 @@ class CudaExecutor:
 
     def linear(self, x: DeviceTensor, weight: DeviceTensor) -> DeviceTensor | DeferredSwiglu:
         x = self._ready(x)
-        if weight.buffer.name.endswith(".gate_up") and x.rows <= linear_ops.GEMV_MAX_ROWS:
+        if self._roles.get(weight.buffer) is WeightRole.GATE_UP and x.rows <= linear_ops.GEMV_MAX_ROWS:
             return DeferredSwiglu(x, weight)
         return self._matmul(x, weight, "bf16")
 
@@ -527,43 +506,3 @@ def input_layout(buffer: DeviceBuffer, lengths: dict[str, int]) -> InputLayout:
         views[name] = DeviceView(buffer, 4 * end, 4 * max(length, 1), f"step.{name}")
         end += -(-max(length, 1) // 4) * 4
     return InputLayout(tuple(offsets), end, views)
-
-
-def step_shape(batch: StepBatch) -> StepShape:
-    return StepShape(tuple(int(n) for n in np.diff(batch.query_start)), int(len(batch.logit_rows)))
-
-
-class GraphedForward:
-    """`layers.forward` with decode-width steps (<= 8 rows in total) replayed from CUDA graphs, one per
-    StepShape; wider steps (prefill) run eagerly. Replays are bit-identical to eager runs: same kernels,
-    same buffers, same launch parameters."""
-
-    def __init__(self, executor: CudaExecutor, model: PreparedModel, kv: KVCache) -> None:
-        self.executor = executor
-        self.model = model
-        self.kv = kv
-        self.graphs: dict[StepShape, Graph] = {}
-
-    def __call__(self, batch: StepBatch) -> ForwardOutput:
-        shape = step_shape(batch)
-        if sum(shape.query_lens) > linear_ops.GEMV_MAX_ROWS:
-            return forward(self.executor, self.model, batch, self.kv)
-        with self.executor.prepublished(batch, self.kv):  # outside the graph, on the stream it replays on
-            graph = self.graphs.get(shape)
-            if graph is None:
-                graph = self.graphs[shape] = self._capture(batch)
-            self.executor.begin_step(batch, self.kv)  # host bookkeeping only
-        pages_read, pages_written = self.executor.step_pages
-        return graph.replay(pages_read, pages_written, lane=tuple(batch.lanes) or None)
-
-    def _capture(self, batch: StepBatch) -> Graph:
-        # The eager run loads every kernel and fills the pool; its outputs are dropped before capturing so
-        # the capture finds every buffer it needs free (no allocation while capturing). It writes this
-        # step's K/V, which the replay that follows rewrites with the same values.
-        forward(self.executor, self.model, batch, self.kv)
-        return self.executor.capture(lambda: forward(self.executor, self.model, batch, self.kv))
-
-    def destroy(self) -> None:
-        for graph in self.graphs.values():
-            graph.destroy()
-        self.graphs.clear()

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ninfer_rt.exec.base import AttentionParams, AttentionShape, Executor, StepBatch, Tensor
-from ninfer_rt.kv.cache import KVCache
 from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.executor import AttentionParams, AttentionShape, Executor, PagedKV, StepBatch, Tensor, WeightRole
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 from ninfer_rt.model.weights import LayerWeights, ModelWeights
 from ninfer_rt.quantize.format import Linear
-
 
 @dataclass(frozen=True)
 class PreparedLayer:
@@ -53,38 +51,38 @@ def attention_shape(cfg: ModelConfig) -> AttentionShape:
 def prepare_layer(
     executor: Executor, cfg: ModelConfig, rope: Tensor, weights: LayerWeights, name: str
 ) -> PreparedLayer:
-    def prepare(suffix: str, *parts: Linear) -> Tensor:
-        return executor.prepare_weight(f"{name}.{suffix}", parts)
+    def prepare(suffix: str, role: WeightRole, *parts: Linear) -> Tensor:
+        return executor.prepare_weight(f"{name}.{suffix}", parts, role)
 
     has_qk_norm = weights.q_norm is not None
     return PreparedLayer(
-        input_norm=prepare("input_norm", weights.input_norm),
-        qkv=prepare("qkv", weights.q_proj, weights.k_proj, weights.v_proj),
+        input_norm=prepare("input_norm", WeightRole.NORM, weights.input_norm),
+        qkv=prepare("qkv", WeightRole.LINEAR, weights.q_proj, weights.k_proj, weights.v_proj),
         attention=AttentionParams(
             shape=attention_shape(cfg),
             rope=rope,
-            q_norm=prepare("q_norm", weights.q_norm) if has_qk_norm else None,
-            k_norm=prepare("k_norm", weights.k_norm) if has_qk_norm else None,
+            q_norm=prepare("q_norm", WeightRole.NORM, weights.q_norm) if has_qk_norm else None,
+            k_norm=prepare("k_norm", WeightRole.NORM, weights.k_norm) if has_qk_norm else None,
         ),
-        o_proj=prepare("o_proj", weights.o_proj),
-        post_norm=prepare("post_norm", weights.post_norm),
-        gate_up=prepare("gate_up", weights.gate_proj, weights.up_proj),
-        down=prepare("down", weights.down_proj),
+        o_proj=prepare("o_proj", WeightRole.LINEAR, weights.o_proj),
+        post_norm=prepare("post_norm", WeightRole.NORM, weights.post_norm),
+        gate_up=prepare("gate_up", WeightRole.GATE_UP, weights.gate_proj, weights.up_proj),
+        down=prepare("down", WeightRole.LINEAR, weights.down_proj),
     )
 
 
 def prepare_model(executor: Executor, weights: ModelWeights) -> PreparedModel:
     cfg = weights.config
     rope = executor.prepare_rope(rope_inv_freq(cfg), rope_attention_scaling(cfg))
-    embed = executor.prepare_weight("embed", [weights.embed])
+    embed = executor.prepare_weight("embed", [weights.embed], WeightRole.EMBEDDING)
     return PreparedModel(
         config=cfg,
         embed=embed,
         layers=[
             prepare_layer(executor, cfg, rope, layer, f"layers.{i}") for i, layer in enumerate(weights.layers)
         ],
-        norm=executor.prepare_weight("norm", [weights.norm]),
-        lm_head=embed if cfg.tie_word_embeddings else executor.prepare_weight("lm_head", [weights.lm_head]),
+        norm=executor.prepare_weight("norm", [weights.norm], WeightRole.NORM),
+        lm_head=embed if cfg.tie_word_embeddings else executor.prepare_weight("lm_head", [weights.lm_head], WeightRole.LINEAR),
         rope=rope,
     )
 
@@ -95,7 +93,7 @@ def decoder_layer(
     eps: float,
     x: Tensor,
     residual: Tensor | None,
-    kv: KVCache,
+    kv: PagedKV,
     kv_layer: int,
 ) -> tuple[Tensor, Tensor]:
     """One pre-norm decoder layer; returns (layer output, residual) with the final residual add deferred
@@ -108,7 +106,7 @@ def decoder_layer(
     return x, residual
 
 
-def forward(executor: Executor, model: PreparedModel, batch: StepBatch, kv: KVCache) -> ForwardOutput:
+def forward(executor: Executor, model: PreparedModel, batch: StepBatch, kv: PagedKV) -> ForwardOutput:
     """One step of the main model over `batch` (any mix of prefill chunks and decode tokens)."""
     eps = model.config.rms_norm_eps
     executor.begin_step(batch, kv)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import StepBatch
+from ninfer_rt.model.executor import StepBatch, WeightRole
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.model.layers import forward, prepare_model
@@ -40,8 +40,8 @@ class _InputRecorder(NumpyExecutor):
         self.sums: dict[str, np.ndarray] = {}
         self.rows: dict[str, int] = {}
 
-    def prepare_weight(self, name: str, parts: Sequence[Linear]) -> np.ndarray:
-        prepared = super().prepare_weight(name, parts)
+    def prepare_weight(self, name: str, parts: Sequence[Linear], role: WeightRole) -> np.ndarray:
+        prepared = super().prepare_weight(name, parts, role)
         self.names[id(prepared)] = name
         return prepared
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import uvicorn
 
-from ninfer_rt.engine.engine import Engine, EngineConfig
+from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.engine import Engine
 from ninfer_rt.serve.app import create_app
 from ninfer_rt.serve.backend import EngineBackend
 from ninfer_rt.serve.state import ServeConfig

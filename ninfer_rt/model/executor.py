@@ -3,21 +3,44 @@
 `StepBatch` is the host-side description of one step: any mix of prefill chunks and decode tokens over the
 paged KV (docs/ARCHITECTURE.md, "Block tables and step inputs"). `Executor` is the interface `model/layers.py`
 is written against; `exec/numpy_exec.py` (reference, CPU) and `exec/cuda_exec.py` (GPU) implement it. Tensors
-are opaque to layers.py: numpy arrays on one, device buffers on the other.
+are opaque to layers.py: numpy arrays on one, device buffers on the other. So is the KV cache: the model hands a
+`PagedKV` to the executor's ops without opening it (kv/cache.py's KVCache is the one the engine builds,
+and the executors know its layout), which keeps the model below the kv package.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ninfer_rt.cuda.streams import Stream, StreamSet
-from ninfer_rt.kv.cache import KVCache, KVDtype
+
+if TYPE_CHECKING:  # the model modules are written against this one
+    from ninfer_rt.model.layers import ForwardOutput, PreparedModel
+    from ninfer_rt.model.mtp import MTPSteps, PreparedMTP
 
 Tensor = Any
+StepForward = Callable[["StepBatch"], "ForwardOutput"]
+SampleTokens = Callable[[Tensor, np.ndarray], Tensor]  # (logits, packed params) -> int32 ids [rows, 1]
+
+
+class PageGeometry(Protocol):
+    @property
+    def page_size(self) -> int:
+        """Tokens per KV page."""
+
+
+@runtime_checkable
+class PagedKV(Protocol):
+    """Every layer's K/V pages, as the model sees them: a handle passed through to the executor's ops."""
+
+    @property
+    def spec(self) -> PageGeometry:
+        """The pages' geometry (kv/cache.py's KVSpec)."""
 
 
 @dataclass
@@ -47,6 +70,17 @@ class StepBatch:
 
     def pages_written(self, page_size: int) -> set[int]:
         return {int(s) // page_size for s in self.slot_mapping}
+
+
+class WeightRole(Enum):
+    """What a prepared weight is to the ops that read it. The model names it when it prepares the weight
+    (executors never read it from the weight's name) and executors pick storage and kernels by it; each
+    layer kind adds the roles its own ops need."""
+
+    EMBEDDING = "embedding"  # [vocab, hidden] rows gathered by token id (embed); also a tied lm_head
+    LINEAR = "linear"  # [out, in] matrix of `linear` whose output any op may read
+    GATE_UP = "gate_up"  # [gate | up] rows of a `linear` whose output only silu_mul reads (fusable)
+    NORM = "norm"  # [features] RMSNorm gains
 
 
 @dataclass(frozen=True)
@@ -86,14 +120,29 @@ class Executor(Protocol):
 
     Activations are [rows, features] with one row per token of the current step. Device results reach the
     host only through `to_host`, so everything between `begin_step` and it can be captured as one graph.
+    Capabilities an executor may lack (graphed steps, sampling on the device) are methods returning None
+    there: the engine asks, it never inspects the executor's class.
     """
 
     streams: StreamSet
     compute: Stream
 
-    def prepare_weight(self, name: str, parts: Sequence[np.ndarray]) -> Tensor:
+    def graphed_forward(self, model: PreparedModel, kv: PagedKV) -> StepForward | None:
+        """The main forward with decode-width steps replayed from captured graphs, or None where steps
+        run op by op (layers.forward)."""
+
+    def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: PagedKV) -> MTPSteps | None:
+        """MTP catch-up and drafting replayed from captured graphs, or None where they run op by op
+        (mtp.EagerMTPSteps)."""
+
+    def device_sampler(self) -> SampleTokens | None:
+        """Token selection on the executor (engine/sampling.py's definition over pack_device_params rows,
+        only ids coming back), or None where every row is sampled on the host from its logits."""
+
+    def prepare_weight(self, name: str, parts: Sequence[np.ndarray], role: WeightRole) -> Tensor:
         """Convert/upload a weight once: the parts' rows stacked in order (a fused qkv or gate_up matrix,
-        or a single matrix/vector). Parts are the checkpoint's arrays, [out, in] for linear weights."""
+        or a single matrix/vector). Parts are the checkpoint's arrays, [out, in] for linear weights.
+        `name` labels the weight (buffers, op labels); `role` is what the ops do with it."""
 
     def rewrite_weight(self, weight: Tensor, parts: Sequence[np.ndarray]) -> None:
         """Replace a prepared dense weight's values in place (same shape), in the compute stream's order:
@@ -103,11 +152,12 @@ class Executor(Protocol):
         """NeoX RoPE with these inverse frequencies (pair i rotates dims i and i+D/2); cos/sin are scaled by
         `attention_scaling` (YaRN's mscale) as transformers does."""
 
-    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
+    def reserve_attention(self, shape: AttentionShape, kv_dtype: object) -> None:
         """Allocate now what the attention of the longest steps will need (before the KV cache takes what
-        memory is left), so no step allocates it later."""
+        memory is left), so no step allocates it later. `kv_dtype` is the KV spec's (kv/cache.py's
+        KVDtype, which the model passes through without opening)."""
 
-    def begin_step(self, batch: StepBatch, kv: KVCache) -> None:
+    def begin_step(self, batch: StepBatch, kv: PagedKV) -> None:
         """Publish the step's inputs (ids, positions, block tables, slots) in the compute stream's order."""
 
     def embed(self, table: Tensor) -> Tensor:
@@ -122,7 +172,7 @@ class Executor(Protocol):
     def concat(self, parts: Sequence[Tensor]) -> Tensor:
         """Features of `parts` side by side, row by row."""
 
-    def attention(self, qkv: Tensor, params: AttentionParams, kv: KVCache, kv_layer: int) -> Tensor:
+    def attention(self, qkv: Tensor, params: AttentionParams, kv: PagedKV, kv_layer: int) -> Tensor:
         """q/k RMSNorm (if given), RoPE, K/V write into pages at the step's slots, then paged attention (GQA)
         over each sequence's block table: a row sees its sequence's keys at positions <= its own position.
         Returns [rows, num_heads * head_dim]."""

@@ -1,0 +1,210 @@
+"""Engine assembly: the flags and a checkpoint's weights -> device, executor, prepared model, drafter, KV
+cache and runner, in the order memory asks for (the KV cache is sized last, from what is left).
+
+`EngineConfig` holds the flags `generate` and `serve` share; `build` turns them into the `EngineParts`
+the request loop (engine.py) runs on, timing each start-up phase into `StartupTimes`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ninfer_rt.cuda.driver import Device, device_count, open_device
+from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.engine.kv_ledger import KVLedger
+from ninfer_rt.engine.runner import ModelRunner
+from ninfer_rt.engine.scheduler import Scheduler, SchedulerConfig
+from ninfer_rt.engine.spec import Drafter, DraftHead, SpecRunner
+from ninfer_rt.engine.spec import lookahead as spec_lookahead
+from ninfer_rt.engine.spec_vocab import DraftVocab
+from ninfer_rt.exec.cuda_exec import CudaExecutor
+from ninfer_rt.exec.numpy_exec import NumpyExecutor
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
+from ninfer_rt.kv.capacity import resolve_kv_capacity
+from ninfer_rt.kv.manager import KVManager
+from ninfer_rt.model.executor import Executor, StepForward
+from ninfer_rt.model.layers import PreparedModel, attention_shape, prepare_model
+from ninfer_rt.model.mtp import prepare_mtp
+from ninfer_rt.model.weights import ModelWeights
+
+DEVICES = ("auto", "cpu", "cuda")
+SPEC_METHODS = ("none", "mtp")
+
+
+class EngineError(RuntimeError):
+    """The engine cannot be built as configured (one line, for the CLI and the server)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The flags `generate` and `serve` share."""
+
+    device: str = "auto"  # the GPU when one is present
+    max_context: int = 32768
+    kv_capacity: str = "auto"  # 'auto' or a page count
+    max_concurrency: int = 2
+    kv_dtype: KVDtype = KVDtype.BF16  # the flag's text is parsed here, once
+    page_size: int = 64
+    token_budget: int = 2048  # tokens per step: bounds the prefill chunk that shares a step with decodes
+    prefix_caching: bool = True
+    verify_ordering: bool | None = None  # None: NINFER_VERIFY_ORDERING decides
+    spec: str = "none"  # speculative decoding: 'none' or 'mtp' (the checkpoint's MTP module drafts)
+    draft_tokens: int = 3  # drafts verified per step
+    lm_head_draft: int | None = None  # draft over the N most frequent tokens only (engine/spec_vocab.py)
+    overlap: bool = True  # enqueue each step before reading the previous one's samples (engine.py)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kv_dtype, str):
+            object.__setattr__(self, "kv_dtype", KVDtype.parse(self.kv_dtype))
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.max_context < 2:
+            raise ValueError(f"max_context must be at least 2, got {self.max_context}")
+        if self.spec not in SPEC_METHODS:
+            raise ValueError(f"spec must be one of {SPEC_METHODS}, got {self.spec!r}")
+        if self.draft_tokens < 1:
+            raise ValueError(f"draft_tokens must be at least 1, got {self.draft_tokens}")
+        if self.lm_head_draft is not None and self.lm_head_draft < 1:
+            raise ValueError(f"lm_head_draft must be at least 1, got {self.lm_head_draft}")
+
+
+@dataclass
+class StartupTimes:
+    """Seconds spent getting ready, by phase (printed at start-up by `generate` and `serve`)."""
+
+    read_weights: float = 0.0  # safetensors -> host arrays (Engine.load)
+    upload_weights: float = 0.0  # prepare_model: host -> device, fused matrices
+    kernels: float = 0.0  # executor: NVRTC (or the cubin cache) and module loads
+    kv: float = 0.0  # KV cache allocation
+    graphs: float = 0.0  # warm-up requests capturing every decode step graph
+
+    def describe(self) -> str:
+        total = self.read_weights + self.upload_weights + self.kernels + self.kv + self.graphs
+        return (
+            f"ready in {total:.1f} s: weights {self.read_weights + self.upload_weights:.1f} s, kernels {self.kernels:.1f} s, "
+            f"KV {self.kv:.1f} s, decode graphs {self.graphs:.1f} s"
+        )
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    """What the request loop runs on."""
+
+    device: str  # 'cpu' or 'cuda'
+    streams: StreamSet
+    executor: Executor
+    kv: KVCache
+    kv_manager: KVManager
+    ledger: KVLedger
+    scheduler: Scheduler
+    runner: ModelRunner
+    graphed: bool  # decode steps replay captured graphs: capture them before the first request
+
+
+def build(
+    weights: ModelWeights, config: EngineConfig, token_frequencies: np.ndarray | None, startup: StartupTimes
+) -> EngineParts:
+    if config.spec == "mtp" and weights.mtp is None:
+        raise EngineError("--spec mtp: the checkpoint has no MTP weights (no mtp.* tensors); use --spec none")
+    device = resolve_device(config.device)
+    clock = time.perf_counter()
+    streams = StreamSet(open_device() if device == "cuda" else None, verify=config.verify_ordering)
+    max_context = min(config.max_context, weights.config.max_position_embeddings)
+    executor = make_executor(config, streams, max_context)
+    startup.kernels, clock = time.perf_counter() - clock, time.perf_counter()
+    model = prepare_model(executor, weights)
+    drafter = make_drafter(executor, weights, model, config, token_frequencies)  # before KV sizing
+    executor.reserve_attention(attention_shape(weights.config), config.kv_dtype)  # likewise
+    sync_device(executor)
+    startup.upload_weights, clock = time.perf_counter() - clock, time.perf_counter()
+    # KV is sized last: `--kv-capacity auto` takes what the weights and activations left free.
+    kv = KVCache(streams, kv_spec(weights, config, streams.device))
+    startup.kv = time.perf_counter() - clock
+    kv_manager = KVManager(streams, kv, max_context, config.prefix_caching)
+    ledger = KVLedger(kv_manager, executor.compute, streams.create("copy"))
+    lookahead = spec_lookahead(config.draft_tokens) if config.spec == "mtp" else 0
+    scheduler = Scheduler(SchedulerConfig(config.max_concurrency, config.token_budget, lookahead), ledger)
+    step_forward = executor.graphed_forward(model, kv)  # None: steps run op by op
+    runner = make_runner(executor, model, kv, ledger, drafter, step_forward)
+    return EngineParts(device, streams, executor, kv, kv_manager, ledger, scheduler, runner, step_forward is not None)
+
+
+def sync_device(executor: Executor) -> None:
+    """Wait for everything enqueued so far (start-up phases are timed to completion, not to enqueue)."""
+    if executor.streams.device is not None:
+        executor.compute.synchronize()
+
+
+def resolve_device(device: str) -> str:
+    """'auto' is the GPU when one is present, else the CPU."""
+    if device == "auto":
+        return "cuda" if device_count() > 0 else "cpu"
+    return device
+
+
+def max_step_rows(config: EngineConfig) -> int:
+    """The most rows one step can hold: the token budget counts a speculative decode as one token, but
+    it verifies 1 + draft_tokens rows."""
+    drafts = config.draft_tokens if config.spec == "mtp" else 0
+    return config.token_budget + config.max_concurrency * drafts
+
+
+def make_executor(config: EngineConfig, streams: StreamSet, max_context: int) -> Executor:
+    if streams.device is None:
+        return NumpyExecutor(streams)
+    return CudaExecutor(
+        streams,
+        max_tokens=max_step_rows(config),
+        max_seqs=config.max_concurrency,
+        max_pages_per_seq=-(-max_context // config.page_size) + 1,
+        max_positions=max_context,
+    )
+
+
+def make_drafter(
+    executor: Executor, weights: ModelWeights, model: PreparedModel, config: EngineConfig, token_frequencies: np.ndarray | None
+) -> Drafter | None:
+    if config.spec == "none":
+        return None
+    vocab = None
+    if config.lm_head_draft is not None:
+        vocab = DraftVocab(config.lm_head_draft, weights.config.vocab_size, token_frequencies)
+    return Drafter(prepare_mtp(executor, weights, model), DraftHead(executor, model, weights, vocab), config.draft_tokens)
+
+
+def make_runner(
+    executor: Executor,
+    model: PreparedModel,
+    kv: KVCache,
+    ledger: KVLedger,
+    drafter: Drafter | None,
+    step_forward: StepForward | None,
+) -> ModelRunner:
+    """The plain runner, or with a drafter the speculative one; graphed where the executor graphs steps."""
+    if drafter is None:
+        return ModelRunner(executor, model, kv, ledger, step_forward)
+    mtp_steps = executor.graphed_mtp_steps(model, drafter.mtp, kv)  # None: op by op
+    return SpecRunner(executor, model, kv, ledger, drafter, step_forward, mtp_steps)
+
+
+def kv_spec(weights: ModelWeights, config: EngineConfig, device: Device | None) -> KVSpec:
+    cfg = weights.config
+    shape = dict(
+        num_layers=cfg.num_hidden_layers + cfg.mtp_layers,
+        n_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        dtype=config.kv_dtype,
+        page_size=config.page_size,
+    )
+    page = KVSpec(num_pages=1, **shape)
+    if device is None:  # CPU: memory is not the limit
+        num_pages = resolve_kv_capacity(config.kv_capacity, page, None)
+    else:
+        # What prepare_model left free; the margin keeps room for the activation pool, cuBLAS workspaces
+        # and graphs, which are allocated after the KV.
+        margin = max(3 << 30, device.total_memory // 20)
+        num_pages = resolve_kv_capacity(config.kv_capacity, page, device.free_memory(), margin)
+    return KVSpec(num_pages=num_pages, **shape)
