@@ -28,10 +28,10 @@ from tqdm import tqdm
 
 from ninfer_rt.cli_errors import BadUsage, OneLineErrors as _OneLineErrors
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import forward, prepare_model
 from ninfer_rt.model.quant import (
     SUPPORTED_BITS,

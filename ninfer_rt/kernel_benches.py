@@ -20,8 +20,8 @@ from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.sampling import pack_device_params
-from ninfer_rt.exec.base import AttentionShape
 from ninfer_rt.kv.cache import KVLayer
+from ninfer_rt.model.executor import AttentionShape
 
 DECODE_ROWS = (1, 8)  # batch-1 decode and the widest speculative verify step
 PREFILL_TOKENS = 4096  # one prefill chunk

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward, prepare_model
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 

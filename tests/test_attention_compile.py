@@ -17,9 +17,9 @@ from ninfer_rt.cuda.attention_ops import DecodeWorkspace, StepInputs
 from ninfer_rt.cuda.compiler import compile_family
 from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import AttentionParams, AttentionShape
 from ninfer_rt.kv.cache import KVCache, KVSpec, page_resource
 from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.executor import AttentionParams, AttentionShape
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 
 TARGET_ARCHS = ("sm_80", "sm_90a", "sm_120a")

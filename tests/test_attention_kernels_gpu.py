@@ -33,8 +33,8 @@ from gpu_session import POISON, OneStream
 from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda.attention_ops import DecodeWorkspace, PrefillWorkspace, StepInputs
 from ninfer_rt.cuda.memory import StagingRing
-from ninfer_rt.exec.base import AttentionParams, AttentionShape
 from ninfer_rt.kv.cache import KVCache, KVLayer, KVSpec, page_resource
+from ninfer_rt.model.executor import AttentionParams, AttentionShape
 
 pytestmark = pytest.mark.gpu
 RTOL = 1e-2  # relative L2 bound for bf16 results

@@ -13,10 +13,10 @@ import pytest
 from forward_helpers import SeqStep, random_tokens, relative_error, step_batch
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import StepBatch
 from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward, prepare_model
 from ninfer_rt.model.tiny import make_tiny_model
 from ninfer_rt.model.weights import load_model_weights

@@ -10,7 +10,7 @@ import pytest
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.engine.request import SamplingParams
-from ninfer_rt.exec.base import StepBatch
+from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.tiny import make_tiny_model
 
 pytestmark = pytest.mark.gpu

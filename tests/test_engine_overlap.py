@@ -11,7 +11,7 @@ import pytest
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.engine.request import Request, SamplingParams
-from ninfer_rt.exec.base import StepBatch
+from ninfer_rt.model.executor import StepBatch
 from test_engine_batching import collect, pages_all_back, prompt
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)

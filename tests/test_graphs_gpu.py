@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from forward_helpers import SeqStep, random_tokens, step_batch
-from ninfer_rt.exec.cuda_exec import GraphedForward
+from ninfer_rt.exec.cuda_graphs import GraphedForward
 from ninfer_rt.kv.cache import page_resource
 from ninfer_rt.model.layers import forward
 from test_cuda_exec_gpu import GPU_TINY, PAGE_SIZE, PAGES, gpu_tiny, runtime  # noqa: F401 - gpu_tiny is a fixture

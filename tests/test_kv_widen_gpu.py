@@ -14,9 +14,9 @@ from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda.attention_ops import StepInputs, WidenedKV
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import AttentionShape
 from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.kv.cache import KVLayer, page_resource
+from ninfer_rt.model.executor import AttentionShape
 
 pytestmark = pytest.mark.gpu
 HQ, HKV, D = 16, 4, 128

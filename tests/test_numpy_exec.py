@@ -8,9 +8,9 @@ import pytest
 
 from forward_helpers import PAGE_SIZE, SeqStep, relative_error, step_batch
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import AttentionParams, AttentionShape
 from ninfer_rt.exec.numpy_exec import NumpyExecutor, quantize_int8
 from ninfer_rt.kv.cache import KVCache, KVSpec, page_resource
+from ninfer_rt.model.executor import AttentionParams, AttentionShape
 from ninfer_rt.ordering import OrderingViolation
 
 SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=32, norm_eps=1e-6)

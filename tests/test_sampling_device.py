@@ -3,6 +3,7 @@ parameter rows sent to the device, which passes run, and which rows go to the de
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,6 +125,9 @@ class FakeDeviceExecutor:
         self.device_rows: list[int] = []
         self.full_copies = 0
 
+    def device_sampler(self) -> Callable[[HostTensor, np.ndarray], HostTensor] | None:
+        return self.sample_tokens
+
     def sample_tokens(self, logits: HostTensor, packed: np.ndarray) -> HostTensor:
         floats = packed.view(np.float32)
         tokens = []
@@ -149,7 +153,8 @@ class FakeDeviceExecutor:
 
 
 class HostOnlyExecutor(FakeDeviceExecutor):
-    sample_tokens = None  # the numpy executor has no device sampler
+    def device_sampler(self) -> None:  # as the numpy executor: no sampling on the device
+        return None
 
 
 def sample_rows(executor: object, logits: HostTensor, batch: list[Request]) -> list:

@@ -233,11 +233,9 @@ def test_engine_draws_the_same_tokens_on_the_device_as_on_the_host(tiny_model, p
     def run(device_sampling: bool) -> list[list[int]]:
         eng = Engine.load(tiny_model, EngineConfig(device="cuda", kv_capacity="64", token_budget=64))
         calls = []
-        if device_sampling:
-            original = eng.runner.executor.sample_tokens
-            monkeypatch.setattr(eng.runner.executor, "sample_tokens", lambda *a: calls.append(1) or original(*a))
-        else:
-            monkeypatch.setattr(eng.runner.executor, "sample_tokens", None)
+        original = eng.runner.executor.sample_tokens
+        sampler = (lambda *a: calls.append(1) or original(*a)) if device_sampling else None
+        monkeypatch.setattr(eng.runner.executor, "device_sampler", lambda: sampler)
         tokens: dict[str, list[int]] = {}
         for out in eng.generate(prompts, params):
             tokens.setdefault(out.request_id, []).extend(out.token_ids)

@@ -18,10 +18,11 @@ from ninfer_rt.engine.engine import Engine, EngineConfig
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.spec import DraftHead
 from ninfer_rt.engine.spec_vocab import REFRESH_TOKENS, DraftVocab
-from ninfer_rt.exec.base import StepBatch
-from ninfer_rt.exec.cuda_exec import BF16, CudaExecutor, StepShape
-from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps, MTPGraphKey
+from ninfer_rt.exec.cuda_exec import BF16, CudaExecutor
+from ninfer_rt.exec.cuda_graphs import GraphedMTPSteps, MTPGraphKey
+from ninfer_rt.exec.cuda_tensors import StepShape
 from ninfer_rt.kv.cache import KVCache, KVSpec
+from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import PreparedModel, forward, prepare_model
 from ninfer_rt.model.mtp import EagerMTPSteps, MTPOutput, PreparedMTP, prepare_mtp
 from ninfer_rt.model.tiny import make_tiny_model

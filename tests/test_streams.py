@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 from cuda.bindings import driver as cu
+from import_scan import imported_modules
 
 import ninfer_rt
 from ninfer_rt.cuda import streams as streams_module
@@ -56,17 +56,6 @@ def test_stream_set_creates_only_non_blocking_streams(monkeypatch: pytest.Monkey
     monkeypatch.setattr(streams_module.cu, "cuStreamCreate", create)
     StreamSet(fake_device()).create("compute")
     assert requested == [cu.CUstream_flags.CU_STREAM_NON_BLOCKING]
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Every module an `import` or `from ... import` in `path` names (relative imports excluded)."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-    return names
 
 
 def is_forbidden(module: str) -> bool:

@@ -32,10 +32,12 @@ from ninfer_rt.cuda.driver import Device, open_device
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import AttentionParams, StepBatch
-from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, GraphedForward
+from ninfer_rt.exec.cuda_exec import CudaExecutor
+from ninfer_rt.exec.cuda_graphs import GraphedForward
+from ninfer_rt.exec.cuda_tensors import DeviceTensor
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.executor import AttentionParams, StepBatch
 from ninfer_rt.model.layers import PreparedLayer, PreparedModel, attention_shape
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 from ninfer_rt.model.shapes import SHAPES

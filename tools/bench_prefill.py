@@ -26,9 +26,10 @@ from ninfer_rt.cuda.blas import GemmShape
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import StepBatch
-from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor
+from ninfer_rt.exec.cuda_exec import CudaExecutor
+from ninfer_rt.exec.cuda_tensors import DeviceTensor
 from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import forward
 
 GEMM_RATE_SHAPE = GemmShape(8192, 24576, 4096)

@@ -24,13 +24,14 @@ import numpy as np
 from bench_decode import PAGE_SIZE, RandomModel, append_results, build_random_model, make_kv, print_table, run_info, shape_config, time_decode
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import StepBatch
-from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, GraphedForward
-from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps
-from ninfer_rt.model.shapes import SHAPES
+from ninfer_rt.exec.cuda_exec import CudaExecutor
+from ninfer_rt.exec.cuda_graphs import GraphedForward, GraphedMTPSteps
+from ninfer_rt.exec.cuda_tensors import DeviceTensor
 from ninfer_rt.kv.cache import KVCache
+from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import PreparedMTP
+from ninfer_rt.model.shapes import SHAPES
 
 
 @dataclass

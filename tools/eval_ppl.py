@@ -21,7 +21,7 @@ import click
 import numpy as np
 
 from ninfer_rt.engine.engine import Engine, EngineConfig
-from ninfer_rt.exec.base import StepBatch
+from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import forward
 from ninfer_rt.model.tiny import ENDOFTEXT
 from ninfer_rt.model.tokenizer import Tokenizer

@@ -32,7 +32,8 @@ from ninfer_rt.cuda.benchmark import copy_bandwidth
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.cuda_exec import CudaExecutor, GraphedForward
+from ninfer_rt.exec.cuda_exec import CudaExecutor
+from ninfer_rt.exec.cuda_graphs import GraphedForward
 from ninfer_rt.kernel_benches import Shape, gemv_shapes
 from ninfer_rt.model.shapes import SHAPES
 

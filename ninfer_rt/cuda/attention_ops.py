@@ -32,7 +32,7 @@ from ninfer_rt.cuda.streams import StreamSet, require_stream
 from ninfer_rt.ordering.verifier import Resource
 
 if TYPE_CHECKING:
-    from ninfer_rt.exec.base import AttentionParams, AttentionShape
+    from ninfer_rt.model.executor import AttentionParams, AttentionShape
     from ninfer_rt.kv.cache import KVCache, KVLayer
 
 PAGE_SIZE = 64  # kPageSize in attention_common.cuh

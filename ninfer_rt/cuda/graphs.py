@@ -1,7 +1,7 @@
 """CUDA graphs: capture a step's launches once, replay them as one launch.
 
 Decode is launch bound in Python (~5 us per launch, ~400 launches a step for a 36-layer model), so each
-decode step shape (batch size and verify width, see `cuda_exec.StepShape`) is captured once and replayed.
+decode step shape (batch size and verify width, see `exec/cuda_tensors.StepShape`) is captured once and replayed.
 
 Capture: cuStreamBeginCapture(THREAD_LOCAL) on the (non-default) compute stream, the ops enqueued as in
 an eager step, cuStreamEndCapture, cuGraphInstantiate. Nothing may allocate or load modules while

@@ -27,7 +27,7 @@ import itertools
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,16 +44,15 @@ from ninfer_rt.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStep
 from ninfer_rt.engine.spec import Drafter, DraftHead, SpecRunner
 from ninfer_rt.engine.spec import lookahead as spec_lookahead
 from ninfer_rt.engine.spec_vocab import DraftVocab, load_token_frequencies
-from ninfer_rt.exec.base import Executor, StepBatch
-from ninfer_rt.exec.cuda_exec import CudaExecutor, GraphedForward
-from ninfer_rt.exec.cuda_mtp import GraphedMTPSteps
+from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.kv.capacity import check_fits, resolve_kv_capacity
 from ninfer_rt.kv.manager import KVManager
 from ninfer_rt.kv.pages import PoolStats
-from ninfer_rt.model.layers import ForwardOutput, PreparedModel, attention_shape, prepare_model
-from ninfer_rt.model.mtp import MTPSteps, PreparedMTP, prepare_mtp
+from ninfer_rt.model.executor import Executor
+from ninfer_rt.model.layers import PreparedModel, attention_shape, prepare_model
+from ninfer_rt.model.mtp import prepare_mtp
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 
@@ -155,11 +154,11 @@ class Engine:
         self.ledger = KVLedger(self.kv_manager, self.executor.compute, self.streams.create("copy"))
         lookahead = spec_lookahead(config.draft_tokens) if config.spec == "mtp" else 0
         self.scheduler = Scheduler(SchedulerConfig(config.max_concurrency, config.token_budget, lookahead), self.ledger)
-        step_forward = step_forward_for(self.executor, model, self.kv)
+        step_forward = self.executor.graphed_forward(model, self.kv)  # None: steps run op by op
         if drafter is None:
             self.runner = ModelRunner(self.executor, model, self.kv, self.ledger, step_forward)
         else:
-            mtp_steps = mtp_steps_for(self.executor, model, drafter.mtp, self.kv)
+            mtp_steps = self.executor.graphed_mtp_steps(model, drafter.mtp, self.kv)
             self.runner = SpecRunner(self.executor, model, self.kv, self.ledger, drafter, step_forward, mtp_steps)
         self._requests: dict[str, OutputStream] = {}
         self._pending: list[RequestOutput] = []  # outputs of requests ended between steps (abort)
@@ -168,7 +167,7 @@ class Engine:
         self._ids = itertools.count()
         self._owner: int | None = None
         self.streams.crash.add_section("engine", self._frontier)
-        if isinstance(self.executor, CudaExecutor):
+        if step_forward is not None:  # graphed steps: capture them before the first request
             clock = time.perf_counter()
             self._capture_decode_graphs()
             self.startup.graphs = time.perf_counter() - clock
@@ -374,16 +373,6 @@ def make_drafter(
     if config.lm_head_draft is not None:
         vocab = DraftVocab(config.lm_head_draft, weights.config.vocab_size, token_frequencies)
     return Drafter(prepare_mtp(executor, weights, model), DraftHead(executor, model, weights, vocab), config.draft_tokens)
-
-
-def step_forward_for(executor: Executor, model: PreparedModel, kv: KVCache) -> Callable[[StepBatch], ForwardOutput] | None:
-    """Decode steps replay CUDA graphs on the GPU; the numpy executor runs the plain forward."""
-    return GraphedForward(executor, model, kv) if isinstance(executor, CudaExecutor) else None
-
-
-def mtp_steps_for(executor: Executor, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> MTPSteps | None:
-    """MTP catch-up and drafting replay CUDA graphs on the GPU; the numpy executor runs them op by op."""
-    return GraphedMTPSteps(executor, model, mtp, kv) if isinstance(executor, CudaExecutor) else None
 
 
 def kv_spec(weights: ModelWeights, config: EngineConfig, device: Device | None) -> KVSpec:

@@ -1,6 +1,6 @@
 """One step on the executor: scheduled chunks -> StepBatch -> forward -> sampled tokens.
 
-Executor-agnostic: it speaks exec.base.StepBatch and model.layers.forward, so the numpy executor and the
+Executor-agnostic: it speaks model.executor.StepBatch and model.layers.forward, so the numpy executor and the
 CUDA executor run the same code. `run` returns a list of tokens per sampling request; here that list
 holds one token, and the speculative runner (spec.py) returns the accepted drafts plus the bonus token
 through the same shape.
@@ -8,7 +8,7 @@ through the same shape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,13 +17,10 @@ from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.request import Request
 from ninfer_rt.engine.sampling import PendingSamples, Sample, start_sampling
 from ninfer_rt.engine.scheduler import ScheduledChunk
-from ninfer_rt.exec.base import Executor, StepBatch
 from ninfer_rt.kv.cache import KVCache
 from ninfer_rt.kv.sequence import SequenceKV
+from ninfer_rt.model.executor import Executor, StepBatch, StepForward
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
-
-StepForward = Callable[[StepBatch], ForwardOutput]
-
 
 @dataclass(frozen=True)
 class SampledTokens:

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
 from ninfer_rt.engine.request import Request, SamplingParams
+from ninfer_rt.model.executor import Executor, PendingRead, Tensor
 
 # The device's parameter rows (ninfer_rt/cuda/sampling_ops.py, SampleParams in kernels_src/sampling.cu):
 # int32 words temperature, top_k, top_p, min_p, u (the floats as f32 bits), flags, 2 unused.
@@ -214,7 +213,7 @@ class PendingSamples:
     """A step's samples: token ids still on their way from the device, or already drawn on the host."""
 
     samples: list[Sample | None]
-    device_ids: Any = None  # Executor.read_later of the device-sampled rows' ids, None once all are here
+    device_ids: PendingRead | None = None  # Executor.read_later of the device-sampled rows' ids, None once all are here
 
     def result(self) -> list[Sample]:
         if self.device_ids is not None:
@@ -224,13 +223,13 @@ class PendingSamples:
         return self.samples  # type: ignore[return-value]
 
 
-def start_sampling(executor: Any, logits: Any, requests: Sequence[Request], feed: bool) -> PendingSamples:
-    """Sample request i from logits row i. Rows `on_device` go through the executor's `sample_tokens`
+def start_sampling(executor: Executor, logits: Tensor, requests: Sequence[Request], feed: bool) -> PendingSamples:
+    """Sample request i from logits row i. Rows `on_device` go through the executor's device sampler
     (when it has one: the CUDA executor) and only their ids come back; the others are sampled here from
     the full rows, copied only when some row needs them. When every row is sampled on the device, nothing
     waits here: the ids are read back later (PendingSamples.result). `feed`: the ids also go to
     Executor.feed, so the next step can embed them before the host has seen them."""
-    device = getattr(executor, "sample_tokens", None)
+    device = executor.device_sampler()
     routed = [device is not None and on_device(r.params) for r in requests]
     samples: list[Sample | None] = [None] * len(requests)
     if any(routed):

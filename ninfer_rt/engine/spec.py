@@ -19,7 +19,7 @@ positions N..N+k-1 (drafted at the end of its previous step):
 3. Draft: row a's MTP logits give d'1 (for position N'); then the one MTP layer is reused k - 1 more times,
    one row per request at positions N'-1, N', ..., fed the previous MTP output as its hidden input.
    Catch-up and drafts are model/mtp.py MTPSteps: CUDA graphs per step shape on the CUDA executor
-   (exec/cuda_mtp.py), op by op elsewhere.
+   (exec/cuda_graphs.py), op by op elsewhere.
 
 A prefill chunk is the same with no drafts: the catch-up runs over all of its rows (the token after its
 last row is the sampled one, or the next prompt token for a chunk that samples nothing), so the MTP K/V
@@ -47,13 +47,13 @@ import numpy as np
 
 from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.request import Request
-from ninfer_rt.engine.runner import ModelRunner, SampledTokens, SeqRows, StepForward, step_batch
+from ninfer_rt.engine.runner import ModelRunner, SampledTokens, SeqRows, step_batch
 from ninfer_rt.engine.sampling import Sample, argmax_decides, described, final_logits, softmax
 from ninfer_rt.engine.scheduler import ScheduledChunk
 from ninfer_rt.engine.spec_verify import Verdict, verify_greedy, verify_sampled
 from ninfer_rt.engine.spec_vocab import DraftVocab
-from ninfer_rt.exec.base import Executor, StepBatch, Tensor
 from ninfer_rt.kv.cache import KVCache
+from ninfer_rt.model.executor import Executor, StepBatch, StepForward, Tensor
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import EagerMTPSteps, MTPSteps, PreparedMTP
 from ninfer_rt.model.weights import ModelWeights

@@ -1,10 +1,9 @@
-"""CUDA Executor: the model's ops as kernels on one compute stream (the GPU side of exec/base.py).
+"""CUDA Executor: the model's ops as kernels on one compute stream (the GPU side of model/executor.py).
 
-Tensors are `DeviceTensor`s: bf16 (or f32 logits) row-major [rows, cols] in device buffers. Weights are
-uploaded once through pinned staging (qkv and gate_up fused by layers.py's prepare). Activations come
-from a pool of buffers sized for `max_tokens` rows; a tensor returns its buffer to the pool when Python
-drops it. Everything runs on the one `compute` stream, so a buffer reused by a later op is always ordered
-after the last op that read it; the pool never frees, so addresses stay valid inside captured graphs.
+Tensors are `DeviceTensor`s (exec/cuda_tensors.py). Weights are uploaded once through pinned staging (qkv
+and gate_up fused by layers.py's prepare). Activations come from a pool of buffers sized for `max_tokens`
+rows. Everything runs on the one `compute` stream, so a buffer reused by a later op is always ordered
+after the last op that read it.
 
 Per op: linear is the decode GEMV for <= 8 rows (gemv.cu; gemv_quant.cu for int4/int8 weights, which
 wider steps dequantize into one bf16 scratch matrix first) and cuBLASLt above; a GEMV into gate_up is
@@ -13,7 +12,7 @@ attention is attention_ops.attention (rope_kv, then the decode or prefill kernel
 
 Step inputs (rule 3) are published by `begin_step` through a StagingRing on the compute stream: all seven
 int32 arrays packed into one staging slot and one copy, at offsets that depend only on their lengths
-(so on the step's shape), which is what lets a captured step (GraphedForward, graphs.py) replay after a
+(so on the step's shape), which is what lets a captured step (exec/cuda_graphs.py) replay after a
 fresh publish into the same addresses.
 """
 
@@ -22,7 +21,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
@@ -30,63 +29,25 @@ import numpy as np
 from ninfer_rt.cuda import attention_ops, linear_ops, ops, quant_ops, sampling_ops
 from ninfer_rt.cuda.blas import Blas, GemmShape
 from ninfer_rt.cuda.compiler import families
-from ninfer_rt.cuda.graphs import Graph, capture
 from ninfer_rt.cuda.kernels import KernelLibrary
 from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
 from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView, PinnedBuffer, StagingRing
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
+from ninfer_rt.exec.cuda_graphs import GraphedForward, GraphedMTPSteps
+from ninfer_rt.exec.cuda_tensors import ITEMSIZE, ActivationPool, DeviceTensor, StepShape, step_shape
 from ninfer_rt.kv.cache import KVCache, page_resource
-from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
+from ninfer_rt.model.executor import AttentionParams, AttentionShape, SampleTokens, StepBatch
+from ninfer_rt.model.layers import PreparedModel
+from ninfer_rt.model.mtp import PreparedMTP
 from ninfer_rt.model.quant import Linear, QuantizedWeight, concat_rows
 from ninfer_rt.ordering.verifier import Resource
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-_ITEMSIZE = {"bf16": 2, "f32": 4, "i32": 4}
 _HOST_DTYPE = {"bf16": BF16, "f32": np.dtype(np.float32), "i32": np.dtype(np.int32)}
 STEP_INPUTS = ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows")
 UPLOAD_CHUNK_BYTES = 64 << 20
 MAX_INPUT_LAYOUTS = 1024
-
-
-class _Pool:
-    """Activation buffers by (cols, dtype, capacity rows), handed out again once their tensor is dropped."""
-
-    def __init__(self, streams: StreamSet) -> None:
-        self._streams = streams
-        self._free: dict[tuple[int, str, int], list[DeviceBuffer]] = {}
-        self.allocated = 0  # buffers ever made: constant in steady state (a test checks it)
-
-    def take(self, cols: int, dtype: str, capacity: int) -> DeviceBuffer:
-        free = self._free.setdefault((cols, dtype, capacity), [])
-        if free:
-            return free.pop()
-        self.allocated += 1
-        return DeviceBuffer(self._streams, capacity * cols * _ITEMSIZE[dtype], f"act[{cols}x{dtype}]#{self.allocated}")
-
-    def give(self, buffer: DeviceBuffer, cols: int, dtype: str, capacity: int) -> None:
-        self._free[(cols, dtype, capacity)].append(buffer)
-
-
-@dataclass(eq=False)
-class DeviceTensor:
-    """[rows, cols] row-major on the device. Pooled tensors give their buffer back when dropped."""
-
-    buffer: DeviceBuffer
-    rows: int
-    cols: int
-    dtype: str = "bf16"
-    _pool: tuple[_Pool, int] | None = field(default=None, repr=False)  # (pool, capacity rows)
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows * self.cols * _ITEMSIZE[self.dtype]
-
-    def __del__(self) -> None:
-        if self._pool is not None:
-            pool, capacity = self._pool
-            pool.give(self.buffer, self.cols, self.dtype, capacity)
 
 
 @dataclass(eq=False)
@@ -106,16 +67,8 @@ class InputLayout:
     views: dict[str, DeviceView]
 
 
-@dataclass(frozen=True)
-class StepShape:
-    """Everything host-side that decides which launches a step makes (a captured graph's key)."""
-
-    query_lens: tuple[int, ...]  # new rows per sequence: also picks each sequence's attention kernel
-    logit_rows: int
-
-
 class CudaExecutor:
-    """The Executor of exec/base.py on one GPU."""
+    """The Executor of model/executor.py on one GPU."""
 
     def __init__(
         self,
@@ -140,7 +93,7 @@ class CudaExecutor:
         self.max_pages_per_seq = max_pages_per_seq
         self.max_positions = max_positions
         self.max_logit_rows = max_logit_rows or max_tokens
-        self._pool = _Pool(streams)
+        self._pool = ActivationPool(streams)
         self._input_buffer = DeviceBuffer(streams, self._input_bytes(), "step.inputs")
         self._staging = StagingRing(streams, 3, self._input_bytes(), name="step_inputs")
         self._input_layouts: dict[tuple[int, ...], InputLayout] = {}
@@ -194,7 +147,7 @@ class CudaExecutor:
         """An unpooled device tensor that lives as long as the model (benchmarks fill it on the device)."""
         if name == "embed":
             self._vocab = rows  # token ids are validated against it before every publish
-        return DeviceTensor(DeviceBuffer(self.streams, rows * cols * _ITEMSIZE[dtype], f"w.{name}"), rows, cols, dtype)
+        return DeviceTensor(DeviceBuffer(self.streams, rows * cols * ITEMSIZE[dtype], f"w.{name}"), rows, cols, dtype)
 
     def upload(self, buffer: DeviceBuffer, array: np.ndarray, *, label: str) -> None:
         """Host array -> device buffer through pinned staging, in chunks, ordered on the compute stream."""
@@ -221,6 +174,17 @@ class CudaExecutor:
                 self.library, self.streams, shape.num_kv_heads, shape.head_dim, self.max_pages_per_seq,
                 4 * self._input_capacity("block_tables"),  # int32 entries
             )
+
+    # -- capabilities ------------------------------------------------------------------------------------
+
+    def graphed_forward(self, model: PreparedModel, kv: KVCache) -> GraphedForward:
+        return GraphedForward(self, model, kv)
+
+    def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> GraphedMTPSteps:
+        return GraphedMTPSteps(self, model, mtp, kv)
+
+    def device_sampler(self) -> SampleTokens:
+        return self.sample_tokens
 
     # -- step --------------------------------------------------------------------------------------------
 
@@ -517,43 +481,3 @@ def input_layout(buffer: DeviceBuffer, lengths: dict[str, int]) -> InputLayout:
         views[name] = DeviceView(buffer, 4 * end, 4 * max(length, 1), f"step.{name}")
         end += -(-max(length, 1) // 4) * 4
     return InputLayout(tuple(offsets), end, views)
-
-
-def step_shape(batch: StepBatch) -> StepShape:
-    return StepShape(tuple(int(n) for n in np.diff(batch.query_start)), int(len(batch.logit_rows)))
-
-
-class GraphedForward:
-    """`layers.forward` with decode-width steps (<= 8 rows in total) replayed from CUDA graphs, one per
-    StepShape; wider steps (prefill) run eagerly. Replays are bit-identical to eager runs: same kernels,
-    same buffers, same launch parameters."""
-
-    def __init__(self, executor: CudaExecutor, model: PreparedModel, kv: KVCache) -> None:
-        self.executor = executor
-        self.model = model
-        self.kv = kv
-        self.graphs: dict[StepShape, Graph] = {}
-
-    def __call__(self, batch: StepBatch) -> ForwardOutput:
-        shape = step_shape(batch)
-        if sum(shape.query_lens) > linear_ops.GEMV_MAX_ROWS:
-            return forward(self.executor, self.model, batch, self.kv)
-        with self.executor.prepublished(batch, self.kv):  # outside the graph, on the stream it replays on
-            graph = self.graphs.get(shape)
-            if graph is None:
-                graph = self.graphs[shape] = self._capture(batch)
-            self.executor.begin_step(batch, self.kv)  # host bookkeeping only
-        pages_read, pages_written = self.executor.step_pages
-        return graph.replay(pages_read, pages_written, lane=tuple(batch.lanes) or None)
-
-    def _capture(self, batch: StepBatch) -> Graph:
-        # The eager run loads every kernel and fills the pool; its outputs are dropped before capturing so
-        # the capture finds every buffer it needs free (no allocation while capturing). It writes this
-        # step's K/V, which the replay that follows rewrites with the same values.
-        forward(self.executor, self.model, batch, self.kv)
-        return capture(self.executor.compute, lambda: forward(self.executor, self.model, batch, self.kv))
-
-    def destroy(self) -> None:
-        for graph in self.graphs.values():
-            graph.destroy()
-        self.graphs.clear()

@@ -17,8 +17,10 @@ import numpy as np
 
 from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
 from ninfer_rt.cuda.streams import Stream, StreamSet
-from ninfer_rt.exec.base import AttentionParams, AttentionShape, StepBatch
 from ninfer_rt.kv.cache import KVCache, KVLayer, page_resource
+from ninfer_rt.model.executor import AttentionParams, AttentionShape, StepBatch
+from ninfer_rt.model.layers import PreparedModel
+from ninfer_rt.model.mtp import PreparedMTP
 from ninfer_rt.model.quant import Linear, dense
 from ninfer_rt.ordering.verifier import Resource
 
@@ -144,7 +146,7 @@ def causal_gqa_attention(
 
 
 class NumpyExecutor:
-    """The reference Executor (see exec/base.py). Tensors are numpy arrays of `dtype`."""
+    """The reference Executor (see model/executor.py). Tensors are numpy arrays of `dtype`."""
 
     def __init__(
         self,
@@ -183,6 +185,17 @@ class NumpyExecutor:
 
     def reserve_attention(self, shape: AttentionShape, kv_dtype: str) -> None:
         """Nothing: host memory is allocated as the ops run."""
+
+    # -- capabilities: none; steps run op by op and tokens are sampled on the host ----------------------
+
+    def graphed_forward(self, model: PreparedModel, kv: KVCache) -> None:
+        return None
+
+    def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> None:
+        return None
+
+    def device_sampler(self) -> None:
+        return None
 
     # -- step --------------------------------------------------------------------------------------------
 

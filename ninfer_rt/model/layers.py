@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ninfer_rt.exec.base import AttentionParams, AttentionShape, Executor, StepBatch, Tensor
-from ninfer_rt.kv.cache import KVCache
 from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.executor import AttentionParams, AttentionShape, Executor, PagedKV, StepBatch, Tensor
 from ninfer_rt.model.quant import Linear
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 from ninfer_rt.model.weights import LayerWeights, ModelWeights
@@ -95,7 +94,7 @@ def decoder_layer(
     eps: float,
     x: Tensor,
     residual: Tensor | None,
-    kv: KVCache,
+    kv: PagedKV,
     kv_layer: int,
 ) -> tuple[Tensor, Tensor]:
     """One pre-norm decoder layer; returns (layer output, residual) with the final residual add deferred
@@ -108,7 +107,7 @@ def decoder_layer(
     return x, residual
 
 
-def forward(executor: Executor, model: PreparedModel, batch: StepBatch, kv: KVCache) -> ForwardOutput:
+def forward(executor: Executor, model: PreparedModel, batch: StepBatch, kv: PagedKV) -> ForwardOutput:
     """One step of the main model over `batch` (any mix of prefill chunks and decode tokens)."""
     eps = model.config.rms_norm_eps
     executor.begin_step(batch, kv)

@@ -8,7 +8,7 @@ An MTP step's StepBatch is therefore the main step's with token_ids shifted by o
 
 Drafting chains MTP steps: the catch-up over a verify step's rows, then single-row draft steps, each fed
 the hidden state the previous one left (`MTPSteps`). `EagerMTPSteps` runs them op by op on any executor;
-the CUDA executor replays them from graphs (exec/cuda_mtp.py).
+the CUDA executor replays them from graphs (exec/cuda_graphs.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from ninfer_rt.exec.base import Executor, StepBatch, Tensor
-from ninfer_rt.kv.cache import KVCache
+from ninfer_rt.model.executor import Executor, PagedKV, StepBatch, Tensor
 from ninfer_rt.model.layers import ForwardOutput, PreparedLayer, PreparedModel, decoder_layer, prepare_layer
 from ninfer_rt.model.weights import ModelWeights
 
@@ -52,7 +51,7 @@ def mtp_forward(
     mtp: PreparedMTP,
     batch: StepBatch,
     hidden: Tensor,
-    kv: KVCache,
+    kv: PagedKV,
     lm_head: Tensor | None = None,
 ) -> ForwardOutput:
     """One MTP step: `batch.token_ids` are the next tokens x[p+1], `hidden` the main model's h[p] per row
@@ -91,7 +90,7 @@ class MTPSteps(Protocol):
 class EagerMTPSteps:
     """MTPSteps as plain op sequences: the numpy executor's, and the CUDA reference graphs must equal."""
 
-    def __init__(self, executor: Executor, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> None:
+    def __init__(self, executor: Executor, model: PreparedModel, mtp: PreparedMTP, kv: PagedKV) -> None:
         self.executor = executor
         self.model = model
         self.mtp = mtp

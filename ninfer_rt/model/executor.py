@@ -3,21 +3,43 @@
 `StepBatch` is the host-side description of one step: any mix of prefill chunks and decode tokens over
 the paged KV (DESIGN.md, "Data layouts"). `Executor` is the interface `model/layers.py` is written against;
 `exec/numpy_exec.py` (reference, CPU) and `exec/cuda_exec.py` (GPU) implement it. Tensors are opaque to
-layers.py: numpy arrays on one, device buffers on the other.
+layers.py: numpy arrays on one, device buffers on the other. So is the KV cache: the model hands a
+`PagedKV` to the executor's ops without opening it (kv/cache.py's KVCache is the one the engine builds,
+and the executors know its layout), which keeps the model below the kv package.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ninfer_rt.cuda.streams import Stream, StreamSet
-from ninfer_rt.kv.cache import KVCache
+
+if TYPE_CHECKING:  # the model modules are written against this one
+    from ninfer_rt.model.layers import ForwardOutput, PreparedModel
+    from ninfer_rt.model.mtp import MTPSteps, PreparedMTP
 
 Tensor = Any
+StepForward = Callable[["StepBatch"], "ForwardOutput"]
+SampleTokens = Callable[[Tensor, np.ndarray], Tensor]  # (logits, packed params) -> int32 ids [rows, 1]
+
+
+class PageGeometry(Protocol):
+    @property
+    def page_size(self) -> int:
+        """Tokens per KV page."""
+
+
+@runtime_checkable
+class PagedKV(Protocol):
+    """Every layer's K/V pages, as the model sees them: a handle passed through to the executor's ops."""
+
+    @property
+    def spec(self) -> PageGeometry:
+        """The pages' geometry (kv/cache.py's KVSpec)."""
 
 
 @dataclass
@@ -86,10 +108,24 @@ class Executor(Protocol):
 
     Activations are [rows, features] with one row per token of the current step. Device results reach the
     host only through `to_host`, so everything between `begin_step` and it can be captured as one graph.
+    Capabilities an executor may lack (graphed steps, sampling on the device) are methods returning None
+    there: the engine asks, it never inspects the executor's class.
     """
 
     streams: StreamSet
     compute: Stream
+
+    def graphed_forward(self, model: PreparedModel, kv: PagedKV) -> StepForward | None:
+        """The main forward with decode-width steps replayed from captured graphs, or None where steps
+        run op by op (layers.forward)."""
+
+    def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: PagedKV) -> MTPSteps | None:
+        """MTP catch-up and drafting replayed from captured graphs, or None where they run op by op
+        (mtp.EagerMTPSteps)."""
+
+    def device_sampler(self) -> SampleTokens | None:
+        """Token selection on the executor (engine/sampling.py's definition over pack_device_params rows,
+        only ids coming back), or None where every row is sampled on the host from its logits."""
 
     def prepare_weight(self, name: str, parts: Sequence[np.ndarray]) -> Tensor:
         """Convert/upload a weight once: the parts' rows stacked in order (a fused qkv or gate_up matrix,
@@ -107,7 +143,7 @@ class Executor(Protocol):
         """Allocate now what the attention of the longest steps will need (before the KV cache takes what
         memory is left), so no step allocates it later."""
 
-    def begin_step(self, batch: StepBatch, kv: KVCache) -> None:
+    def begin_step(self, batch: StepBatch, kv: PagedKV) -> None:
         """Publish the step's inputs (ids, positions, block tables, slots) in the compute stream's order."""
 
     def embed(self, table: Tensor) -> Tensor:
@@ -122,7 +158,7 @@ class Executor(Protocol):
     def concat(self, parts: Sequence[Tensor]) -> Tensor:
         """Features of `parts` side by side, row by row."""
 
-    def attention(self, qkv: Tensor, params: AttentionParams, kv: KVCache, kv_layer: int) -> Tensor:
+    def attention(self, qkv: Tensor, params: AttentionParams, kv: PagedKV, kv_layer: int) -> Tensor:
         """q/k RMSNorm (if given), RoPE, K/V write into pages at the step's slots, then paged attention (GQA)
         over each sequence's block table: a row sees its sequence's keys at positions <= its own position.
         Returns [rows, num_heads * head_dim]."""

@@ -1,37 +1,78 @@
-"""The MTP steps of speculative decoding (model/mtp.py MTPSteps) replayed from CUDA graphs.
+"""Graphed steps on the CUDA executor: the main forward's decode and verify steps (`GraphedForward`) and
+the MTP steps of speculative decoding (`GraphedMTPSteps`, model/mtp.py MTPSteps), replayed from CUDA
+graphs (cuda/graphs.py). Decode-width steps (<= 8 rows) replay a graph per key; wider ones (prefill, the
+catch-up of a prefill chunk) run eagerly; replays are bit-identical to eager runs: same kernels, same
+buffers, same launch parameters.
 
-Like GraphedForward for the verify forward: decode-width steps (<= 8 rows) replay a graph per key, wider
-ones (the catch-up of a prefill chunk) run eagerly; replays are bit-identical to eager runs. A key is the
-step shape, the phase and the lm_head scored (the full one or `--lm-head-draft`'s rows, whose buffer is
-rewritten in place on a vocabulary refresh, so its address never changes).
+An MTP graph's key is the step shape, the phase and the lm_head scored (the full one or
+`--lm-head-draft`'s rows, whose buffer is rewritten in place on a vocabulary refresh, so its address never
+changes).
 
-A graph reads and writes only fixed addresses, so the hidden state handed between steps lives in two
-buffers of this class: `hidden_in` receives the verify forward's hidden rows (one device copy before the
-catch-up replay: the verify graph's output address depends on its own shape), and `state` the rows the
+A graph reads and writes only fixed addresses, so the hidden state handed between MTP steps lives in two
+buffers of GraphedMTPSteps: `hidden_in` receives the verify forward's hidden rows (one device copy before
+the catch-up replay: the verify graph's output address depends on its own shape), and `state` the rows the
 next draft step reads, written by the last op of every catch-up and draft graph. The argmax of the
 logits is captured too, so a greedy draft costs one replay and a 4-byte read per row.
 
-Capture follows GraphedForward: inputs are published outside the graph, and an eager run first loads the
-kernels and fills the activation pool. That eager run does not write `state` (the draft step it warms up
-reads it), and writes the same K/V the replay that follows rewrites.
+Capture: inputs are published outside the graph, and an eager run first loads the kernels and fills the
+activation pool. The MTP's eager run does not write `state` (the draft step it warms up reads it), and
+every eager run writes the same K/V the replay that follows rewrites.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ninfer_rt.cuda.graphs import Graph, capture
 from ninfer_rt.cuda.linear_ops import GEMV_MAX_ROWS
 from ninfer_rt.cuda.memory import DeviceBuffer
-from ninfer_rt.exec.base import StepBatch
-from ninfer_rt.exec.cuda_exec import CudaExecutor, DeviceTensor, StepShape, step_shape
+from ninfer_rt.exec.cuda_tensors import DeviceTensor, StepShape, step_shape
 from ninfer_rt.kv.cache import KVCache
-from ninfer_rt.model.layers import PreparedModel
+from ninfer_rt.model.executor import StepBatch
+from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
 from ninfer_rt.model.mtp import MTPOutput, PreparedMTP, mtp_forward, scored
 
+if TYPE_CHECKING:  # the executor builds these objects over itself (CudaExecutor.graphed_forward)
+    from ninfer_rt.exec.cuda_exec import CudaExecutor
+
 Phase = Literal["catch-up", "draft"]
+
+
+class GraphedForward:
+    """`layers.forward` with decode-width steps (<= 8 rows in total) replayed from CUDA graphs, one per
+    StepShape; wider steps (prefill) run eagerly."""
+
+    def __init__(self, executor: CudaExecutor, model: PreparedModel, kv: KVCache) -> None:
+        self.executor = executor
+        self.model = model
+        self.kv = kv
+        self.graphs: dict[StepShape, Graph] = {}
+
+    def __call__(self, batch: StepBatch) -> ForwardOutput:
+        shape = step_shape(batch)
+        if sum(shape.query_lens) > GEMV_MAX_ROWS:
+            return forward(self.executor, self.model, batch, self.kv)
+        with self.executor.prepublished(batch, self.kv):  # outside the graph, on the stream it replays on
+            graph = self.graphs.get(shape)
+            if graph is None:
+                graph = self.graphs[shape] = self._capture(batch)
+            self.executor.begin_step(batch, self.kv)  # host bookkeeping only
+        pages_read, pages_written = self.executor.step_pages
+        return graph.replay(pages_read, pages_written, lane=tuple(batch.lanes) or None)
+
+    def _capture(self, batch: StepBatch) -> Graph:
+        # The eager run loads every kernel and fills the pool; its outputs are dropped before capturing so
+        # the capture finds every buffer it needs free (no allocation while capturing). It writes this
+        # step's K/V, which the replay that follows rewrites with the same values.
+        forward(self.executor, self.model, batch, self.kv)
+        return capture(self.executor.compute, lambda: forward(self.executor, self.model, batch, self.kv))
+
+    def destroy(self) -> None:
+        for graph in self.graphs.values():
+            graph.destroy()
+        self.graphs.clear()
 
 
 @dataclass(frozen=True)
