@@ -1,4 +1,4 @@
-"""Hugging Face ``config.json`` -> :class:`ModelConfig` for the dense architectures ninfer-rt runs."""
+"""Hugging Face ``config.json`` -> :class:`ModelConfig`: the dense architectures and the Qwen3.5 hybrids."""
 
 from __future__ import annotations
 
@@ -7,23 +7,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ninfer_rt.model.config_error import ModelConfigError
+from ninfer_rt.model.hybrid_config import (
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    LinearAttentionConfig,
+    layer_types_of,
+    linear_attention_of,
+    partial_rotary_factor_of,
+    refuse_mixture_of_experts,
+    refuse_unsupported_hybrid_features,
+    text_config_of,
+)
+
+__all__ = ["ModelConfig", "ModelConfigError", "RopeScaling", "LinearAttentionConfig", "SUPPORTED_ARCHITECTURES"]
+
 
 @dataclass(frozen=True)
 class _ArchitectureTraits:
     qk_norm: bool  # per-head RMSNorm on q and k before RoPE
     default_head_dim: int | None  # what transformers assumes when config.json omits head_dim; None = hidden/heads
+    hybrid: bool = False  # the Qwen3.5 family: Gated DeltaNet + gated attention layers, zero-centred norms
 
+
+_QWEN3_5 = _ArchitectureTraits(qk_norm=True, default_head_dim=256, hybrid=True)
 
 SUPPORTED_ARCHITECTURES: dict[str, _ArchitectureTraits] = {
     "Qwen3ForCausalLM": _ArchitectureTraits(qk_norm=True, default_head_dim=128),
     "LlamaForCausalLM": _ArchitectureTraits(qk_norm=False, default_head_dim=None),
+    "Qwen3_5ForCausalLM": _QWEN3_5,
+    "Qwen3_5ForConditionalGeneration": _QWEN3_5,  # vision-language checkpoint; ninfer-rt runs its text model
 }
 
 SUPPORTED_ROPE_TYPES = ("default", "yarn")
-
-
-class ModelConfigError(ValueError):
-    """The checkpoint's config.json describes a model ninfer-rt cannot run (one-line message)."""
 
 
 @dataclass(frozen=True)
@@ -64,10 +80,35 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     torch_dtype: str
     attention_bias: bool = False
+    # The hybrids' fields; the defaults describe the dense architectures.
+    layer_types: tuple[str, ...] = ()  # per layer linear_attention | full_attention; () = all full attention
+    linear_attention: LinearAttentionConfig | None = None  # Gated DeltaNet sizes (hybrids only)
+    attention_output_gate: bool = False  # q_proj rows per head [q | gate]; output * sigmoid(gate) before o_proj
+    partial_rotary_factor: float = 1.0  # RoPE rotates the first rotary_dim dims of each head
+    zero_centered_norms: bool = False  # RMSNorm gains are stored as w and applied as (1 + w), in f32
 
     @property
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.linear_attention is not None
+
+    def layer_type(self, layer: int) -> str:
+        return self.layer_types[layer] if self.layer_types else FULL_ATTENTION
+
+    @property
+    def full_attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_hidden_layers) if self.layer_type(i) == FULL_ATTENTION)
+
+    @property
+    def linear_attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_hidden_layers) if self.layer_type(i) == LINEAR_ATTENTION)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -82,11 +123,14 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        raw = text_config_of(raw)
+        refuse_mixture_of_experts(raw)
         architecture = _single_architecture(raw)
-        _refuse_unsupported_features(raw, architecture)
         traits = SUPPORTED_ARCHITECTURES[architecture]
+        _refuse_unsupported_features(raw, architecture, traits)
         hidden_size = _required_int(raw, "hidden_size")
         num_heads = _required_int(raw, "num_attention_heads")
+        head_dim = int(raw.get("head_dim") or traits.default_head_dim or hidden_size // num_heads)
         max_position_embeddings = int(raw.get("max_position_embeddings", 2048))
         rope_theta, rope_scaling = _rope(raw, max_position_embeddings)
         cfg = cls(
@@ -98,7 +142,7 @@ class ModelConfig:
             num_hidden_layers=_required_int(raw, "num_hidden_layers"),
             num_attention_heads=num_heads,
             num_key_value_heads=int(raw.get("num_key_value_heads") or num_heads),
-            head_dim=int(raw.get("head_dim") or traits.default_head_dim or hidden_size // num_heads),
+            head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
@@ -109,6 +153,7 @@ class ModelConfig:
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_token_ids(raw.get("eos_token_id")),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
+            **(_hybrid_fields(raw, head_dim) if traits.hybrid else {}),
         )
         _check_consistency(cfg)
         return cfg
@@ -123,7 +168,18 @@ def _single_architecture(raw: dict[str, Any]) -> str:
     return architectures[0]
 
 
-def _refuse_unsupported_features(raw: dict[str, Any], architecture: str) -> None:
+def _hybrid_fields(raw: dict[str, Any], head_dim: int) -> dict[str, Any]:
+    refuse_unsupported_hybrid_features(raw)
+    return {
+        "layer_types": layer_types_of(raw, _required_int(raw, "num_hidden_layers")),
+        "linear_attention": linear_attention_of(raw),
+        "attention_output_gate": True,
+        "partial_rotary_factor": partial_rotary_factor_of(raw, head_dim),
+        "zero_centered_norms": True,
+    }
+
+
+def _refuse_unsupported_features(raw: dict[str, Any], architecture: str, traits: _ArchitectureTraits) -> None:
     # Each of these would silently change the math if ignored, so refuse instead of running a wrong model.
     if raw.get("attention_bias"):
         raise ModelConfigError(f"{architecture} with attention_bias=true is not supported")
@@ -134,7 +190,7 @@ def _refuse_unsupported_features(raw: dict[str, Any], architecture: str) -> None
     hidden_act = raw.get("hidden_act", "silu")
     if hidden_act != "silu":
         raise ModelConfigError(f"{architecture} with hidden_act={hidden_act!r} is not supported (only 'silu')")
-    if float(raw.get("partial_rotary_factor", 1.0)) != 1.0:
+    if not traits.hybrid and float(raw.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ModelConfigError(f"{architecture} with partial_rotary_factor != 1 is not supported")
 
 

@@ -14,11 +14,12 @@ from ninfer_rt.model.config import ModelConfig, RopeScaling
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """Inverse frequency of each rotated pair, float64 ``[head_dim // 2]`` (pair i rotates dims i and i+D/2)."""
-    pos_freqs = _base_frequencies(cfg.rope_theta, cfg.head_dim)
+    """Inverse frequency of each rotated pair, float64 ``[rotary_dim // 2]`` (pair i rotates dims i and
+    i + R/2 of the first R = rotary_dim dims; R = head_dim except with a partial_rotary_factor)."""
+    pos_freqs = _base_frequencies(cfg.rope_theta, cfg.rotary_dim)
     if cfg.rope_scaling is None:
         return 1.0 / pos_freqs
-    return _yarn_inv_freq(cfg.rope_scaling, pos_freqs, cfg.rope_theta, cfg.head_dim)
+    return _yarn_inv_freq(cfg.rope_scaling, pos_freqs, cfg.rope_theta, cfg.rotary_dim)
 
 
 def rope_attention_scaling(cfg: ModelConfig) -> float:

@@ -1,62 +1,61 @@
 """Safetensors checkpoints (single file or sharded) as memory-mapped numpy arrays, checked against the config.
 
-The safetensors header is parsed here rather than through ``safe_open(framework="numpy")`` because numpy
-has no bfloat16 and ``safe_open`` copies every tensor; ``np.memmap`` + ml_dtypes gives bf16 views with no copy.
+Tensors are named as a causal LM stores them (``model.layers.N...``, ``lm_head.weight``, ``mtp...``) whatever
+the checkpoint's layout: a vision-language checkpoint's text weights (``model.language_model.*``) are renamed,
+its vision tower (``model.visual.*``) is left unread, since only the tensors a model uses are ever mapped.
+The files themselves are read by ``safetensors_file``.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 from tqdm import tqdm
 
 from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.hybrid_config import FULL_ATTENTION, LINEAR_ATTENTION
+from ninfer_rt.model.hybrid_weights import (
+    GatedAttentionWeights,
+    LinearAttentionWeights,
+    gated_attention_tensors,
+    linear_attention_tensors,
+)
 from ninfer_rt.model.quant import Linear, QuantFormatError, convert_quantized, quantized_layout, scheme_from_dir
+from ninfer_rt.model.safetensors_file import SafetensorsFile, Shape, WeightsError
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
 
-SAFETENSORS_DTYPES: dict[str, np.dtype] = {
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F16": np.dtype(np.float16),
-    "F32": np.dtype(np.float32),
-    "F64": np.dtype(np.float64),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "I8": np.dtype(np.int8),
-    "U8": np.dtype(np.uint8),
-    "I16": np.dtype(np.int16),
-    "U16": np.dtype(np.uint16),
-    "I32": np.dtype(np.int32),
-    "U32": np.dtype(np.uint32),
-    "I64": np.dtype(np.int64),
-    "U64": np.dtype(np.uint64),
-    "BOOL": np.dtype(np.bool_),
-}
-
-# A header bigger than this is a corrupt length prefix, not a real header (the format caps it at 100 MB).
-MAX_HEADER_BYTES = 100_000_000
+# Where each architecture stores its text model's ``model.*`` tensors, when not under ``model.``
+TEXT_MODEL_PREFIX = {"Qwen3_5ForConditionalGeneration": "model.language_model."}
+UNUSED_PREFIXES = ("model.visual.",)  # a vision-language checkpoint's vision tower
 
 
-class WeightsError(ValueError):
-    """The checkpoint's files are unreadable or do not match the config; lists every problem at once."""
+class CheckpointMismatchError(WeightsError):
+    """Tensors missing, unexpected or mis-shaped for the config (one line naming each tensor)."""
 
 
-Shape = tuple[int, ...]
+def stored_name(cfg: ModelConfig, name: str) -> str:
+    """The name ``cfg``'s checkpoints store the tensor ``name`` under."""
+    prefix = TEXT_MODEL_PREFIX.get(cfg.architecture)
+    return prefix + name.removeprefix("model.") if prefix and name.startswith("model.") else name
+
+
+def _model_name(cfg: ModelConfig, stored: str) -> str:
+    prefix = TEXT_MODEL_PREFIX.get(cfg.architecture)
+    return "model." + stored.removeprefix(prefix) if prefix and stored.startswith(prefix) else stored
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, Shape]:
     """Every tensor name and shape of the Hugging Face layout for ``cfg`` (linear weights are [out, in])."""
     expected: dict[str, Shape] = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size)}
     for i in range(cfg.num_hidden_layers):
-        expected.update(_decoder_layer_tensors(cfg, f"model.layers.{i}."))
+        expected.update(_decoder_layer_tensors(cfg, f"model.layers.{i}.", cfg.layer_type(i)))
     expected["model.norm.weight"] = (cfg.hidden_size,)
     if not cfg.tie_word_embeddings:
         expected["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
@@ -64,12 +63,20 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, Shape]:
         expected["mtp.fc.weight"] = (cfg.hidden_size, 2 * cfg.hidden_size)
         expected["mtp.pre_fc_norm_embedding.weight"] = (cfg.hidden_size,)
         expected["mtp.pre_fc_norm_hidden.weight"] = (cfg.hidden_size,)
-        expected.update(_decoder_layer_tensors(cfg, "mtp.layers.0."))
+        expected.update(_decoder_layer_tensors(cfg, "mtp.layers.0.", FULL_ATTENTION))
         expected["mtp.norm.weight"] = (cfg.hidden_size,)
     return expected
 
 
-def _decoder_layer_tensors(cfg: ModelConfig, prefix: str) -> dict[str, Shape]:
+def _decoder_layer_tensors(cfg: ModelConfig, prefix: str, layer_type: str) -> dict[str, Shape]:
+    dense = _dense_layer_tensors(cfg, prefix)
+    if not cfg.is_hybrid:
+        return dense
+    mixer = linear_attention_tensors if layer_type == LINEAR_ATTENTION else gated_attention_tensors
+    return {**mixer(cfg, prefix), **{name: shape for name, shape in dense.items() if ".self_attn." not in name}}
+
+
+def _dense_layer_tensors(cfg: ModelConfig, prefix: str) -> dict[str, Shape]:
     q_dim = cfg.num_attention_heads * cfg.head_dim
     kv_dim = cfg.num_key_value_heads * cfg.head_dim
     tensors: dict[str, Shape] = {
@@ -91,76 +98,11 @@ def _decoder_layer_tensors(cfg: ModelConfig, prefix: str) -> dict[str, Shape]:
 
 def _is_ignorable(name: str, cfg: ModelConfig) -> bool:
     """Tensors real checkpoints carry that the model does not use; transformers skips them too."""
-    if name.endswith("rotary_emb.inv_freq"):
+    if name.endswith("rotary_emb.inv_freq") or name.startswith(UNUSED_PREFIXES):
         return True
     if name == "lm_head.weight" and cfg.tie_word_embeddings:
         return True  # some tied checkpoints store the tied copy anyway
     return name.startswith("mtp.") and not cfg.mtp_layers
-
-
-@dataclass(frozen=True)
-class _TensorLocation:
-    dtype: np.dtype
-    shape: Shape
-    begin: int  # absolute byte offsets in the file
-    end: int
-
-
-class SafetensorsFile:
-    """One memory-mapped ``.safetensors`` file; tensors are zero-copy views of the mapping."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._locations = _read_header(path)
-        self._mapping = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else None
-
-    def names(self) -> list[str]:
-        return list(self._locations)
-
-    def shape(self, name: str) -> Shape:
-        return self._locations[name].shape
-
-    def tensor(self, name: str) -> np.ndarray:
-        loc = self._locations[name]
-        if loc.begin == loc.end:
-            return np.zeros(loc.shape, dtype=loc.dtype)
-        # np.asarray drops the np.memmap subclass (whose arithmetic results stay memmaps); still no copy
-        return np.asarray(self._mapping[loc.begin : loc.end]).view(loc.dtype).reshape(loc.shape)
-
-
-def _read_header(path: Path) -> dict[str, _TensorLocation]:
-    file_size = path.stat().st_size
-    with path.open("rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise WeightsError(f"{path}: truncated safetensors file ({file_size} bytes, no header)")
-        (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > MAX_HEADER_BYTES or 8 + header_len > file_size:
-            raise WeightsError(f"{path}: truncated or corrupt safetensors file (header of {header_len} bytes)")
-        try:
-            header = json.loads(f.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise WeightsError(f"{path}: corrupt safetensors header ({exc})") from None
-    header.pop("__metadata__", None)
-    data_start = 8 + header_len
-    locations = {name: _tensor_location(path, name, entry, data_start) for name, entry in header.items()}
-    data_end = max((loc.end for loc in locations.values()), default=data_start)
-    if data_end > file_size:
-        raise WeightsError(
-            f"{path}: truncated safetensors file ({file_size} bytes, its header needs {data_end} bytes)"
-        )
-    return locations
-
-
-def _tensor_location(path: Path, name: str, entry: dict, data_start: int) -> _TensorLocation:
-    dtype = SAFETENSORS_DTYPES.get(entry.get("dtype"))
-    if dtype is None:
-        raise WeightsError(f"{path}: tensor {name} has unsupported dtype {entry.get('dtype')!r}")
-    shape = tuple(int(d) for d in entry["shape"])
-    begin, end = (int(o) for o in entry["data_offsets"])
-    if end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-        raise WeightsError(f"{path}: tensor {name} has {end - begin} bytes for shape {list(shape)} {dtype}")
-    return _TensorLocation(dtype=dtype, shape=shape, begin=data_start + begin, end=data_start + end)
 
 
 class Checkpoint(Mapping[str, Linear]):
@@ -182,24 +124,28 @@ class Checkpoint(Mapping[str, Linear]):
 
 
 def load_checkpoint(model_dir: str | Path, config: ModelConfig | None = None) -> Checkpoint:
-    """Maps every safetensors file of ``model_dir`` and checks names and shapes against the config.
+    """Maps every safetensors file of ``model_dir`` and checks names and shapes against the config; only
+    the expected tensors are read. Keys are the causal-LM names (module docstring) in every layout.
 
-    Raises :class:`WeightsError` listing all missing, unexpected and mis-shaped tensors together.
+    Raises :class:`CheckpointMismatchError` listing all missing, unexpected and mis-shaped tensors together,
+    by the names the checkpoint stores them under.
     """
     model_dir = Path(model_dir)
     cfg = config or ModelConfig.from_dir(model_dir)
     files = _open_files(model_dir)
     located = _locate_tensors(model_dir, files)
     found = {name: f.shape(name) for name, f in located.items()}
+    as_stored = {stored_name(cfg, name): shape for name, shape in expected_tensors(cfg).items()}
     try:
         scheme = scheme_from_dir(model_dir)
-        expected, quantized = quantized_layout(scheme, expected_tensors(cfg), found) if scheme else (expected_tensors(cfg), [])
+        expected, quantized = quantized_layout(scheme, as_stored, found) if scheme else (as_stored, [])
         problems = _layout_problems(cfg, expected, found)
         if problems:
-            raise WeightsError(f"{model_dir}: checkpoint does not match config.json: " + "; ".join(problems))
+            raise CheckpointMismatchError(f"{model_dir}: checkpoint does not match config.json: " + "; ".join(problems))
         tensors = {name: located[name].tensor(name) for name in expected}
         # Quantized linears become QuantizedWeight (imports converted to the project's layout here).
-        return Checkpoint(cfg, convert_quantized(scheme, tensors, quantized) if scheme else tensors)
+        converted = convert_quantized(scheme, tensors, quantized) if scheme else tensors
+        return Checkpoint(cfg, {_model_name(cfg, name): tensor for name, tensor in converted.items()})
     except QuantFormatError as err:
         raise WeightsError(f"{model_dir}: {err}") from None
 
@@ -290,12 +236,41 @@ class LayerWeights:
             o_proj=ckpt[prefix + "self_attn.o_proj.weight"],
             q_norm=ckpt.get(prefix + "self_attn.q_norm.weight"),
             k_norm=ckpt.get(prefix + "self_attn.k_norm.weight"),
-            input_norm=ckpt[prefix + "input_layernorm.weight"],
-            post_norm=ckpt[prefix + "post_attention_layernorm.weight"],
-            gate_proj=ckpt[prefix + "mlp.gate_proj.weight"],
-            up_proj=ckpt[prefix + "mlp.up_proj.weight"],
-            down_proj=ckpt[prefix + "mlp.down_proj.weight"],
+            **_norms_and_mlp(ckpt, prefix),
         )
+
+
+@dataclass(frozen=True)
+class HybridLayerWeights:
+    """A Qwen3.5 decoder layer: its token mixer by layer type, then the MLP. The norms are zero-centred."""
+
+    mixer: LinearAttentionWeights | GatedAttentionWeights
+    input_norm: np.ndarray
+    post_norm: np.ndarray
+    gate_proj: Linear
+    up_proj: Linear
+    down_proj: Linear
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, prefix: str, layer_type: str) -> HybridLayerWeights:
+        mixer = LinearAttentionWeights if layer_type == LINEAR_ATTENTION else GatedAttentionWeights
+        return cls(mixer=mixer.from_checkpoint(ckpt, prefix, ckpt.config), **_norms_and_mlp(ckpt, prefix))
+
+
+def _norms_and_mlp(ckpt: Checkpoint, prefix: str) -> dict[str, Linear]:
+    return {
+        "input_norm": ckpt[prefix + "input_layernorm.weight"],
+        "post_norm": ckpt[prefix + "post_attention_layernorm.weight"],
+        "gate_proj": ckpt[prefix + "mlp.gate_proj.weight"],
+        "up_proj": ckpt[prefix + "mlp.up_proj.weight"],
+        "down_proj": ckpt[prefix + "mlp.down_proj.weight"],
+    }
+
+
+def _layer(ckpt: Checkpoint, prefix: str, layer_type: str) -> LayerWeights | HybridLayerWeights:
+    if ckpt.config.is_hybrid:
+        return HybridLayerWeights.from_checkpoint(ckpt, prefix, layer_type)
+    return LayerWeights.from_checkpoint(ckpt, prefix)
 
 
 @dataclass(frozen=True)
@@ -303,7 +278,7 @@ class MTPWeights:
     fc: Linear  # [hidden, 2*hidden]; input is cat(norm_embedding(embed), norm_hidden(h))
     norm_embedding: np.ndarray
     norm_hidden: np.ndarray
-    layer: LayerWeights
+    layer: LayerWeights | HybridLayerWeights  # the hybrids' MTP layer is a gated-attention layer
     norm: np.ndarray
 
     @classmethod
@@ -312,7 +287,7 @@ class MTPWeights:
             fc=ckpt["mtp.fc.weight"],
             norm_embedding=ckpt["mtp.pre_fc_norm_embedding.weight"],
             norm_hidden=ckpt["mtp.pre_fc_norm_hidden.weight"],
-            layer=LayerWeights.from_checkpoint(ckpt, "mtp.layers.0."),
+            layer=_layer(ckpt, "mtp.layers.0.", FULL_ATTENTION),
             norm=ckpt["mtp.norm.weight"],
         )
 
@@ -323,7 +298,7 @@ class ModelWeights:
 
     config: ModelConfig
     embed: np.ndarray
-    layers: list[LayerWeights]
+    layers: list[LayerWeights] | list[HybridLayerWeights]  # HybridLayerWeights for the hybrids
     norm: np.ndarray
     lm_head: Linear  # the embedding array itself when tie_word_embeddings
     mtp: MTPWeights | None
@@ -335,7 +310,7 @@ class ModelWeights:
         return cls(
             config=cfg,
             embed=embed,
-            layers=[LayerWeights.from_checkpoint(ckpt, f"model.layers.{i}.") for i in range(cfg.num_hidden_layers)],
+            layers=[_layer(ckpt, f"model.layers.{i}.", cfg.layer_type(i)) for i in range(cfg.num_hidden_layers)],  # type: ignore[misc]
             norm=ckpt["model.norm.weight"],
             lm_head=embed if cfg.tie_word_embeddings else ckpt["lm_head.weight"],
             mtp=MTPWeights.from_checkpoint(ckpt) if cfg.mtp_layers else None,
