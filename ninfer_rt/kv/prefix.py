@@ -12,13 +12,14 @@ since the new turn will write into the rest of that page, it gets a private copy
 The cache owns no pages: it marks the pages it indexes as retained in the PagePool, so they are cached
 (evictable, LRU) rather than freed when their last sequence lets go, and the pool tells it when it evicts
 one (`forget`). A finished conversation's pages thus stay matchable until memory pressure evicts them: the
-"retained catalog" of DESIGN.md is simply this index plus the pool's cached state.
+"retained catalog" of DESIGN.md is simply this index plus the pool's cached state. What else is tied to a
+page's contents (the state snapshots of kv/snapshots.py) subscribes with `on_forget` and goes with it.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +73,7 @@ class PrefixCache:
         self._tails: dict[int | None, dict[tuple[int, ...], int]] = {}
         self._hash_of_page: dict[int, int] = {}
         self._tail_of_page: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+        self._forget_listeners: list[Callable[[int], None]] = []
         pool.on_evict = self.forget
 
     def __len__(self) -> int:
@@ -116,16 +118,22 @@ class PrefixCache:
         self._tail_of_page[page] = (parent, key)
         self.pool.retain(page)
 
+    def on_forget(self, listener: Callable[[int], None]) -> None:
+        """Call `listener(page)` whenever an indexed page is evicted, after its entry is gone."""
+        self._forget_listeners.append(listener)
+
     def forget(self, page: int) -> None:
         """Drop the entry of an evicted page (the pool calls this)."""
         if page in self._hash_of_page:
             del self._full[self._hash_of_page.pop(page)]
-            return
-        parent, tail_tokens = self._tail_of_page.pop(page)
-        siblings = self._tails[parent]
-        del siblings[tail_tokens]
-        if not siblings:
-            del self._tails[parent]
+        else:
+            parent, tail_tokens = self._tail_of_page.pop(page)
+            siblings = self._tails[parent]
+            del siblings[tail_tokens]
+            if not siblings:
+                del self._tails[parent]
+        for listener in self._forget_listeners:
+            listener(page)
 
     def _best_tail(self, parent: int | None, rest: Sequence[int]) -> TailHit | None:
         best: TailHit | None = None
