@@ -86,6 +86,16 @@ def test_chunked_equals_recurrent_over_a_batch_of_lengths(with_initial_state: bo
         assert rel_err(chunked.final_states[seq], recurrent.final_states[seq]) < 1e-12, LENGTHS[seq]
 
 
+def test_a_sequence_without_rows_keeps_its_state() -> None:
+    rng = np.random.default_rng(8)
+    starts = query_start((3, 0, 70))
+    q, k, v, g, beta = rule_inputs(rng, int(starts[-1]))
+    initial = rng.standard_normal((3, SHAPE.num_value_heads, SHAPE.key_head_dim, SHAPE.value_head_dim))
+    for form in (recurrent_gated_delta_rule, chunked_gated_delta_rule):
+        result = form(DeltaRuleInputs(q, k, v, g, beta, starts, initial))
+        np.testing.assert_array_equal(result.final_states[1], initial[1])
+
+
 @pytest.mark.parametrize("length", LENGTHS)
 def test_chunked_equals_recurrent_for_one_sequence(length: int) -> None:
     rng = np.random.default_rng(length)
