@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 
 from ninfer_rt.cuda.streams import Event, Stream
-from ninfer_rt.kv.states import StateSlotPool, UnwrittenStateError
+from ninfer_rt.kv.states import OutOfStateSlots, StateSlotPool, UnwrittenStateError
 from ninfer_rt.ordering import Span
 
 _ring_ids = itertools.count()
@@ -40,7 +40,7 @@ class StateRing:
         if depth < 1:
             raise ValueError(f"a state ring needs at least the live slot, got depth {depth}")
         if not pool.can_acquire(depth):
-            raise RuntimeError(f"a ring of {depth} state slots does not fit: {pool.stats()}")
+            raise OutOfStateSlots(f"a ring of {depth} state slots does not fit: {pool.stats()}")
         self.pool = pool
         self.lane = lane
         self.slots = [pool.acquire(stream) for _ in range(depth)]
