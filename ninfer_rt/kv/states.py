@@ -65,6 +65,10 @@ class StateSpec:
     key_head_dim: int  # linear_key_head_dim
     value_head_dim: int  # linear_value_head_dim
     conv_kernel: int = 4  # linear_conv_kernel_dim
+    # The GPU keeps windows in bf16 and states in fp32; the numpy executor stores its own precision
+    # (float32 or float64), so a resumed computation equals an uninterrupted one to that precision.
+    conv_dtype: np.dtype = CONV_DTYPE
+    state_dtype: np.dtype = STATE_DTYPE
 
     def __post_init__(self) -> None:
         if min(self.num_layers, self.key_heads, self.value_heads, self.key_head_dim, self.value_head_dim) < 1:
@@ -87,11 +91,11 @@ class StateSpec:
 
     @property
     def conv_window_bytes(self) -> int:
-        return int(np.prod(self.conv_shape)) * CONV_DTYPE.itemsize
+        return int(np.prod(self.conv_shape)) * np.dtype(self.conv_dtype).itemsize
 
     @property
     def recurrent_bytes(self) -> int:
-        return int(np.prod(self.recurrent_shape)) * STATE_DTYPE.itemsize
+        return int(np.prod(self.recurrent_shape)) * np.dtype(self.state_dtype).itemsize
 
     @property
     def conv_bytes(self) -> int:
@@ -194,16 +198,16 @@ class StateSlotPool:
     # -- host views (logical streams: the numpy executor's kernels) ------------------------------------
 
     def conv_window(self, slot: int, layer: int) -> np.ndarray:
-        """bf16 [channels, kernel - 1] view of one layer's conv window (host-visible buffers only)."""
+        """[channels, kernel - 1] view (conv_dtype) of one layer's conv window (host-visible buffers only)."""
         start = self.offset(slot) + self.spec.layer_offset(layer)
         raw = self.buffer.host_bytes()[start : start + self.spec.conv_window_bytes]
-        return raw.view(CONV_DTYPE).reshape(self.spec.conv_shape)
+        return raw.view(self.spec.conv_dtype).reshape(self.spec.conv_shape)
 
     def recurrent(self, slot: int, layer: int) -> np.ndarray:
-        """fp32 [value heads, key dim, value dim] view of one layer's recurrent state."""
+        """[value heads, key dim, value dim] view (state_dtype) of one layer's recurrent state."""
         start = self.offset(slot) + self.spec.layer_offset(layer) + self.spec.conv_bytes
         raw = self.buffer.host_bytes()[start : start + self.spec.recurrent_bytes]
-        return raw.view(STATE_DTYPE).reshape(self.spec.recurrent_shape)
+        return raw.view(self.spec.state_dtype).reshape(self.spec.recurrent_shape)
 
     # -- accounting ------------------------------------------------------------------------------------
 
