@@ -31,7 +31,7 @@ from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.model.executor import StepBatch
+from ninfer_rt.model.executor import StepBatch, WeightRole
 from ninfer_rt.model.layers import forward, prepare_model
 from ninfer_rt.model.quant import (
     SUPPORTED_BITS,
@@ -145,8 +145,8 @@ class _InputRecorder(NumpyExecutor):
         self.sums: dict[str, np.ndarray] = {}
         self.rows: dict[str, int] = {}
 
-    def prepare_weight(self, name: str, parts: Sequence[Linear]) -> np.ndarray:
-        prepared = super().prepare_weight(name, parts)
+    def prepare_weight(self, name: str, parts: Sequence[Linear], role: WeightRole) -> np.ndarray:
+        prepared = super().prepare_weight(name, parts, role)
         self.names[id(prepared)] = name
         return prepared
 

@@ -13,10 +13,11 @@ import pytest
 from forward_helpers import SeqStep, random_tokens, relative_error, step_batch
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.cuda_exec import CudaExecutor
+from ninfer_rt.exec.cuda_exec import CudaExecutor, DeferredSwiglu
+from ninfer_rt.exec.cuda_tensors import DeviceTensor
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVSpec
-from ninfer_rt.model.executor import StepBatch
+from ninfer_rt.model.executor import StepBatch, WeightRole
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward, prepare_model
 from ninfer_rt.model.tiny import make_tiny_model
 from ninfer_rt.model.weights import load_model_weights
@@ -125,3 +126,22 @@ def test_out_of_range_token_ids_are_refused_before_publishing(gpu_tiny: Path) ->
     batch = step_batch([SeqStep([GPU_TINY["vocab"]], 0, PAGES)], PAGE_SIZE)
     with pytest.raises(ValueError, match="token id out of range"):
         forward(rt.executor, rt.model, batch, rt.kv)
+
+
+def test_the_swiglu_fusion_follows_the_role_a_weight_was_prepared_with(gpu_tiny: Path) -> None:
+    """A decode-width linear into a GATE_UP weight is deferred into silu_mul (one fused GEMV), whatever the
+    weight's name; the same matrix prepared as LINEAR is a plain product. Both give the same SwiGLU."""
+    rt = runtime(gpu_tiny, device=True)
+    rng = np.random.default_rng(0)
+    hidden, inner = GPU_TINY["hidden"], GPU_TINY["intermediate"]
+    gate, up = (rng.standard_normal((inner, hidden)).astype(np.float32) * 0.05 for _ in range(2))
+    fused = rt.executor.prepare_weight("mlp.in", [gate, up], WeightRole.GATE_UP)
+    plain = rt.executor.prepare_weight("layers.0.gate_up", [gate, up], WeightRole.LINEAR)
+    rows = rng.standard_normal((2, hidden)).astype(np.float32)
+    x = rt.executor.prepare_weight("x", [rows], WeightRole.LINEAR)
+    deferred, product = rt.executor.linear(x, fused), rt.executor.linear(x, plain)
+    assert isinstance(deferred, DeferredSwiglu) and isinstance(product, DeviceTensor)
+    g, u = np.asarray(rows, np.float64) @ gate.T, np.asarray(rows, np.float64) @ up.T
+    expected = g / (1.0 + np.exp(-g)) * u
+    for out in (rt.executor.silu_mul(deferred), rt.executor.silu_mul(product)):
+        assert relative_error(rt.executor.to_host(out), expected) < TOLERANCE

@@ -22,7 +22,7 @@ from ninfer_rt.exec.cuda_exec import BF16, CudaExecutor
 from ninfer_rt.exec.cuda_graphs import GraphedMTPSteps, MTPGraphKey
 from ninfer_rt.exec.cuda_tensors import StepShape
 from ninfer_rt.kv.cache import KVCache, KVSpec
-from ninfer_rt.model.executor import StepBatch
+from ninfer_rt.model.executor import StepBatch, WeightRole
 from ninfer_rt.model.layers import PreparedModel, forward, prepare_model
 from ninfer_rt.model.mtp import EagerMTPSteps, MTPOutput, PreparedMTP, prepare_mtp
 from ninfer_rt.model.tiny import make_tiny_model
@@ -130,7 +130,7 @@ def drafting_outputs(model_dir: Path, graphed: bool, widths: tuple[int, ...], re
     steps = GraphedMTPSteps(rt.executor, rt.model, rt.mtp, rt.kv) if graphed else EagerMTPSteps(rt.executor, rt.model, rt.mtp, rt.kv)
     lm_head = rt.model.lm_head
     if reduced_head:
-        lm_head = rt.executor.prepare_weight("mtp.lm_head_draft", [np.asarray(rt.weights.lm_head)[::3]])
+        lm_head = rt.executor.prepare_weight("mtp.lm_head_draft", [np.asarray(rt.weights.lm_head)[::3]], WeightRole.LINEAR)
     results = []
 
     def read(scored: MTPOutput) -> None:  # now: a replay's outputs live until the same graph replays again

@@ -61,7 +61,7 @@ def test_an_online_refresh_rewrites_the_draft_head_in_place(tiny_qwen3_mtp: Path
     head = DraftHead(executor, prepare_model(executor, weights), weights, DraftVocab(4, weights.config.vocab_size))
     prepared: list[str] = []
     prepare = executor.prepare_weight
-    executor.prepare_weight = lambda name, parts: (prepared.append(name), prepare(name, parts))[1]
+    executor.prepare_weight = lambda name, parts, role: (prepared.append(name), prepare(name, parts, role))[1]
     before = head.tensor
     head.observe([9, 12, 30, 31] * (REFRESH_TOKENS // 4))
     assert head.vocab.ids.tolist() == [9, 12, 30, 31]

@@ -37,7 +37,7 @@ from ninfer_rt.exec.cuda_graphs import GraphedForward
 from ninfer_rt.exec.cuda_tensors import DeviceTensor
 from ninfer_rt.kv.cache import KVCache, KVSpec
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.model.executor import AttentionParams, StepBatch
+from ninfer_rt.model.executor import AttentionParams, StepBatch, WeightRole
 from ninfer_rt.model.layers import PreparedLayer, PreparedModel, attention_shape
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 from ninfer_rt.model.shapes import SHAPES
@@ -77,15 +77,17 @@ def build_random_model(executor: CudaExecutor, cfg: ModelConfig, seed: int = 0, 
             size = min(RANDOM_SOURCE_BYTES, buffer.nbytes - offset)
             executor.compute.copy(buffer, source, size, dst_offset=offset, label=f"fill {name}")
 
-    def matrix(name: str, rows: int, cols: int, counts: bool = True) -> DeviceTensor | QuantizedDeviceWeight:
+    def matrix(
+        name: str, rows: int, cols: int, role: WeightRole = WeightRole.LINEAR, counts: bool = True
+    ) -> DeviceTensor | QuantizedDeviceWeight:
         if weight_bits < 16 and name.startswith("layers."):
-            return quantized(name, rows, cols)
-        tensor = executor.empty_weight(name, rows, cols)
+            return quantized(name, rows, cols, role)
+        tensor = executor.empty_weight(name, rows, cols, role=role)
         fill(tensor.buffer, name)
         counted[0] += tensor.buffer.nbytes if counts else 0
         return tensor
 
-    def quantized(name: str, rows: int, cols: int) -> QuantizedDeviceWeight:
+    def quantized(name: str, rows: int, cols: int, role: WeightRole) -> QuantizedDeviceWeight:
         groups = rows * cols // QUANT_GROUP
         weight = QuantizedDeviceWeight(
             DeviceBuffer(executor.streams, rows * cols * weight_bits // 8, f"w.{name}"),
@@ -94,11 +96,11 @@ def build_random_model(executor: CudaExecutor, cfg: ModelConfig, seed: int = 0, 
         fill(weight.qweight, name)
         executor.upload(weight.scales, np.full(groups, 1e-3, ml_dtypes.bfloat16), label=f"scales {name}")
         counted[0] += weight.qweight.nbytes + weight.scales.nbytes
-        return weight
+        return executor.adopt_weight(weight, role)
 
     def ones(name: str, size: int) -> DeviceTensor:
         counted[0] += 2 * size
-        return executor.prepare_weight(name, [np.ones(size, ml_dtypes.bfloat16)])
+        return executor.prepare_weight(name, [np.ones(size, ml_dtypes.bfloat16)], WeightRole.NORM)
 
     h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     qkv_rows = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
@@ -110,12 +112,12 @@ def build_random_model(executor: CudaExecutor, cfg: ModelConfig, seed: int = 0, 
             attention=AttentionParams(attention_shape(cfg), rope, ones(f"layers.{n}.q_norm", d), ones(f"layers.{n}.k_norm", d)),
             o_proj=matrix(f"layers.{n}.o_proj", h, cfg.num_attention_heads * d),
             post_norm=ones(f"layers.{n}.post_norm", h),
-            gate_up=matrix(f"layers.{n}.gate_up", 2 * i, h),
+            gate_up=matrix(f"layers.{n}.gate_up", 2 * i, h, WeightRole.GATE_UP),
             down=matrix(f"layers.{n}.down", h, i),
         )
         for n in range(cfg.num_hidden_layers)
     ]
-    embed = matrix("embed", cfg.vocab_size, h, counts=False)
+    embed = matrix("embed", cfg.vocab_size, h, WeightRole.EMBEDDING, counts=False)
     model = PreparedModel(cfg, embed, layers, ones("norm", h), matrix("lm_head", cfg.vocab_size, h), rope)
     executor.compute.synchronize()
     source.free()

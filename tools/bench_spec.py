@@ -28,7 +28,7 @@ from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.exec.cuda_graphs import GraphedForward, GraphedMTPSteps
 from ninfer_rt.exec.cuda_tensors import DeviceTensor
 from ninfer_rt.kv.cache import KVCache
-from ninfer_rt.model.executor import StepBatch
+from ninfer_rt.model.executor import StepBatch, WeightRole
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import PreparedMTP
 from ninfer_rt.model.shapes import SHAPES
@@ -50,7 +50,7 @@ def build_spec_model(executor: CudaExecutor, shape: str, layers: int | None, dra
     h = cfg.hidden_size
 
     def ones(name: str) -> DeviceTensor:
-        return executor.prepare_weight(name, [np.ones(h, ml_dtypes.bfloat16)])
+        return executor.prepare_weight(name, [np.ones(h, ml_dtypes.bfloat16)], WeightRole.NORM)
 
     mtp = PreparedMTP(
         fc=rows_of(executor, full.lm_head, "mtp.fc", h, 2 * h),
@@ -66,7 +66,7 @@ def build_spec_model(executor: CudaExecutor, shape: str, layers: int | None, dra
 
 def rows_of(executor: CudaExecutor, source: DeviceTensor, name: str, rows: int, cols: int) -> DeviceTensor:
     """A new [rows, cols] weight holding the first bytes of `source` (random values are all a timing needs)."""
-    tensor = executor.empty_weight(name, rows, cols)
+    tensor = executor.empty_weight(name, rows, cols, role=WeightRole.LINEAR)
     if tensor.buffer.nbytes > source.buffer.nbytes:
         raise ValueError(f"{name}: {tensor.buffer.nbytes} bytes wanted from a {source.buffer.nbytes}-byte source")
     executor.compute.copy(tensor.buffer, source.buffer, tensor.buffer.nbytes, label=f"fill {name}")

@@ -42,7 +42,7 @@ class QuantizedDeviceWeight:
 
     @property
     def buffer(self) -> DeviceBuffer:
-        """The codes: what names the weight (the executor recognises a fused gate_up by its name)."""
+        """The codes: the buffer that names the weight (labels) and keys its role in the executor."""
         return self.qweight
 
     @property

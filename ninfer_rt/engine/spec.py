@@ -53,7 +53,7 @@ from ninfer_rt.engine.scheduler import ScheduledChunk
 from ninfer_rt.engine.spec_verify import Verdict, verify_greedy, verify_sampled
 from ninfer_rt.engine.spec_vocab import DraftVocab
 from ninfer_rt.kv.cache import KVCache
-from ninfer_rt.model.executor import Executor, StepBatch, StepForward, Tensor
+from ninfer_rt.model.executor import Executor, StepBatch, StepForward, Tensor, WeightRole
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import EagerMTPSteps, MTPSteps, PreparedMTP
 from ninfer_rt.model.weights import ModelWeights
@@ -136,7 +136,7 @@ class DraftHead:
             self.executor.rewrite_weight(self.tensor, [self._rows()])
 
     def _prepare(self) -> Tensor:
-        return self.executor.prepare_weight("mtp.lm_head_draft", [self._rows()])
+        return self.executor.prepare_weight("mtp.lm_head_draft", [self._rows()], WeightRole.LINEAR)
 
     def _rows(self) -> np.ndarray:
         return np.asarray(self.weights.lm_head)[self.vocab.ids]

@@ -22,6 +22,7 @@ import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -37,7 +38,7 @@ from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.cuda_graphs import GraphedForward, GraphedMTPSteps
 from ninfer_rt.exec.cuda_tensors import ITEMSIZE, ActivationPool, DeviceTensor, StepShape, step_shape
 from ninfer_rt.kv.cache import KVCache, page_resource
-from ninfer_rt.model.executor import AttentionParams, AttentionShape, SampleTokens, StepBatch
+from ninfer_rt.model.executor import AttentionParams, AttentionShape, SampleTokens, StepBatch, WeightRole
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import PreparedMTP
 from ninfer_rt.model.quant import Linear, QuantizedWeight, concat_rows
@@ -48,6 +49,7 @@ _HOST_DTYPE = {"bf16": BF16, "f32": np.dtype(np.float32), "i32": np.dtype(np.int
 STEP_INPUTS = ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows")
 UPLOAD_CHUNK_BYTES = 64 << 20
 MAX_INPUT_LAYOUTS = 1024
+W = TypeVar("W", DeviceTensor, QuantizedDeviceWeight)
 
 
 @dataclass(eq=False)
@@ -109,17 +111,18 @@ class CudaExecutor:
         self._lane: object = None
         self._pages_read: tuple[Resource, ...] = ()
         self._pages_written: tuple[Resource, ...] = ()
+        self._roles: dict[DeviceBuffer, WeightRole] = {}  # by the buffer naming each prepared weight
         self._vocab = 0  # rows of the embedding table, for validating token ids
         self._dequant_elements = 0  # of the largest quantized weight: the prefill scratch's size
         self._dequant_scratch: DeviceBuffer | None = None
 
     # -- preparation -------------------------------------------------------------------------------------
 
-    def prepare_weight(self, name: str, parts: Sequence[Linear]) -> DeviceTensor | QuantizedDeviceWeight:
+    def prepare_weight(self, name: str, parts: Sequence[Linear], role: WeightRole) -> DeviceTensor | QuantizedDeviceWeight:
         if isinstance(parts[0], QuantizedWeight):
-            return self._prepare_quantized(name, concat_rows(parts))
+            return self._prepare_quantized(name, concat_rows(parts), role)
         array = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0).astype(BF16)
-        tensor = self.empty_weight(name, *array.shape)
+        tensor = self.empty_weight(name, *array.shape, role=role)
         self.upload(tensor.buffer, array, label=f"upload {name}")
         return tensor
 
@@ -131,7 +134,7 @@ class CudaExecutor:
             raise ValueError(f"rewrite_weight: {array.shape} values for a {weight.dtype} weight of {(weight.rows, weight.cols)}")
         self.upload(weight.buffer, array, label=f"rewrite {weight.buffer.name}")
 
-    def _prepare_quantized(self, name: str, weight: QuantizedWeight) -> QuantizedDeviceWeight:
+    def _prepare_quantized(self, name: str, weight: QuantizedWeight, role: WeightRole) -> QuantizedDeviceWeight:
         rows, cols = weight.shape
         tensor = QuantizedDeviceWeight(
             DeviceBuffer(self.streams, weight.qweight.nbytes, f"w.{name}"),
@@ -140,13 +143,24 @@ class CudaExecutor:
         )
         self.upload(tensor.qweight, weight.qweight, label=f"upload {name}")
         self.upload(tensor.scales, weight.scales, label=f"upload {name}.scales")
-        self._dequant_elements = max(self._dequant_elements, rows * cols)
-        return tensor
+        return self.adopt_weight(tensor, role)
 
-    def empty_weight(self, name: str, rows: int, cols: int, dtype: str = "bf16") -> DeviceTensor:
+    def empty_weight(self, name: str, rows: int, cols: int, dtype: str = "bf16", *, role: WeightRole) -> DeviceTensor:
         """An unpooled device tensor that lives as long as the model (benchmarks fill it on the device)."""
-        if name == "embed":
-            self._vocab = rows  # token ids are validated against it before every publish
+        return self.adopt_weight(self._model_tensor(name, rows, cols, dtype), role)
+
+    def adopt_weight(self, weight: W, role: WeightRole) -> W:
+        """Keep what the ops need to know of a weight's role (for weights made here, and for those a
+        benchmark builds itself): an embedding's rows bound the token ids checked before every publish; a
+        gate_up's decode GEMV is deferred into the SwiGLU that reads it."""
+        self._roles[weight.buffer] = role
+        if role is WeightRole.EMBEDDING:
+            self._vocab = weight.rows
+        if isinstance(weight, QuantizedDeviceWeight):
+            self._dequant_elements = max(self._dequant_elements, weight.rows * weight.cols)
+        return weight
+
+    def _model_tensor(self, name: str, rows: int, cols: int, dtype: str) -> DeviceTensor:
         return DeviceTensor(DeviceBuffer(self.streams, rows * cols * ITEMSIZE[dtype], f"w.{name}"), rows, cols, dtype)
 
     def upload(self, buffer: DeviceBuffer, array: np.ndarray, *, label: str) -> None:
@@ -162,7 +176,7 @@ class CudaExecutor:
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> DeviceTensor:
         """cos/sin table f32 [max_positions, 2, D/2], as rope_kv.cu reads it (row p: cos, then sin)."""
         table = attention_ops.rope_table(inv_freq, attention_scaling, self.max_positions)
-        tensor = self.empty_weight("rope", self.max_positions, table.shape[1] * table.shape[2], "f32")
+        tensor = self._model_tensor("rope", self.max_positions, table.shape[1] * table.shape[2], "f32")
         self.upload(tensor.buffer, table, label="upload rope")
         return tensor
 
@@ -259,7 +273,7 @@ class CudaExecutor:
 
     def linear(self, x: DeviceTensor, weight: DeviceTensor) -> DeviceTensor | DeferredSwiglu:
         x = self._ready(x)
-        if weight.buffer.name.endswith(".gate_up") and x.rows <= linear_ops.GEMV_MAX_ROWS:
+        if self._roles.get(weight.buffer) is WeightRole.GATE_UP and x.rows <= linear_ops.GEMV_MAX_ROWS:
             return DeferredSwiglu(x, weight)
         return self._matmul(x, weight, "bf16")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -74,6 +75,19 @@ class StepBatch:
 
     def pages_written(self, page_size: int) -> set[int]:
         return {int(s) // page_size for s in self.slot_mapping}
+
+
+class WeightRole(Enum):
+    """What a prepared weight is to the ops that read it. The model names it when it prepares the weight
+    (executors never read it from the weight's name) and executors pick storage and kernels by it; each
+    layer kind adds the roles its own ops need."""
+
+    EMBEDDING = "embedding"  # [vocab, hidden] rows gathered by token id (embed); also a tied lm_head
+    LINEAR = "linear"  # [out, in] matrix of `linear` whose output any op may read
+    GATE_UP = "gate_up"  # [gate | up] rows of a `linear` whose output only silu_mul reads (fusable)
+    NORM = "norm"  # [features] RMSNorm gains
+    ZERO_CENTRED_NORM = "zero_centred_norm"  # [features] gains w applied as (1 + w), formed in f32 or wider
+    PARAMETER = "parameter"  # small per-channel/per-head values read at f32 or wider (conv taps, A_log, dt_bias)
 
 
 @dataclass(frozen=True)
@@ -184,9 +198,10 @@ class Executor(Protocol):
         """Token selection on the executor (engine/sampling.py's definition over pack_device_params rows,
         only ids coming back), or None where every row is sampled on the host from its logits."""
 
-    def prepare_weight(self, name: str, parts: Sequence[np.ndarray]) -> Tensor:
+    def prepare_weight(self, name: str, parts: Sequence[np.ndarray], role: WeightRole) -> Tensor:
         """Convert/upload a weight once: the parts' rows stacked in order (a fused qkv or gate_up matrix,
-        or a single matrix/vector). Parts are the checkpoint's arrays, [out, in] for linear weights."""
+        or a single matrix/vector). Parts are the checkpoint's arrays, [out, in] for linear weights.
+        `name` labels the weight (buffers, op labels); `role` is what the ops do with it."""
 
     def rewrite_weight(self, weight: Tensor, parts: Sequence[np.ndarray]) -> None:
         """Replace a prepared dense weight's values in place (same shape), in the compute stream's order:

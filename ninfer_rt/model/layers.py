@@ -23,7 +23,6 @@ from ninfer_rt.model.quant import Linear
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 from ninfer_rt.model.weights import HybridLayerWeights, LayerWeights, ModelWeights
 
-
 @dataclass(frozen=True)
 class PreparedLayer:
     input_norm: Tensor
