@@ -36,6 +36,7 @@ import numpy as np
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.streams import Event, Stream, StreamSet
 from ninfer_rt.kv.pages import OutOfPages, PagePool
+from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.ordering import Span
 
 CONV_DTYPE = np.dtype(ml_dtypes.bfloat16)
@@ -69,6 +70,23 @@ class StateSpec:
     # (float32 or float64), so a resumed computation equals an uninterrupted one to that precision.
     conv_dtype: np.dtype = CONV_DTYPE
     state_dtype: np.dtype = STATE_DTYPE
+
+    @classmethod
+    def for_model(cls, cfg: ModelConfig, conv_dtype: np.dtype = CONV_DTYPE, state_dtype: np.dtype = STATE_DTYPE) -> StateSpec:
+        """The state of a hybrid model's linear-attention layers (`cfg.linear_attention`)."""
+        linear = cfg.linear_attention
+        if linear is None:
+            raise ValueError(f"{cfg.architecture} has no linear-attention layers, so no recurrent state")
+        return cls(
+            num_layers=len(cfg.linear_attention_layers),
+            key_heads=linear.num_key_heads,
+            value_heads=linear.num_value_heads,
+            key_head_dim=linear.key_head_dim,
+            value_head_dim=linear.value_head_dim,
+            conv_kernel=linear.conv_kernel_size,
+            conv_dtype=np.dtype(conv_dtype),
+            state_dtype=np.dtype(state_dtype),
+        )
 
     def __post_init__(self) -> None:
         if min(self.num_layers, self.key_heads, self.value_heads, self.key_head_dim, self.value_head_dim) < 1:
