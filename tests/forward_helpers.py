@@ -13,21 +13,25 @@ import pytest
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
+from ninfer_rt.kv.states import StateSlotPool, StateSpec
 from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward, prepare_model
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 
 # Small pages so that short test prompts cross several page boundaries.
 PAGE_SIZE = 16
+STATE_SLOTS = 4
 
 
 @dataclass(frozen=True)
 class SeqStep:
-    """One sequence's share of a step: `tokens` appended after `cached` tokens already in its pages."""
+    """One sequence's share of a step: `tokens` appended after `cached` tokens already in its pages (and,
+    for a hybrid model, its linear-attention state in `state_slot`)."""
 
     tokens: Sequence[int]
     cached: int
     pages: Sequence[int]
+    state_slot: int = 0
 
 
 def step_batch(parts: Sequence[SeqStep], page_size: int = PAGE_SIZE) -> StepBatch:
@@ -46,6 +50,8 @@ def step_batch(parts: Sequence[SeqStep], page_size: int = PAGE_SIZE) -> StepBatc
         block_tables=block_tables,
         slot_mapping=(page_of_row * page_size + positions % page_size).astype(np.int32),
         logit_rows=np.arange(len(positions), dtype=np.int32),
+        state_slots=np.array([p.state_slot for p in parts], np.int32),
+        state_targets=np.array([[p.state_slot] for p in parts], np.int32),
     )
 
 
@@ -55,9 +61,14 @@ class Runtime:
     weights: ModelWeights
     model: PreparedModel
     kv: KVCache
+    states: StateSlotPool | None = None
 
     def step(self, parts: Sequence[SeqStep]) -> ForwardOutput:
-        return forward(self.executor, self.model, step_batch(parts, self.kv.spec.page_size), self.kv)
+        if self.states is not None:
+            for part in parts:
+                if part.cached == 0:  # a fresh sequence starts from the empty prefix's state
+                    self.states.zero(part.state_slot, self.executor.compute)
+        return forward(self.executor, self.model, step_batch(parts, self.kv.spec.page_size), self.kv, self.states)
 
     def run_sequence(self, tokens: Sequence[int], step_sizes: Sequence[int], pages: Sequence[int]) -> np.ndarray:
         """Feeds `tokens` of one sequence in steps of `step_sizes` tokens; the logits of every token."""
@@ -76,14 +87,19 @@ def make_runtime(model_dir: Path, kv_dtype: str = "f32", num_pages: int = 16, dt
     streams = StreamSet()
     executor = NumpyExecutor(streams, dtype=dtype)
     spec = KVSpec(
-        num_layers=cfg.num_hidden_layers + cfg.mtp_layers,
+        num_layers=len(cfg.full_attention_layers) + cfg.mtp_layers,
         num_pages=num_pages,
         n_kv_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim,
         dtype=KVDtype.parse(kv_dtype),
         page_size=PAGE_SIZE,
     )
-    return Runtime(executor, weights, prepare_model(executor, weights), KVCache(streams, spec))
+    states = None
+    if cfg.is_hybrid:
+        states = StateSlotPool(streams, StateSpec.for_model(cfg, executor.dtype, executor.dtype), STATE_SLOTS)
+        for _ in range(STATE_SLOTS):  # slot i is sequence i's (SeqStep.state_slot)
+            states.acquire(executor.compute)
+    return Runtime(executor, weights, prepare_model(executor, weights), KVCache(streams, spec), states)
 
 
 def random_tokens(vocab_size: int, count: int, seed: int = 0) -> list[int]:

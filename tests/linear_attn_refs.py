@@ -7,7 +7,8 @@ import math
 
 import numpy as np
 
-from ninfer_rt.exec.numpy_linear_attn import LinearAttnShape, LinearAttnState, LinearAttnWeights
+from ninfer_rt.model.executor import LinearAttentionShape
+from ninfer_rt.exec.numpy_linear_attn import LinearAttnState, LinearAttnWeights
 
 
 def _sigmoid(x: float) -> float:
@@ -20,7 +21,7 @@ def oracle_linear_attention(
     b: np.ndarray,
     a: np.ndarray,
     weights: LinearAttnWeights,
-    shape: LinearAttnShape,
+    shape: LinearAttentionShape,
     window: np.ndarray,
     state: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -58,7 +59,7 @@ def oracle_linear_attention(
 
 
 def random_layer(
-    rng: np.random.Generator, shape: LinearAttnShape, dtype: type = np.float64
+    rng: np.random.Generator, shape: LinearAttentionShape, dtype: type = np.float64
 ) -> LinearAttnWeights:
     """Weights away from their initial values: A spread over [0.01, 16] as the init draws it."""
     return LinearAttnWeights(
@@ -70,7 +71,7 @@ def random_layer(
 
 
 def random_inputs(
-    rng: np.random.Generator, shape: LinearAttnShape, rows: int, dtype: type = np.float64
+    rng: np.random.Generator, shape: LinearAttentionShape, rows: int, dtype: type = np.float64
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(qkv, z, b, a) as the input projections would give them."""
     qkv = rng.standard_normal((rows, shape.conv_channels))
@@ -80,7 +81,7 @@ def random_inputs(
     return tuple(x.astype(dtype) for x in (qkv, z, b, a))  # type: ignore[return-value]
 
 
-def random_state(rng: np.random.Generator, shape: LinearAttnShape, batch: int) -> LinearAttnState:
+def random_state(rng: np.random.Generator, shape: LinearAttentionShape, batch: int) -> LinearAttnState:
     """A state a sequence could have reached: windows of pre-conv values, recurrent states of moderate size."""
     return LinearAttnState(
         rng.standard_normal((batch, shape.conv_kernel - 1, shape.conv_channels)),

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from ninfer_rt.model.executor import LinearAttentionShape
 from ninfer_rt.exec import numpy_delta_rule
 from ninfer_rt.exec.numpy_delta_rule import (
     CHUNK,
@@ -18,7 +19,6 @@ from ninfer_rt.exec.numpy_delta_rule import (
 )
 from ninfer_rt.exec.numpy_hybrid_norms import sigmoid, softplus
 from ninfer_rt.exec.numpy_linear_attn import (
-    LinearAttnShape,
     LinearAttnState,
     causal_conv_silu,
     gating,
@@ -27,7 +27,7 @@ from ninfer_rt.exec.numpy_linear_attn import (
 )
 from linear_attn_refs import oracle_linear_attention, random_inputs, random_layer, random_state
 
-SHAPE = LinearAttnShape(
+SHAPE = LinearAttentionShape(
     num_key_heads=2, num_value_heads=6, key_head_dim=16, value_head_dim=8, conv_kernel=4, norm_eps=1e-6
 )
 LENGTHS = (1, 5, 63, 64, 65, 130, 200)
@@ -233,7 +233,7 @@ def test_decode_and_verification_run_recurrent_and_prefill_chunked(
 def test_prefill_of_2000_tokens_through_six_layers_is_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny hybrid's linear layers (hidden 256, 4 key / 12 value heads of 64), float32, with projections."""
     monkeypatch.setattr(numpy_delta_rule, "recurrent_gated_delta_rule", None)  # prefill must not need it
-    shape = LinearAttnShape(4, 12, 64, 64, 4, 1e-6)
+    shape = LinearAttentionShape(4, 12, 64, 64, 4, 1e-6)
     hidden, tokens, layers = 256, 2000, 6
     rng = np.random.default_rng(0)
     project = [

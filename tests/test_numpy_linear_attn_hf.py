@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ninfer_rt.model.executor import LinearAttentionShape
 from ninfer_rt.exec.numpy_delta_rule import DeltaRuleInputs, chunked_gated_delta_rule, recurrent_gated_delta_rule
 from ninfer_rt.exec.numpy_gated_attention import apply_partial_neox_rope, gate_output, split_query_gate
 from ninfer_rt.exec.numpy_hybrid_norms import gated_rms_norm, zero_centred_rms_norm
 from ninfer_rt.exec.numpy_linear_attn import (
-    LinearAttnShape,
     LinearAttnState,
     LinearAttnWeights,
     causal_conv_silu,
@@ -164,7 +164,7 @@ def test_layer_equals_transformers_gated_deltanet_module() -> None:
             param.add_(torch.randn_like(param) * 0.3)
         x = torch.randn(1, 70, 64)
         theirs = module(x).numpy()[0]
-    shape = LinearAttnShape(2, 6, 16, 8, 4, 1e-6)
+    shape = LinearAttentionShape(2, 6, 16, 8, 4, 1e-6)
     weights = LinearAttnWeights(
         conv=module.conv1d.weight.detach().numpy()[:, 0, :],
         a_log=module.A_log.detach().numpy(),

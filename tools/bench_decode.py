@@ -38,7 +38,8 @@ from ninfer_rt.exec.cuda_tensors import DeviceTensor
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.executor import AttentionParams, StepBatch, WeightRole
-from ninfer_rt.model.layers import PreparedLayer, PreparedModel, attention_shape
+from ninfer_rt.model.layers import PreparedLayer, PreparedModel
+from ninfer_rt.model.mixers import PreparedAttention, attention_shape
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
 from ninfer_rt.model.shapes import SHAPES
 
@@ -108,9 +109,12 @@ def build_random_model(executor: CudaExecutor, cfg: ModelConfig, seed: int = 0, 
     layers = [
         PreparedLayer(
             input_norm=ones(f"layers.{n}.input_norm", h),
-            qkv=matrix(f"layers.{n}.qkv", qkv_rows, h),
-            attention=AttentionParams(attention_shape(cfg), rope, ones(f"layers.{n}.q_norm", d), ones(f"layers.{n}.k_norm", d)),
-            o_proj=matrix(f"layers.{n}.o_proj", h, cfg.num_attention_heads * d),
+            mixer=PreparedAttention(
+                qkv=matrix(f"layers.{n}.qkv", qkv_rows, h),
+                params=AttentionParams(attention_shape(cfg), rope, ones(f"layers.{n}.q_norm", d), ones(f"layers.{n}.k_norm", d)),
+                o_proj=matrix(f"layers.{n}.o_proj", h, cfg.num_attention_heads * d),
+                kv_layer=n,
+            ),
             post_norm=ones(f"layers.{n}.post_norm", h),
             gate_up=matrix(f"layers.{n}.gate_up", 2 * i, h, WeightRole.GATE_UP),
             down=matrix(f"layers.{n}.down", h, i),

@@ -55,7 +55,7 @@ def build_spec_model(executor: CudaExecutor, shape: str, layers: int | None, dra
     mtp = PreparedMTP(
         fc=rows_of(executor, full.lm_head, "mtp.fc", h, 2 * h),
         norm_embedding=ones("mtp.norm_embedding"), norm_hidden=ones("mtp.norm_hidden"),
-        layer=full.layers[-1], norm=ones("mtp.norm"), kv_layer=cfg.num_hidden_layers,
+        layer=full.layers[-1], norm=ones("mtp.norm"),
     )
     heads: dict[int | None, DeviceTensor] = {None: full.lm_head}
     if draft_vocab:

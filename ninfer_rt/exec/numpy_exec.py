@@ -17,8 +17,11 @@ import numpy as np
 
 from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
 from ninfer_rt.cuda.streams import Stream, StreamSet
+from ninfer_rt.exec.numpy_gated_attention import apply_partial_neox_rope, gate_output
+from ninfer_rt.exec.numpy_state_slots import run_linear_attention
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVLayer, page_resource
-from ninfer_rt.model.executor import AttentionParams, AttentionShape, StepBatch, WeightRole
+from ninfer_rt.kv.states import StateSlotPool
+from ninfer_rt.model.executor import AttentionParams, AttentionShape, LinearAttentionParams, StepBatch, WeightRole
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import PreparedMTP
 from ninfer_rt.ordering.verifier import Resource
@@ -26,6 +29,7 @@ from ninfer_rt.quantize.format import Linear
 from ninfer_rt.quantize.layouts import dense
 
 STEP_INPUTS = ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows")
+STATE_INPUTS = ("state_slots", "state_targets")  # published only for models with linear-attention layers
 INT8_MAX = 127.0
 T = TypeVar("T")
 
@@ -42,7 +46,7 @@ class ReadyRead:
 
 @dataclass(frozen=True)
 class RopeTable:
-    inv_freq: np.ndarray  # float64 [head_dim // 2]
+    inv_freq: np.ndarray  # float64 [rotary_dim // 2]
     attention_scaling: float
 
 
@@ -56,7 +60,7 @@ class StepInputs:
         self._shapes: dict[str, tuple[int, ...]] = {}
 
     def publish(self, stream: Stream, batch: StepBatch, lane: object) -> None:
-        for name in STEP_INPUTS:
+        for name in STEP_INPUTS + (STATE_INPUTS if batch.state_slots.size else ()):
             data = np.ascontiguousarray(getattr(batch, name), dtype=np.int32)
             self._ring.publish(stream, self._buffer(name, data.nbytes), data, label=f"publish {name}", lane=lane)
             self._shapes[name] = data.shape
@@ -124,14 +128,6 @@ def rms_normalize(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return weight * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
 
 
-def apply_neox_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """x [rows, heads, D]; cos/sin [rows, D/2]. Dim i rotates with dim i + D/2."""
-    half = x.shape[-1] // 2
-    first, second = x[..., :half], x[..., half:]
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
-
-
 def causal_gqa_attention(
     q: np.ndarray, keys: np.ndarray, values: np.ndarray, q_positions: np.ndarray, shape: AttentionShape
 ) -> np.ndarray:
@@ -167,13 +163,17 @@ class NumpyExecutor:
         self._lane: object = None
         self._pages_read: tuple[Resource, ...] = ()
         self._pages_written: tuple[Resource, ...] = ()
+        self._state_slots = np.zeros(0, np.int32)  # the step's, as published (for declared accesses)
+        self._state_targets = np.zeros((0, 1), np.int32)
 
     # -- preparation -------------------------------------------------------------------------------------
 
     def prepare_weight(self, name: str, parts: Sequence[Linear], role: WeightRole) -> np.ndarray:
         # Quantized weights are dequantized exactly here: the reference computes with the weights the
         # kernels dequantize in registers.
-        return self._stacked(parts)
+        stacked = self._stacked(parts)
+        # 1 + w in the executor's precision (float32 at least), as transformers forms it in float32
+        return 1.0 + stacked if role is WeightRole.ZERO_CENTRED_NORM else stacked
 
     def rewrite_weight(self, weight: np.ndarray, parts: Sequence[Linear]) -> None:
         values = self._stacked(parts)
@@ -204,6 +204,8 @@ class NumpyExecutor:
         self._lane = tuple(batch.lanes) or None
         self._pages_read = tuple(page_resource(p) for p in sorted(batch.pages_read()))
         self._pages_written = tuple(page_resource(p) for p in sorted(batch.pages_written(kv.spec.page_size)))
+        self._state_slots = batch.state_slots.copy()
+        self._state_targets = batch.state_targets.copy()
         self.inputs.publish(self.compute, batch, self._lane)
 
     def embed(self, table: np.ndarray) -> np.ndarray:
@@ -242,19 +244,37 @@ class NumpyExecutor:
 
     def attention(self, qkv: np.ndarray, params: AttentionParams, kv: KVCache, kv_layer: int) -> np.ndarray:
         pages = PagedLayerArrays(kv.layers[kv_layer], kv)
-        q = self._op(
+        q, gate = self._op(
             f"qk_norm_rope_kv_write[{kv_layer}]",
             lambda: self._rope_and_store(qkv, params, pages),
             reads=self.inputs.resources("positions", "slot_mapping"),
             writes=self._pages_written,
         )
-        return self._op(
+        attended = self._op(
             f"paged_attention[{kv_layer}]",
             lambda: self._paged_attention(q, params.shape, pages),
             reads=(
                 *self.inputs.resources("positions", "query_start", "context_lens", "block_tables"),
                 *self._pages_read,
             ),
+        )
+        return attended if gate is None else self._op(f"output_gate[{kv_layer}]", lambda: gate_output(attended, gate))
+
+    def linear_attention(
+        self, projected: np.ndarray, params: LinearAttentionParams, states: StateSlotPool, layer: int
+    ) -> np.ndarray:
+        def run() -> np.ndarray:
+            slots, targets = self.inputs.read("state_slots"), self.inputs.read("state_targets")
+            return run_linear_attention(projected, params, states, layer, self.inputs.read("query_start"), slots, targets)
+
+        return self._op(
+            f"linear_attention[{layer}]",
+            run,
+            reads=(
+                *self.inputs.resources("query_start", *STATE_INPUTS),
+                *(states.resource(int(s)) for s in self._state_slots),
+            ),
+            writes=tuple(states.resource(int(t)) for t in self._state_targets.reshape(-1) if t >= 0),
         )
 
     def select_rows(self, x: np.ndarray) -> np.ndarray:
@@ -299,11 +319,14 @@ class NumpyExecutor:
     ) -> T:
         return self.compute.host_op(fn, label=label, reads=reads, writes=writes, lane=self._lane)
 
-    def _rope_and_store(self, qkv: np.ndarray, params: AttentionParams, pages: PagedLayerArrays) -> np.ndarray:
-        """Returns q [rows, H, D] after q-norm and RoPE; K (after k-norm, RoPE) and V go into the pages."""
+    def _rope_and_store(
+        self, qkv: np.ndarray, params: AttentionParams, pages: PagedLayerArrays
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Returns q [rows, H, D] after q-norm and RoPE, and the output gate rows (None without a gate);
+        K (after k-norm, RoPE) and V go into the pages."""
         shape = params.shape
         rows = qkv.shape[0]
-        q, k, v = np.split(qkv, [shape.q_size, shape.q_size + shape.kv_size], axis=-1)
+        q, k, v, gate = np.split(qkv, [shape.q_size, shape.q_size + shape.kv_size, shape.q_size + 2 * shape.kv_size], axis=-1)
         q = q.reshape(rows, shape.num_heads, shape.head_dim)
         k = k.reshape(rows, shape.num_kv_heads, shape.head_dim)
         v = v.reshape(rows, shape.num_kv_heads, shape.head_dim)
@@ -311,9 +334,9 @@ class NumpyExecutor:
             q = rms_normalize(q, params.q_norm, shape.norm_eps)
             k = rms_normalize(k, params.k_norm, shape.norm_eps)
         cos, sin = self._cos_sin(params.rope, self.inputs.read("positions"))
-        q, k = apply_neox_rope(q, cos, sin), apply_neox_rope(k, cos, sin)
+        q, k = apply_partial_neox_rope(q, cos, sin), apply_partial_neox_rope(k, cos, sin)
         pages.store(self.inputs.read("slot_mapping"), k, v)
-        return q
+        return q, (gate if params.output_gate else None)
 
     def _cos_sin(self, rope: RopeTable, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         angles = positions.astype(np.float64)[:, None] * rope.inv_freq[None, :]

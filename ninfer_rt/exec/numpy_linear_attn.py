@@ -20,30 +20,9 @@ import numpy as np
 
 from ninfer_rt.exec import numpy_delta_rule
 from ninfer_rt.exec.numpy_hybrid_norms import compute_dtype, gated_rms_norm, sigmoid, silu, softplus
+from ninfer_rt.model.executor import LinearAttentionShape
 
 L2NORM_EPS = 1e-6  # transformers' l2norm: x * rsqrt(sum(x^2) + eps)
-
-
-@dataclass(frozen=True)
-class LinearAttnShape:
-    num_key_heads: int
-    num_value_heads: int
-    key_head_dim: int
-    value_head_dim: int
-    conv_kernel: int
-    norm_eps: float  # of the gated output RMSNorm
-
-    @property
-    def key_size(self) -> int:
-        return self.num_key_heads * self.key_head_dim
-
-    @property
-    def value_size(self) -> int:
-        return self.num_value_heads * self.value_head_dim
-
-    @property
-    def conv_channels(self) -> int:
-        return 2 * self.key_size + self.value_size
 
 
 @dataclass(frozen=True)
@@ -62,7 +41,7 @@ class LinearAttnState:
     recurrent: np.ndarray
 
     @classmethod
-    def fresh(cls, shape: LinearAttnShape, batch: int, dtype: type = np.float32) -> LinearAttnState:
+    def fresh(cls, shape: LinearAttentionShape, batch: int, dtype: type = np.float32) -> LinearAttnState:
         return cls(
             np.zeros((batch, shape.conv_kernel - 1, shape.conv_channels), dtype=dtype),
             np.zeros((batch, shape.num_value_heads, shape.key_head_dim, shape.value_head_dim), dtype=dtype),
@@ -142,7 +121,7 @@ def linear_attention_mix(
     b: np.ndarray,
     a: np.ndarray,
     weights: LinearAttnWeights,
-    shape: LinearAttnShape,
+    shape: LinearAttentionShape,
     query_start: np.ndarray,
     state: LinearAttnState,
     save_after: Sequence[Sequence[int]] | None = None,

@@ -36,6 +36,7 @@ import numpy as np
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.streams import Event, Stream, StreamSet
 from ninfer_rt.kv.pages import OutOfPages, PagePool
+from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.ordering import Span
 
 CONV_DTYPE = np.dtype(ml_dtypes.bfloat16)
@@ -65,6 +66,27 @@ class StateSpec:
     key_head_dim: int  # linear_key_head_dim
     value_head_dim: int  # linear_value_head_dim
     conv_kernel: int = 4  # linear_conv_kernel_dim
+    # The GPU keeps windows in bf16 and states in fp32; the numpy executor stores its own precision
+    # (float32 or float64), so a resumed computation equals an uninterrupted one to that precision.
+    conv_dtype: np.dtype = CONV_DTYPE
+    state_dtype: np.dtype = STATE_DTYPE
+
+    @classmethod
+    def for_model(cls, cfg: ModelConfig, conv_dtype: np.dtype = CONV_DTYPE, state_dtype: np.dtype = STATE_DTYPE) -> StateSpec:
+        """The state of a hybrid model's linear-attention layers (`cfg.linear_attention`)."""
+        linear = cfg.linear_attention
+        if linear is None:
+            raise ValueError(f"{cfg.architecture} has no linear-attention layers, so no recurrent state")
+        return cls(
+            num_layers=len(cfg.linear_attention_layers),
+            key_heads=linear.num_key_heads,
+            value_heads=linear.num_value_heads,
+            key_head_dim=linear.key_head_dim,
+            value_head_dim=linear.value_head_dim,
+            conv_kernel=linear.conv_kernel_size,
+            conv_dtype=np.dtype(conv_dtype),
+            state_dtype=np.dtype(state_dtype),
+        )
 
     def __post_init__(self) -> None:
         if min(self.num_layers, self.key_heads, self.value_heads, self.key_head_dim, self.value_head_dim) < 1:
@@ -87,11 +109,11 @@ class StateSpec:
 
     @property
     def conv_window_bytes(self) -> int:
-        return int(np.prod(self.conv_shape)) * CONV_DTYPE.itemsize
+        return int(np.prod(self.conv_shape)) * np.dtype(self.conv_dtype).itemsize
 
     @property
     def recurrent_bytes(self) -> int:
-        return int(np.prod(self.recurrent_shape)) * STATE_DTYPE.itemsize
+        return int(np.prod(self.recurrent_shape)) * np.dtype(self.state_dtype).itemsize
 
     @property
     def conv_bytes(self) -> int:
@@ -194,16 +216,16 @@ class StateSlotPool:
     # -- host views (logical streams: the numpy executor's kernels) ------------------------------------
 
     def conv_window(self, slot: int, layer: int) -> np.ndarray:
-        """bf16 [channels, kernel - 1] view of one layer's conv window (host-visible buffers only)."""
+        """[channels, kernel - 1] view (conv_dtype) of one layer's conv window (host-visible buffers only)."""
         start = self.offset(slot) + self.spec.layer_offset(layer)
         raw = self.buffer.host_bytes()[start : start + self.spec.conv_window_bytes]
-        return raw.view(CONV_DTYPE).reshape(self.spec.conv_shape)
+        return raw.view(self.spec.conv_dtype).reshape(self.spec.conv_shape)
 
     def recurrent(self, slot: int, layer: int) -> np.ndarray:
-        """fp32 [value heads, key dim, value dim] view of one layer's recurrent state."""
+        """[value heads, key dim, value dim] view (state_dtype) of one layer's recurrent state."""
         start = self.offset(slot) + self.spec.layer_offset(layer) + self.spec.conv_bytes
         raw = self.buffer.host_bytes()[start : start + self.spec.recurrent_bytes]
-        return raw.view(STATE_DTYPE).reshape(self.spec.recurrent_shape)
+        return raw.view(self.spec.state_dtype).reshape(self.spec.recurrent_shape)
 
     # -- accounting ------------------------------------------------------------------------------------
 

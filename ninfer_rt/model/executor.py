@@ -11,7 +11,7 @@ and the executors know its layout), which keeps the model below the kv package.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -55,6 +55,11 @@ class StepBatch:
     slot_mapping: np.ndarray  # int32 [T]: page * page_size + offset receiving each new token's K/V
     logit_rows: np.ndarray  # int32 [N]: rows whose logits the sampler needs
     lanes: tuple = ()  # per-sequence request ids, for op labels and crash dumps
+    # Linear-attention state (hybrid models; empty otherwise): the slot holding sequence b's state before
+    # the step, and the slots receiving its state after each of its last S rows (-1 pads; the last one
+    # listed is the state after all its rows). S = 1 but for speculative verification (kv/states_verify.py).
+    state_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # int32 [B]
+    state_targets: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), np.int32))  # int32 [B, S]
 
     @property
     def num_tokens(self) -> int:
@@ -81,6 +86,8 @@ class WeightRole(Enum):
     LINEAR = "linear"  # [out, in] matrix of `linear` whose output any op may read
     GATE_UP = "gate_up"  # [gate | up] rows of a `linear` whose output only silu_mul reads (fusable)
     NORM = "norm"  # [features] RMSNorm gains
+    ZERO_CENTRED_NORM = "zero_centred_norm"  # [features] gains w applied as (1 + w), formed in f32 or wider
+    PARAMETER = "parameter"  # small per-channel/per-head values read at f32 or wider (conv taps, A_log, dt_bias)
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,58 @@ class AttentionParams:
     rope: Tensor  # from Executor.prepare_rope
     q_norm: Tensor | None  # [head_dim] gains, None for architectures without q/k norm
     k_norm: Tensor | None
+    rotary_dim: int = 0  # RoPE turns the first rotary_dim dims of each head; 0 = all of them
+    # Gated attention: the qkv rows end with a gate per q head, and the output is * sigmoid(gate).
+    output_gate: bool = False
+
+
+@dataclass(frozen=True)
+class LinearAttentionShape:
+    """Gated DeltaNet geometry; the conv runs over the [q | k | v] channels of the input projection."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+    norm_eps: float  # of the gated output RMSNorm
+
+    @property
+    def key_size(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_size(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.key_size + self.value_size
+
+    @property
+    def projection_rows(self) -> int:
+        """Rows of the fused input projection: [q | k | v | z | b | a]."""
+        return self.conv_channels + self.value_size + 2 * self.num_value_heads
+
+
+@dataclass(frozen=True)
+class LinearAttentionParams:
+    """What the linear-attention op needs besides activations (weights prepared as WeightRole.PARAMETER)."""
+
+    shape: LinearAttentionShape
+    conv_weight: Tensor  # [conv_channels, kernel]
+    a_log: Tensor  # [value heads]
+    dt_bias: Tensor  # [value heads]
+    norm: Tensor  # [value head dim], the gated RMSNorm's plain gain
+
+
+@runtime_checkable
+class RecurrentStates(Protocol):
+    """Every linear-attention layer's per-sequence state slots, as the model sees them: a handle passed
+    through to the executor's ops (kv/states.py's StateSlotPool is the one the engine builds)."""
+
+    def resource(self, slot: int) -> object:
+        """What an op on the slot declares to the ordering verifier."""
 
 
 class Executor(Protocol):
@@ -176,6 +235,15 @@ class Executor(Protocol):
         """q/k RMSNorm (if given), RoPE, K/V write into pages at the step's slots, then paged attention (GQA)
         over each sequence's block table: a row sees its sequence's keys at positions <= its own position.
         Returns [rows, num_heads * head_dim]."""
+
+    def linear_attention(
+        self, projected: Tensor, params: LinearAttentionParams, states: RecurrentStates, layer: int
+    ) -> Tensor:
+        """The Gated DeltaNet between its projections, for each sequence from the state in its
+        batch.state_slots entry (conv window + recurrent state of linear layer `layer`): projected rows
+        [q | k | v | z | b | a] -> causal conv + SiLU, L2-normalised q/k, gating, the gated delta rule, the
+        gated RMSNorm * silu(z). Writes the states after the sequence's last S rows into its
+        batch.state_targets. Returns [rows, value heads * value head dim] (out_proj's input)."""
 
     def silu_mul(self, gate_up: Tensor) -> Tensor:
         """silu(gate) * up for gate_up = [gate | up] along features."""

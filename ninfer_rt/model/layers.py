@@ -1,10 +1,14 @@
-"""The dense Qwen3/Llama forward, written once against the Executor interface (CPU and GPU run this code).
+"""The model, written once against the Executor interface (CPU and GPU run this code): the dense
+Qwen3/Llama forward and the Qwen3.5 hybrid's (Gated DeltaNet and gated-attention layers, 3 : 1).
 
-Preparation decides which matrices exist: q/k/v are fused into one `qkv` matrix and gate/up into one
-`gate_up` matrix, so a step runs one projection GEMM per group; each executor converts/uploads them its own
-way through `prepare_weight`. A step is: embed; per layer rmsnorm (fused residual add), qkv, attention
-(q/k norm, RoPE, KV write, paged causal attention), o_proj, rmsnorm, gate_up, SwiGLU, down; final norm;
-lm_head for the step's logit rows only.
+Every decoder layer is pre-norm: rmsnorm (fused residual add), a token mixer, rmsnorm, the SwiGLU MLP.
+The mixer is full attention over the paged KV (`PreparedAttention`: dense, or gated with the output
+multiplied by sigmoid(gate)) or linear attention over a per-sequence recurrent state
+(`PreparedLinearAttention`, model/hybrid_layers.py prepares it). Preparation decides which matrices exist:
+q/k/v (and the gate) are fused into one matrix, gate/up into one, a Gated DeltaNet's four input projections
+into one, so a step runs one GEMM per group; each executor converts/uploads them its own way through
+`prepare_weight`, told each weight's role. A step is: embed; the layers; final norm; lm_head for the
+step's logit rows only.
 """
 
 from __future__ import annotations
@@ -12,17 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.model.executor import AttentionParams, AttentionShape, Executor, PagedKV, StepBatch, Tensor, WeightRole
+from ninfer_rt.model.executor import AttentionParams, Executor, PagedKV, RecurrentStates, StepBatch, Tensor, WeightRole
+from ninfer_rt.model.hybrid_layers import prepare_mixer
+from ninfer_rt.model.mixers import Caches, Mixer, PreparedAttention, attention_shape, norm_role
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
-from ninfer_rt.model.weights import LayerWeights, ModelWeights
+from ninfer_rt.model.weights import HybridLayerWeights, LayerWeights, ModelWeights
 from ninfer_rt.quantize.format import Linear
 
 @dataclass(frozen=True)
 class PreparedLayer:
     input_norm: Tensor
-    qkv: Tensor  # rows: q heads, k heads, v heads
-    attention: AttentionParams
-    o_proj: Tensor
+    mixer: Mixer
     post_norm: Tensor
     gate_up: Tensor  # rows: gate, then up
     down: Tensor
@@ -44,31 +48,56 @@ class ForwardOutput:
     logits: Tensor  # [len(logit_rows), vocab]
 
 
-def attention_shape(cfg: ModelConfig) -> AttentionShape:
-    return AttentionShape(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps)
+def prepare_mlp_parts(executor: Executor, cfg: ModelConfig, weights: object, name: str) -> dict[str, Tensor]:
+    """The norms and the MLP, which every decoder layer kind has (weights: LayerWeights or HybridLayerWeights)."""
+    norm = norm_role(cfg)
+    return {
+        "input_norm": executor.prepare_weight(f"{name}.input_norm", [weights.input_norm], norm),
+        "post_norm": executor.prepare_weight(f"{name}.post_norm", [weights.post_norm], norm),
+        "gate_up": executor.prepare_weight(f"{name}.gate_up", [weights.gate_proj, weights.up_proj], WeightRole.GATE_UP),
+        "down": executor.prepare_weight(f"{name}.down", [weights.down_proj], WeightRole.LINEAR),
+    }
 
 
 def prepare_layer(
-    executor: Executor, cfg: ModelConfig, rope: Tensor, weights: LayerWeights, name: str
+    executor: Executor, cfg: ModelConfig, rope: Tensor, weights: LayerWeights, name: str, kv_layer: int
 ) -> PreparedLayer:
+    """A dense (Qwen3/Llama) decoder layer."""
+
     def prepare(suffix: str, role: WeightRole, *parts: Linear) -> Tensor:
         return executor.prepare_weight(f"{name}.{suffix}", parts, role)
 
     has_qk_norm = weights.q_norm is not None
-    return PreparedLayer(
-        input_norm=prepare("input_norm", WeightRole.NORM, weights.input_norm),
+    attention = PreparedAttention(
         qkv=prepare("qkv", WeightRole.LINEAR, weights.q_proj, weights.k_proj, weights.v_proj),
-        attention=AttentionParams(
+        params=AttentionParams(
             shape=attention_shape(cfg),
             rope=rope,
             q_norm=prepare("q_norm", WeightRole.NORM, weights.q_norm) if has_qk_norm else None,
             k_norm=prepare("k_norm", WeightRole.NORM, weights.k_norm) if has_qk_norm else None,
         ),
         o_proj=prepare("o_proj", WeightRole.LINEAR, weights.o_proj),
-        post_norm=prepare("post_norm", WeightRole.NORM, weights.post_norm),
-        gate_up=prepare("gate_up", WeightRole.GATE_UP, weights.gate_proj, weights.up_proj),
-        down=prepare("down", WeightRole.LINEAR, weights.down_proj),
+        kv_layer=kv_layer,
     )
+    return PreparedLayer(mixer=attention, **prepare_mlp_parts(executor, cfg, weights, name))
+
+
+def prepare_hybrid_layer(
+    executor: Executor, cfg: ModelConfig, rope: Tensor, weights: HybridLayerWeights, name: str, cache_index: int
+) -> PreparedLayer:
+    """A Qwen3.5 decoder layer: its mixer by kind (cache_index counts the layers of that kind before it)."""
+    mixer = prepare_mixer(executor, cfg, rope, weights.mixer, name, cache_index)
+    return PreparedLayer(mixer=mixer, **prepare_mlp_parts(executor, cfg, weights, name))
+
+
+def prepare_decoder_layers(executor: Executor, cfg: ModelConfig, rope: Tensor, weights: ModelWeights) -> list[PreparedLayer]:
+    if not cfg.is_hybrid:
+        return [prepare_layer(executor, cfg, rope, layer, f"layers.{i}", i) for i, layer in enumerate(weights.layers)]
+    kinds = [cfg.layer_type(i) for i in range(cfg.num_hidden_layers)]
+    return [
+        prepare_hybrid_layer(executor, cfg, rope, layer, f"layers.{i}", kinds[:i].count(kinds[i]))
+        for i, layer in enumerate(weights.layers)
+    ]
 
 
 def prepare_model(executor: Executor, weights: ModelWeights) -> PreparedModel:
@@ -78,40 +107,34 @@ def prepare_model(executor: Executor, weights: ModelWeights) -> PreparedModel:
     return PreparedModel(
         config=cfg,
         embed=embed,
-        layers=[
-            prepare_layer(executor, cfg, rope, layer, f"layers.{i}") for i, layer in enumerate(weights.layers)
-        ],
-        norm=executor.prepare_weight("norm", [weights.norm], WeightRole.NORM),
+        layers=prepare_decoder_layers(executor, cfg, rope, weights),
+        norm=executor.prepare_weight("norm", [weights.norm], norm_role(cfg)),
         lm_head=embed if cfg.tie_word_embeddings else executor.prepare_weight("lm_head", [weights.lm_head], WeightRole.LINEAR),
         rope=rope,
     )
 
 
 def decoder_layer(
-    executor: Executor,
-    layer: PreparedLayer,
-    eps: float,
-    x: Tensor,
-    residual: Tensor | None,
-    kv: PagedKV,
-    kv_layer: int,
+    executor: Executor, layer: PreparedLayer, eps: float, x: Tensor, residual: Tensor | None, caches: Caches
 ) -> tuple[Tensor, Tensor]:
     """One pre-norm decoder layer; returns (layer output, residual) with the final residual add deferred
     to the next rmsnorm, which fuses it."""
     normed, residual = executor.rmsnorm(x, layer.input_norm, eps, residual)
-    attended = executor.attention(executor.linear(normed, layer.qkv), layer.attention, kv, kv_layer)
-    x = executor.linear(attended, layer.o_proj)
+    x = layer.mixer.mix(executor, normed, caches)
     normed, residual = executor.rmsnorm(x, layer.post_norm, eps, residual)
     x = executor.linear(executor.silu_mul(executor.linear(normed, layer.gate_up)), layer.down)
     return x, residual
 
 
-def forward(executor: Executor, model: PreparedModel, batch: StepBatch, kv: PagedKV) -> ForwardOutput:
+def forward(
+    executor: Executor, model: PreparedModel, batch: StepBatch, kv: PagedKV, states: RecurrentStates | None = None
+) -> ForwardOutput:
     """One step of the main model over `batch` (any mix of prefill chunks and decode tokens)."""
     eps = model.config.rms_norm_eps
+    caches = Caches(kv, states)
     executor.begin_step(batch, kv)
     x, residual = executor.embed(model.embed), None
-    for index, layer in enumerate(model.layers):
-        x, residual = decoder_layer(executor, layer, eps, x, residual, kv, index)
+    for layer in model.layers:
+        x, residual = decoder_layer(executor, layer, eps, x, residual, caches)
     hidden, _ = executor.rmsnorm(x, model.norm, eps, residual)
     return ForwardOutput(hidden=hidden, logits=executor.logits(hidden, model.lm_head))

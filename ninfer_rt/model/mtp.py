@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ninfer_rt.model.executor import Executor, PagedKV, StepBatch, Tensor, WeightRole
-from ninfer_rt.model.layers import ForwardOutput, PreparedLayer, PreparedModel, decoder_layer, prepare_layer
+from ninfer_rt.model.layers import (
+    ForwardOutput,
+    PreparedLayer,
+    PreparedModel,
+    decoder_layer,
+    prepare_hybrid_layer,
+    prepare_layer,
+)
+from ninfer_rt.model.mixers import Caches, norm_role
 from ninfer_rt.model.weights import ModelWeights
 
 
@@ -28,20 +36,29 @@ class PreparedMTP:
     norm_hidden: Tensor
     layer: PreparedLayer
     norm: Tensor
-    kv_layer: int  # the MTP layer's index in the KVCache (after the main layers)
+
+    @property
+    def kv_layer(self) -> int:
+        """The MTP layer's index in the KVCache (after the main model's attention layers)."""
+        return self.layer.mixer.kv_layer
 
 
 def prepare_mtp(executor: Executor, weights: ModelWeights, model: PreparedModel) -> PreparedMTP:
     if weights.mtp is None:
         raise ValueError("the checkpoint has no MTP weights")
-    mtp = weights.mtp
+    mtp, cfg = weights.mtp, model.config
+    norm = norm_role(cfg)
+    kv_layer = len(cfg.full_attention_layers)  # its KV follows the main model's attention layers
+    if cfg.is_hybrid:  # a gated-attention layer
+        layer = prepare_hybrid_layer(executor, cfg, model.rope, mtp.layer, "mtp.layer", kv_layer)
+    else:
+        layer = prepare_layer(executor, cfg, model.rope, mtp.layer, "mtp.layer", kv_layer)
     return PreparedMTP(
         fc=executor.prepare_weight("mtp.fc", [mtp.fc], WeightRole.LINEAR),
-        norm_embedding=executor.prepare_weight("mtp.norm_embedding", [mtp.norm_embedding], WeightRole.NORM),
-        norm_hidden=executor.prepare_weight("mtp.norm_hidden", [mtp.norm_hidden], WeightRole.NORM),
-        layer=prepare_layer(executor, model.config, model.rope, mtp.layer, "mtp.layer"),
-        norm=executor.prepare_weight("mtp.norm", [mtp.norm], WeightRole.NORM),
-        kv_layer=model.config.num_hidden_layers,
+        norm_embedding=executor.prepare_weight("mtp.norm_embedding", [mtp.norm_embedding], norm),
+        norm_hidden=executor.prepare_weight("mtp.norm_hidden", [mtp.norm_hidden], norm),
+        layer=layer,
+        norm=executor.prepare_weight("mtp.norm", [mtp.norm], norm),
     )
 
 
@@ -62,7 +79,7 @@ def mtp_forward(
     embedded, _ = executor.rmsnorm(executor.embed(model.embed), mtp.norm_embedding, eps)
     previous, _ = executor.rmsnorm(hidden, mtp.norm_hidden, eps)
     z = executor.linear(executor.concat([embedded, previous]), mtp.fc)
-    x, residual = decoder_layer(executor, mtp.layer, eps, z, None, kv, mtp.kv_layer)
+    x, residual = decoder_layer(executor, mtp.layer, eps, z, None, Caches(kv))
     out, _ = executor.rmsnorm(x, mtp.norm, eps, residual)
     return ForwardOutput(hidden=out, logits=executor.logits(out, model.lm_head if lm_head is None else lm_head))
 
