@@ -76,7 +76,7 @@ __forceinline__ void allow_dependent_launch() {
 // The usual kernel prologue: let the next kernel launch, then wait for the previous one. Triggering before
 // the wait gives the next kernel's weight loads (its pre-wait prologue) this kernel's whole run to overlap,
 // not just what is left of it after the wait (H200, qwen3-8b decode at 256 tokens: bf16 4.08 -> 4.00 ms,
-// int8 weights 2.76 -> 2.73, int4 2.08 -> 2.09; bench/logs/h200-session11.txt). Ordering is unchanged: the
+// int8 weights 2.76 -> 2.73, int4 2.08 -> 2.09; bench/logs/h200-2026-11-30-quant-gemv-shapes-pdl-early-6f07f36.txt). Ordering is unchanged: the
 // next kernel touches mutable memory only after its own wait, which returns once this grid has completed,
 // and this grid completes only after its wait on the previous one returned.
 __forceinline__ void enter_dependent_kernel() {

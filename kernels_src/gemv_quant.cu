@@ -258,7 +258,7 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
     };
 
     // Column c's chunks (c: the loop's), advanced a batch at a time. Kept apart from rows_of_tile: advancing
-    // rows_of_tile's own pointers instead compiles to other SASS, and int8 ran 0.5% slower (H200, session 12).
+    // rows_of_tile's own pointers instead compiles to other SASS, and int8 ran 0.5% slower (H200: bench/logs/h200-2026-11-30-gemv-tma-cluster-barriers-d2ba9d6.txt).
     const uint4* wa = rows_of_tile.wa + warp * 32;
     const uint4* wb = rows_of_tile.wb + warp * 32;
     keep_pointer(rows_of_tile.sa);

@@ -1,7 +1,7 @@
 // int8 KV pages widened to f16 pages of their dequantized values, for a prefill step's attention on sm_90a
 // (attention_ops.prefill_attention; prefill_attention_sm90.cu's f16 kernel then reads them as it reads bf16
 // pages): the int8 kernels apply each key's K and V scales in every tile that reads the page, which costs the
-// multiplying warps more than the page's conversion (H200: bench/logs/h200-session10.txt); widened, a page
+// multiplying warps more than the page's conversion (H200: bench/logs/h200-2026-11-30-int8-kv-widening-b41b0ef.txt); widened, a page
 // is dequantized once per layer and step.
 //
 // For every prefill sequence s of the step (more than decode_max_queries new rows, as prefill_attention.cu

@@ -16,7 +16,7 @@
 // page i - 1 and its softmax runs during that P V; the two warpgroups take turns issuing (named barriers), so
 // one's softmax overlaps the other's MMAs. Why int8 only: its conversion is what the copying warpgroup takes
 // off the multiplying ones; for bf16 the two-blocks-per-SM kernel without a copying warpgroup measured faster
-// (bench/logs/h200-session9.txt).
+// (bench/logs/h200-2026-11-30-prefill-attention-warp-specialized-34d33ed.txt).
 // Layout: q bf16 [T, Hq, 128]; K, V [num_pages, 64, Hkv, 128] int8, f32 scales [num_pages, 64, Hkv];
 // block_tables, context_lens, query_start, out and the workspace as in prefill_attention.cu.
 // Shared memory (dynamic, WsSmem below, 1024-aligned inside: attention_ops.prefill_sm90_smem bytes).
