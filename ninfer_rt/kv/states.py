@@ -1,6 +1,6 @@
 """Gated DeltaNet state slots: the live recurrent state of every running sequence, with fenced release.
 
-What a slot holds (`StateSpec`, DESIGN.md "Hybrid state"): for each linear-attention layer, the conv window
+What a slot holds (`StateSpec`, docs/ARCHITECTURE.md "Hybrid state slots and snapshots"): for each linear-attention layer, the conv window
 (the last `conv_kernel - 1` pre-conv columns of the q, k and v channels, bf16, [channels, kernel - 1]) and
 the recurrent state (fp32, [value heads, key head dim, value head dim]). At the 27B shape that is
 48 x (60 KiB + 3 MiB) = 146.8 MiB per slot (tests/test_kv_states.py derives it from the config numbers).
