@@ -15,8 +15,9 @@ import pytest
 
 from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.request import Request, SamplingParams
-from ninfer_rt.engine.spec import Draft, Drafter, SpecRunner
-from test_engine_hybrid import GREEDY, engine, prompt, run, slots_all_back
+from ninfer_rt.engine.spec import Drafter, SpecRunner
+from engine_helpers import prompt, run
+from test_engine_hybrid import engine, slots_all_back
 from test_spec_verify import SIGNIFICANCE, chi_square_p_value
 
 pytest.importorskip("transformers")
