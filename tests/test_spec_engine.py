@@ -6,19 +6,17 @@ rejected) and an "agreeable" one (spec_models.py) whose drafts are often accepte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from engine_helpers import GREEDY, prompt, run
 from ninfer_rt.engine.build import EngineConfig, EngineError, max_step_rows
 from ninfer_rt.engine.engine import Engine
-from ninfer_rt.engine.output import RequestStats
 from ninfer_rt.engine.request import SamplingParams
 from spec_models import make_agreeable_mtp_model
 
-GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 PAGE_SIZE = 16  # small pages: verify and drafting rows cross page boundaries often
 
 
@@ -35,22 +33,6 @@ def mtp_model(request: pytest.FixtureRequest, tiny_qwen3_mtp: Path, agreeable: P
 def engine(model_dir: Path, **config: object) -> Engine:
     defaults = {"device": "cpu", "kv_capacity": "96", "token_budget": 64, "page_size": PAGE_SIZE}
     return Engine.load(model_dir, EngineConfig(**{**defaults, **config}))  # type: ignore[arg-type]
-
-
-def prompt(length: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 500, length).tolist()
-
-
-def run(eng: Engine, prompts: Sequence[list[int]], params: SamplingParams = GREEDY) -> tuple[list[list[int]], list[RequestStats]]:
-    tokens: dict[str, list[int]] = {}
-    stats: dict[str, RequestStats] = {}
-    ids = [eng.add_request(p, params) for p in prompts]
-    while eng.has_work:
-        for output in eng.step():
-            tokens.setdefault(output.request_id, []).extend(output.token_ids)
-            if output.stats is not None:
-                stats[output.request_id] = output.stats
-    return [tokens[i] for i in ids], [stats[i] for i in ids]
 
 
 def pages_all_back(eng: Engine) -> bool:

@@ -1,5 +1,6 @@
 """Engine assembly: the flags and a checkpoint's weights -> device, executor, prepared model, drafter, KV
-cache and runner, in the order memory asks for (the KV cache is sized last, from what is left).
+cache, state slots (hybrid models) and runner, in the order memory asks for (the KV cache is sized last,
+from what is left).
 
 `EngineConfig` holds the flags `generate` and `serve` share; `build` turns them into the `EngineParts`
 the request loop (engine.py) runs on, timing each start-up phase into `StartupTimes`.
@@ -20,11 +21,13 @@ from ninfer_rt.engine.scheduler import Scheduler, SchedulerConfig
 from ninfer_rt.engine.spec import Drafter, DraftHead, SpecRunner
 from ninfer_rt.engine.spec import lookahead as spec_lookahead
 from ninfer_rt.engine.spec_vocab import DraftVocab
+from ninfer_rt.engine.state_ledger import StateLedger
 from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.kv.capacity import resolve_kv_capacity
 from ninfer_rt.kv.manager import KVManager
+from ninfer_rt.kv.states import StateSlotPool, StateSpec
 from ninfer_rt.model.executor import Executor, StepForward
 from ninfer_rt.model.layers import PreparedModel, attention_shape, prepare_model
 from ninfer_rt.model.mtp import prepare_mtp
@@ -32,6 +35,9 @@ from ninfer_rt.model.weights import ModelWeights
 
 DEVICES = ("auto", "cpu", "cuda")
 SPEC_METHODS = ("none", "mtp")
+# The numpy executor's precision; a hybrid's state slots on the CPU keep it too, so a state passing
+# through a slot between steps is never rounded.
+CPU_DTYPE = np.dtype(np.float32)
 
 
 class EngineError(RuntimeError):
@@ -124,10 +130,12 @@ def build(
     kv = KVCache(streams, kv_spec(weights, config, streams.device))
     startup.kv = time.perf_counter() - clock
     kv_manager = KVManager(streams, kv, max_context, config.prefix_caching)
-    ledger = KVLedger(kv_manager, executor.compute, streams.create("copy"))
+    states = make_state_ledger(weights, config, executor)
+    ledger = KVLedger(kv_manager, executor.compute, streams.create("copy"), states)
     lookahead = spec_lookahead(config.draft_tokens) if config.spec == "mtp" else 0
     scheduler = Scheduler(SchedulerConfig(config.max_concurrency, config.token_budget, lookahead), ledger)
-    step_forward = executor.graphed_forward(model, kv)  # None: steps run op by op
+    # None: steps run op by op. Graphed steps carry no state slots, so a hybrid's steps run op by op.
+    step_forward = executor.graphed_forward(model, kv) if states is None else None
     runner = make_runner(executor, model, kv, ledger, drafter, step_forward)
     return EngineParts(device, streams, executor, kv, kv_manager, ledger, scheduler, runner, step_forward is not None)
 
@@ -154,7 +162,7 @@ def max_step_rows(config: EngineConfig) -> int:
 
 def make_executor(config: EngineConfig, streams: StreamSet, max_context: int) -> Executor:
     if streams.device is None:
-        return NumpyExecutor(streams)
+        return NumpyExecutor(streams, dtype=CPU_DTYPE)
     return CudaExecutor(
         streams,
         max_tokens=max_step_rows(config),
@@ -190,10 +198,28 @@ def make_runner(
     return SpecRunner(executor, model, kv, ledger, drafter, step_forward, mtp_steps)
 
 
+def state_ring_depth(config: EngineConfig) -> int:
+    """State slots per running sequence: the live one, plus one per draft for the per-position verify
+    states of speculative decoding (kv/states_verify.py)."""
+    return 1 + (config.draft_tokens if config.spec == "mtp" else 0)
+
+
+def make_state_ledger(weights: ModelWeights, config: EngineConfig, executor: Executor) -> StateLedger | None:
+    """A hybrid's state slots: a ring for each of max_concurrency sequences; None for a dense model."""
+    cfg = weights.config
+    if not cfg.is_hybrid:
+        return None
+    dtypes = (CPU_DTYPE, CPU_DTYPE) if executor.streams.device is None else ()
+    depth = state_ring_depth(config)
+    pool = StateSlotPool(executor.streams, StateSpec.for_model(cfg, *dtypes), config.max_concurrency * depth)
+    return StateLedger(pool, depth, executor.compute)
+
+
 def kv_spec(weights: ModelWeights, config: EngineConfig, device: Device | None) -> KVSpec:
     cfg = weights.config
     shape = dict(
-        num_layers=cfg.num_hidden_layers + cfg.mtp_layers,
+        # full-attention layers only (a hybrid's linear ones keep states), then the MTP layer (model/mtp.py)
+        num_layers=len(cfg.full_attention_layers) + cfg.mtp_layers,
         n_kv_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim,
         dtype=config.kv_dtype,

@@ -4,6 +4,10 @@ Executor-agnostic: it speaks model.executor.StepBatch and model.layers.forward, 
 CUDA executor run the same code. `run` returns a list of tokens per sampling request; here that list
 holds one token, and the speculative runner (spec.py) returns the accepted drafts plus the bonus token
 through the same shape.
+
+A hybrid model's steps also carry each sequence's state slots (engine/state_ledger.py): the runner asks
+the ledger's states for them as it lays out a sequence's rows (`StateRing.begin`) and tells it once the
+forward is enqueued (`StateRing.end`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.request import Request
 from ninfer_rt.engine.sampling import PendingSamples, Sample, start_sampling
 from ninfer_rt.engine.scheduler import ScheduledChunk
+from ninfer_rt.engine.state_ledger import StateRows
 from ninfer_rt.kv.cache import KVCache
 from ninfer_rt.kv.sequence import SequenceKV
 from ninfer_rt.model.executor import Executor, StepBatch, StepForward
@@ -39,6 +44,19 @@ class SeqRows:
     token_ids: Sequence[int]
     logit_offsets: Sequence[int]
     lane: str
+    state: StateRows | None = None  # a hybrid's linear-attention state slots for these rows
+
+
+def state_arrays(parts: Sequence[SeqRows]) -> dict[str, np.ndarray]:
+    """StepBatch.state_slots / state_targets ([B], [B, S], -1 pads at the front); none for a step whose
+    rows touch no linear-attention state (a dense model's, or an MTP step's)."""
+    if all(part.state is None for part in parts):
+        return {}
+    width = max(len(part.state.targets) for part in parts)
+    targets = np.full((len(parts), width), -1, np.int32)
+    for row, part in enumerate(parts):
+        targets[row, width - len(part.state.targets) :] = part.state.targets
+    return {"state_slots": np.array([part.state.slot for part in parts], np.int32), "state_targets": targets}
 
 
 def step_batch(parts: Sequence[SeqRows]) -> StepBatch:
@@ -57,6 +75,7 @@ def step_batch(parts: Sequence[SeqRows]) -> StepBatch:
             [query_start[i] + offset for i, part in enumerate(parts) for offset in part.logit_offsets], np.int32
         ),
         lanes=tuple(part.lane for part in parts),
+        **state_arrays(parts),
     )
 
 
@@ -73,8 +92,10 @@ class ModelRunner:
         self.model = model
         self.kv = kv
         self.ledger = ledger
+        self.states = ledger.states  # None: no linear-attention layers
+        states = None if self.states is None else self.states.pool
         # The CUDA executor replays steps from graphs keyed by step shape; the default is the plain forward.
-        self.forward = step_forward or (lambda batch: forward(executor, model, batch, kv))
+        self.forward = step_forward or (lambda batch: forward(executor, model, batch, kv, states))
 
     def run(self, chunks: Sequence[ScheduledChunk]) -> list[SampledTokens]:
         output = self.launch(chunks)
@@ -84,15 +105,21 @@ class ModelRunner:
 
     def launch(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
         """Enqueue the step's forward; its logit rows are the sampling chunks', in order."""
-        return self.forward(self.build_batch(chunks))
+        parts = [self.chunk_rows(chunk) for chunk in chunks]
+        return self.run_forward(parts, step_batch(parts))
+
+    def run_forward(self, parts: Sequence[SeqRows], batch: StepBatch) -> ForwardOutput:
+        """Enqueue the forward of `batch` (laid out from `parts`); their state targets now hold states."""
+        out = self.forward(batch)
+        for part in parts:
+            if part.state is not None:
+                part.state.end()
+        return out
 
     def sample(self, output: ForwardOutput, requests: Sequence[Request], feed: bool) -> PendingSamples:
         """One token per logit row, request i from row i: on the device where the executor can (4 bytes
         per row back, read later), else from host copies of the rows. `feed`: see start_sampling."""
         return start_sampling(self.executor, output.logits, requests, feed)
-
-    def build_batch(self, chunks: Sequence[ScheduledChunk]) -> StepBatch:
-        return step_batch([self.chunk_rows(chunk) for chunk in chunks])
 
     def chunk_rows(self, chunk: ScheduledChunk) -> SeqRows:
         request, start, size = chunk.request, chunk.request.num_computed, chunk.num_tokens
@@ -102,4 +129,9 @@ class ModelRunner:
             request.token_slice(start, start + size),
             [size - 1] if chunk.samples else [],
             request.request_id,
+            self.state_rows(request),
         )
+
+    def state_rows(self, request: Request, saved: int = 1) -> StateRows | None:
+        """The request's state slots for its rows of the next forward (none for a dense model)."""
+        return None if self.states is None else self.states.begin(request, saved)

@@ -34,6 +34,13 @@ MTP entries of whatever it accepts. The scheduler reserves `lookahead(k)` slots 
 end so verify and drafting have their pages; near the context limit (or right after admission) a request
 simply drafts and verifies fewer tokens.
 
+Hybrid models (linear-attention states, engine/state_ledger.py). A request's ring holds 1 + k state
+slots. The verify pass saves the state after each of its 1 + len(drafts) rows (StateRing.begin with
+saved = 1 + len(drafts)); once the drafts are verified, `accept(a)` with a = the accepted drafts makes
+the state after row a -- x[N-1], d1..da: exactly the tokens the sequence has computed -- the live one,
+conv window included, by an index swap. A prefill chunk saves only its final state, in place. Catch-up
+and drafting run only the MTP layer (full attention), so their batches carry no state slots.
+
 Known approximation (draft quality only, never output): a prefix-cache hit of M tokens reuses the MTP
 entry at position M-1, which the earlier owner computed with its own x[M].
 """
@@ -174,13 +181,15 @@ class SpecRunner(ModelRunner):
     def run(self, chunks: Sequence[ScheduledChunk]) -> list[SampledTokens]:
         parts, drafts = zip(*(self._rows(chunk) for chunk in chunks))
         batch = step_batch(parts)
-        out = self.forward(batch)
+        out = self.run_forward(parts, batch)
         sampling = [(chunk.request, part, draft) for chunk, part, draft in zip(chunks, parts, drafts) if chunk.samples]
         host = self._fetch(out.logits, None, [argmax_decides(request.params) for request, _, _ in sampling])
         verified, row = [], 0
         for request, part, draft in sampling:
             verified.append(self._verify(request, draft, host.rows(row, row + len(part.logit_offsets))))
             row += len(part.logit_offsets)
+            if self.states is not None:  # the live state: after the pass's first row and the accepted drafts
+                self.states.accept(request, verified[-1].verdict.accepted)
         self.head.observe([token for v in verified for token in v.verdict.tokens])
         self.drafts = self._draft(chunks, parts, batch, out.hidden, verified)
         return [SampledTokens(v.request, v.samples(), v.drafted) for v in verified]
@@ -194,11 +203,12 @@ class SpecRunner(ModelRunner):
         start, size = request.num_computed, chunk.num_tokens
         tokens = request.token_slice(start, start + size)
         if not chunk.samples:
-            return SeqRows(seq, start, tokens, [], request.request_id), Draft()
+            return SeqRows(seq, start, tokens, [], request.request_id, self.state_rows(request)), Draft()
         held = self.drafts.get(request.request_id, Draft()) if size == 1 else Draft()
         draft = held.clipped(max(self._room(request) - request.num_tokens, 0))
         offsets = list(range(size - 1, size + len(draft.tokens)))
-        return SeqRows(seq, start, tokens + draft.tokens, offsets, request.request_id), draft
+        state = self.state_rows(request, saved=1 + len(draft.tokens))  # a state per verify row
+        return SeqRows(seq, start, tokens + draft.tokens, offsets, request.request_id, state), draft
 
     def _fetch(self, logits: Tensor, ids: Tensor | None, by_argmax: Sequence[bool]) -> HostRows:
         """`by_argmax[i]`: whether request i's rows are decided by their argmax ids (computed here when
@@ -241,6 +251,8 @@ class SpecRunner(ModelRunner):
         found = [by_request.get(id(chunk.request)) for chunk in chunks]
         catch_up = replace(
             batch,
+            state_slots=np.zeros(0, np.int32),  # the MTP layer keeps no linear-attention state
+            state_targets=np.zeros((0, 1), np.int32),
             token_ids=np.concatenate([_next_tokens(c, p, v) for c, p, v in zip(chunks, parts, found)]).astype(np.int32),
             logit_rows=np.array(
                 [batch.query_start[i] + c.num_tokens - 1 + v.verdict.accepted for i, (c, v) in enumerate(zip(chunks, found)) if v],
