@@ -108,7 +108,7 @@ def test_an_aborted_request_gives_its_slot_back_and_the_other_lane_is_unchanged(
     assert slots_all_back(eng)
 
 
-def test_a_hybrid_second_turn_recomputes_its_prefix_and_reports_no_cached_tokens(tiny_qwen3_5: Path) -> None:
+def test_a_second_turn_resumes_from_the_end_of_generation_snapshot(tiny_qwen3_5: Path) -> None:
     first = prompt(40, 3)
     eng = engine(tiny_qwen3_5)
     (reply,), _ = run(eng, [first])
@@ -116,8 +116,18 @@ def test_a_hybrid_second_turn_recomputes_its_prefix_and_reports_no_cached_tokens
     (warm,), (stats,) = run(eng, [second])
     (cold,), _ = run(engine(tiny_qwen3_5), [second])
     assert warm == cold
-    assert stats.cached_tokens == 0
+    # the first request computed its prompt and all but its last sampled token: that state was saved
+    assert stats.cached_tokens == len(first) + len(reply) - 1
     assert slots_all_back(eng)
+
+
+def test_without_prefix_caching_a_hybrid_recomputes_everything(tiny_qwen3_5: Path) -> None:
+    first = prompt(40, 3)
+    eng = engine(tiny_qwen3_5, prefix_caching=False)
+    (reply,), _ = run(eng, [first])
+    (_,), (stats,) = run(eng, [first + reply + prompt(5, 4)])
+    assert stats.cached_tokens == 0
+    assert eng.ledger.states.snapshots is None
 
 
 def test_a_dense_model_has_no_state_slots(tiny_qwen3: Path) -> None:

@@ -36,8 +36,11 @@ class CountingLedger:
     def commit(self, request: Request) -> None:
         pass
 
-    def release(self, request: Request) -> None:
+    def release(self, request: Request, finished: bool = False) -> None:
         self.held.pop(request.request_id, None)
+
+    def chunk_limit(self, request: Request, size: int) -> int:
+        return size
 
 
 def make_request(name: str, prompt_len: int) -> Request:

@@ -9,11 +9,11 @@ the request loop (engine.py) runs on, timing each start-up phase into `StartupTi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ninfer_rt.cuda.driver import Device, device_count, open_device
+from ninfer_rt.cuda.driver import device_count, open_device
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.runner import ModelRunner
@@ -21,16 +21,16 @@ from ninfer_rt.engine.scheduler import Scheduler, SchedulerConfig
 from ninfer_rt.engine.spec import Drafter, DraftHead, SpecRunner
 from ninfer_rt.engine.spec import lookahead as spec_lookahead
 from ninfer_rt.engine.spec_vocab import DraftVocab
-from ninfer_rt.engine.state_ledger import StateLedger
+from ninfer_rt.engine.stores import StoreOptions, make_state_ledger, state_spec, store_sizes
 from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
-from ninfer_rt.kv.capacity import resolve_kv_capacity
 from ninfer_rt.kv.manager import KVManager
-from ninfer_rt.kv.states import StateSlotPool, StateSpec
+from ninfer_rt.kv.memory_plan import SnapshotBudget
 from ninfer_rt.model.executor import Executor, StepForward
 from ninfer_rt.model.layers import PreparedModel, attention_shape, prepare_model
 from ninfer_rt.model.mtp import prepare_mtp
+from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.weights import ModelWeights
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -61,6 +61,8 @@ class EngineConfig:
     draft_tokens: int = 3  # drafts verified per step
     lm_head_draft: int | None = None  # draft over the N most frequent tokens only (engine/spec_vocab.py)
     overlap: bool = True  # enqueue each step before reading the previous one's samples (engine.py)
+    state_snapshot_budget: str | None = None  # hybrids: snapshot memory ('4GiB') or count ('16'); None: planned
+    snapshot_interval: int = 16384  # hybrids: also save the state every this many tokens of a long prompt
 
     def __post_init__(self) -> None:
         if isinstance(self.kv_dtype, str):
@@ -75,6 +77,10 @@ class EngineConfig:
             raise ValueError(f"draft_tokens must be at least 1, got {self.draft_tokens}")
         if self.lm_head_draft is not None and self.lm_head_draft < 1:
             raise ValueError(f"lm_head_draft must be at least 1, got {self.lm_head_draft}")
+        if self.state_snapshot_budget is not None:
+            SnapshotBudget.parse(self.state_snapshot_budget)  # raises naming the flag
+        if self.snapshot_interval < 0:
+            raise ValueError(f"snapshot_interval must be 0 (never) or positive, got {self.snapshot_interval}")
 
 
 @dataclass
@@ -126,11 +132,16 @@ def build(
     executor.reserve_attention(attention_shape(weights.config), config.kv_dtype)  # likewise
     sync_device(executor)
     startup.upload_weights, clock = time.perf_counter() - clock, time.perf_counter()
-    # KV is sized last: `--kv-capacity auto` takes what the weights and activations left free.
-    kv = KVCache(streams, kv_spec(weights, config, streams.device))
+    # The stores are sized last: `--kv-capacity auto` splits what the weights and activations left free.
+    options = store_options(weights.config, config, max_context)
+    state = state_spec(weights.config, streams.device, CPU_DTYPE)
+    sizes = store_sizes(options, state, streams.device)
+    states = make_state_ledger(streams, executor.compute, state, options, sizes.snapshots)
+    kv = KVCache(streams, replace(options.kv_page, num_pages=sizes.kv_pages))
     startup.kv = time.perf_counter() - clock
     kv_manager = KVManager(streams, kv, max_context, config.prefix_caching)
-    states = make_state_ledger(weights, config, executor)
+    if states is not None and states.snapshots is not None:  # a snapshot goes with the page it ends in
+        kv_manager.prefix.on_forget(states.snapshots.page_forgotten)
     ledger = KVLedger(kv_manager, executor.compute, streams.create("copy"), states)
     lookahead = spec_lookahead(config.draft_tokens) if config.spec == "mtp" else 0
     scheduler = Scheduler(SchedulerConfig(config.max_concurrency, config.token_budget, lookahead), ledger)
@@ -204,33 +215,17 @@ def state_ring_depth(config: EngineConfig) -> int:
     return 1 + (config.draft_tokens if config.spec == "mtp" else 0)
 
 
-def make_state_ledger(weights: ModelWeights, config: EngineConfig, executor: Executor) -> StateLedger | None:
-    """A hybrid's state slots: a ring for each of max_concurrency sequences; None for a dense model."""
-    cfg = weights.config
-    if not cfg.is_hybrid:
-        return None
-    dtypes = (CPU_DTYPE, CPU_DTYPE) if executor.streams.device is None else ()
-    depth = state_ring_depth(config)
-    pool = StateSlotPool(executor.streams, StateSpec.for_model(cfg, *dtypes), config.max_concurrency * depth)
-    return StateLedger(pool, depth, executor.compute)
-
-
-def kv_spec(weights: ModelWeights, config: EngineConfig, device: Device | None) -> KVSpec:
-    cfg = weights.config
-    shape = dict(
+def store_options(cfg: ModelConfig, config: EngineConfig, max_context: int) -> StoreOptions:
+    page = KVSpec(
         # full-attention layers only (a hybrid's linear ones keep states), then the MTP layer (model/mtp.py)
         num_layers=len(cfg.full_attention_layers) + cfg.mtp_layers,
+        num_pages=1,
         n_kv_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim,
         dtype=config.kv_dtype,
         page_size=config.page_size,
     )
-    page = KVSpec(num_pages=1, **shape)
-    if device is None:  # CPU: memory is not the limit
-        num_pages = resolve_kv_capacity(config.kv_capacity, page, None)
-    else:
-        # What prepare_model left free; the margin keeps room for the activation pool, cuBLAS workspaces
-        # and graphs, which are allocated after the KV.
-        margin = max(3 << 30, device.total_memory // 20)
-        num_pages = resolve_kv_capacity(config.kv_capacity, page, device.free_memory(), margin)
-    return KVSpec(num_pages=num_pages, **shape)
+    return StoreOptions(
+        config.kv_capacity, page, config.max_concurrency, max_context, state_ring_depth(config),
+        config.prefix_caching, config.state_snapshot_budget, config.snapshot_interval,
+    )

@@ -8,10 +8,9 @@ steps that read them.
 
 A hybrid model's linear-attention states follow their sequence through `states` (state_ledger.py): a
 ring per admitted request, released behind the same fence as its pages. A KV match is only usable at a
-position where the state is known, and until state snapshots are wired (SnapshotStore.deepest_at_or_before
-giving the deepest saved state at or before the match, restored into the live slot) that is position 0
-only: a hybrid matches no prefix, so its prefill computes every token and reports none as cached. The
-pages it fills are still indexed, ready for the snapshots that will make them resumable.
+position where the state is known: the deepest snapshot at or before it, where the match is cut (the
+pages past it are recomputed, a page it ends inside is copied like any tail hit); with no snapshot the
+hybrid computes every token. `cached_tokens` is therefore the tokens whose compute was skipped.
 """
 
 from __future__ import annotations
@@ -34,7 +33,9 @@ class KVLedger:
 
     def admit(self, request: Request, token_budget: int) -> int | None:
         tokens = request.all_ids
-        match = self.match(tokens)
+        full = self.match(tokens)
+        snapshot = self.states.resume_point(full, tokens) if self.states is not None else None
+        match = full if self.states is None else full.truncated(snapshot.position if snapshot else 0)
         first_chunk = min(len(tokens) - match.num_tokens, token_budget)
         if not self.manager.can_admit(match, first_chunk) or (self.states is not None and not self.states.can_admit()):
             return None
@@ -42,17 +43,23 @@ class KVLedger:
             tokens, match, self.compute, self.copy, lane=request.request_id
         )
         if self.states is not None:
-            self.states.admit(request, match.num_tokens)
+            self.states.admit(request, match.num_tokens, snapshot, full.num_tokens)
+            first_chunk = self.states.chunk_limit(request, match.num_tokens, first_chunk)
         if not self.reserve(request, match.num_tokens + first_chunk):
             raise RuntimeError(f"{request.request_id}: can_admit promised pages that grow could not find")
         return match.num_tokens
 
     def match(self, tokens: list[int]) -> PrefixMatch:
-        """The cached prefix admission may skip: none without prefix caching, and none for a hybrid (no
-        state is known past position 0 until snapshots are restored; see the module docstring)."""
-        if not self.manager.prefix_caching or self.states is not None:
+        """The cached prefix of `tokens` (none without prefix caching); a hybrid's is cut at admission."""
+        if not self.manager.prefix_caching:
             return PrefixMatch(self.manager.page_size)
         return self.manager.match(tokens)
+
+    def chunk_limit(self, request: Request, size: int) -> int:
+        """A chunk of `size` tokens from the request's computed ones, cut at the next snapshot point."""
+        if self.states is None:
+            return size
+        return self.states.chunk_limit(request, request.num_computed, size)
 
     def reserve(self, request: Request, num_tokens: int) -> bool:
         seq = self.sequences[request.request_id]
@@ -66,6 +73,8 @@ class KVLedger:
     def commit(self, request: Request) -> None:
         seq = self.sequences[request.request_id]
         self.manager.commit(seq, request.token_slice(seq.num_tokens, request.num_computed))
+        if self.states is not None:
+            self.states.saved(request, seq)
 
     def rollback(self, request: Request) -> None:
         seq = self.sequences[request.request_id]
@@ -75,14 +84,15 @@ class KVLedger:
             self.manager.pool.release(reversed(seq.pages[keep:]), self.compute.record())
             del seq.pages[keep:]
 
-    def release(self, request: Request) -> None:
+    def release(self, request: Request, finished: bool = False) -> None:
+        """Give back the request's pages (and state slots); a `finished` one's state is saved first."""
         seq = self.sequences.pop(request.request_id, None)
         if seq is None:
             return
         fence = self.compute.record()  # after every op of the steps that read the pages and the slots
+        if self.states is not None:  # before the pages go: the snapshot is keyed to them
+            self.states.release(request, fence, seq, finished)
         self.manager.finish(seq, fence)
-        if self.states is not None:
-            self.states.release(request, fence)
 
     def sequence(self, request: Request) -> SequenceKV:
         return self.sequences[request.request_id]

@@ -129,9 +129,9 @@ class ModelRunner:
             request.token_slice(start, start + size),
             [size - 1] if chunk.samples else [],
             request.request_id,
-            self.state_rows(request),
+            self.state_rows(request, rows=size),
         )
 
-    def state_rows(self, request: Request, saved: int = 1) -> StateRows | None:
-        """The request's state slots for its rows of the next forward (none for a dense model)."""
-        return None if self.states is None else self.states.begin(request, saved)
+    def state_rows(self, request: Request, saved: int = 1, rows: int = 1) -> StateRows | None:
+        """The request's state slots for its `rows` rows of the next forward (none for a dense model)."""
+        return None if self.states is None else self.states.begin(request, saved, rows)

@@ -37,8 +37,13 @@ class PageLedger(Protocol):
     def commit(self, request: Request) -> None:
         """The request's K/V now covers `num_computed` tokens: its full pages may enter the prefix cache."""
 
-    def release(self, request: Request) -> None:
-        """Give back every page the request holds."""
+    def release(self, request: Request, finished: bool = False) -> None:
+        """Give back every page the request holds; `finished`: it ended (not aborted nor preempted), so
+        what it computed is worth keeping for a next turn."""
+
+    def chunk_limit(self, request: Request, size: int) -> int:
+        """How much of a `size`-token chunk from the request's computed tokens to schedule now (a hybrid
+        model ends chunks where it saves states)."""
 
     def rollback(self, request: Request) -> None:
         """Give back the pages wholly past the request's computed tokens (reserved, then not kept)."""
@@ -101,7 +106,7 @@ class Scheduler:
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         self.running.remove(request)
-        self.ledger.release(request)
+        self.ledger.release(request, finished=True)
         request.finish(reason)
 
     @property
@@ -118,7 +123,7 @@ class Scheduler:
         for request in decoding + prefilling:
             if request not in self.running:  # preempted earlier in this loop to make room
                 continue
-            size = min(request.num_remaining, budget)
+            size = self.ledger.chunk_limit(request, min(request.num_remaining, budget))
             extra = self.config.lookahead if size == request.num_remaining else 0
             if size and self._reserve_or_preempt(request, size + extra, step):
                 step.chunks.append(ScheduledChunk(request, size))
@@ -155,7 +160,7 @@ class Scheduler:
             if request.preemptions == 0:
                 request.num_cached_prompt = cached
                 request.first_scheduled = time.monotonic()
-            size = min(request.num_remaining, budget)
+            size = self.ledger.chunk_limit(request, min(request.num_remaining, budget))
             self.waiting.popleft()
             self.running.append(request)
             request.state = RequestState.PREFILLING

@@ -203,11 +203,11 @@ class SpecRunner(ModelRunner):
         start, size = request.num_computed, chunk.num_tokens
         tokens = request.token_slice(start, start + size)
         if not chunk.samples:
-            return SeqRows(seq, start, tokens, [], request.request_id, self.state_rows(request)), Draft()
+            return SeqRows(seq, start, tokens, [], request.request_id, self.state_rows(request, rows=size)), Draft()
         held = self.drafts.get(request.request_id, Draft()) if size == 1 else Draft()
         draft = held.clipped(max(self._room(request) - request.num_tokens, 0))
         offsets = list(range(size - 1, size + len(draft.tokens)))
-        state = self.state_rows(request, saved=1 + len(draft.tokens))  # a state per verify row
+        state = self.state_rows(request, saved=1 + len(draft.tokens), rows=size + len(draft.tokens))  # one per row
         return SeqRows(seq, start, tokens + draft.tokens, offsets, request.request_id, state), draft
 
     def _fetch(self, logits: Tensor, ids: Tensor | None, by_argmax: Sequence[bool]) -> HostRows:

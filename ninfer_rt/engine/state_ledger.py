@@ -1,32 +1,51 @@
-"""The state side of the ledger: one StateRing (kv/states_verify.py) per running request of a hybrid model.
+"""The state side of the ledger: one StateRing (kv/states_verify.py) per running request of a hybrid model,
+and the snapshots (kv/snapshots.py) that let a later request resume a prefix without recomputing it.
 
 A hybrid's linear-attention layers carry each sequence's recurrent state in a state slot; with `--spec mtp`
 a sequence owns a ring of 1 + draft_tokens slots (per-position verify states, docs/state-cache.md), else
 one. The KV ledger (kv_ledger.py) drives this one at the same moments it drives the pages:
 
-- `admit(request, start)`: a ring for the request. The state at `start` must be known: 0, the empty
-  prefix, whose state is zeroed now by a declared memset on the compute stream. (A snapshot restore
-  would supply a state at start > 0: SnapshotStore.deepest_at_or_before, then SnapshotStore.restore into
-  `live_slot(request)`; until that is wired the KV ledger matches no prefix for a hybrid.)
-- `begin(request, saved)` before a step's forward: (the slot the pass reads, the slots receiving the
-  states after its last `saved` rows). A prefill chunk or a plain decode saves 1, in place in the live
-  slot, so a chunked prefill carries its state from chunk to chunk; a verify pass of 1 + k rows saves
-  1 + k. `StateRows.end()` once the forward is enqueued (its targets now hold states).
+- `resume_point(match, tokens)`: the deepest snapshot at or before the KV match; the KV ledger cuts the
+  match there (a state exists only where it was saved).
+- `admit(request, start, snapshot, match_end)`: a ring for the request, holding the state at `start`: the
+  snapshot restored into the live slot, or the empty prefix's zeros when start is 0 (declared ops on the
+  compute stream). A match that reaches past `start` is a branch point: the state there is saved on the
+  way, so the next request sharing that prefix resumes from it.
+- `chunk_limit(request, start, size)`: a prefill chunk ends at the next snapshot point (snapshot_points:
+  the end of the input, branch points, every `interval` tokens of a long prompt), since a state exists
+  only at the end of a computed span.
+- `begin(request, saved, rows)` before a step's forward: (the slot the pass reads, the slots receiving the
+  states after its last `saved` rows). A prefill chunk or a plain decode saves 1, in place; a verify pass
+  of 1 + k rows saves 1 + k. `StateRows.end()` once the forward is enqueued advances the known position.
 - `accept(request, accepted)` after verification: the state after the pass's first row plus `accepted`
-  drafts becomes the live one (an index swap, declared on the compute stream); a no-op without a
-  pending verify pass.
-- `release(request, fence)`: finish, abort and preemption; the fence is the one the pages go back
-  behind (recorded on the compute stream after the last step that read or wrote the slots).
+  drafts becomes the live one (an index swap, declared on the compute stream).
+- `saved(request, seq)` after a step's tokens are committed: writes a snapshot when the state's position
+  is a snapshot point; `release(request, fence, seq)` writes the end-of-generation snapshot first (when
+  the state is exactly the committed tokens'), then returns the ring behind the pages' fence.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ninfer_rt.cuda.streams import Event, Stream
 from ninfer_rt.engine.request import Request
+from ninfer_rt.kv.prefix import PrefixMatch
+from ninfer_rt.kv.sequence import SequenceKV
+from ninfer_rt.kv.snapshots import Snapshot, SnapshotKey, SnapshotStore, snapshot_points
 from ninfer_rt.kv.states import SlotStats, StateSlotPool
 from ninfer_rt.kv.states_verify import StateRing
+
+
+@dataclass
+class _Tracked:
+    """A running request's ring and the position its live state is at (tokens it covers)."""
+
+    ring: StateRing
+    position: int
+    input_end: int
+    branch_points: set[int] = field(default_factory=set)
+    pass_start: int = 0  # position before the pending verify pass
 
 
 @dataclass(frozen=True)
@@ -35,49 +54,123 @@ class StateRows:
 
     slot: int  # holds the state before the step
     targets: list[int]  # receive the states after the last len(targets) rows
-    ring: StateRing
+    tracked: _Tracked
+    rows: int
+
+    @property
+    def ring(self) -> StateRing:
+        return self.tracked.ring
 
     def end(self) -> None:
         """The forward that reads `slot` and writes `targets` is enqueued: the targets hold states."""
-        self.ring.end(self.targets)
+        self.tracked.ring.end(self.targets)
+        if len(self.targets) == 1:
+            self.tracked.position += self.rows
+        else:  # a verify pass: the position is known once its accept chose a state
+            self.tracked.pass_start = self.tracked.position
+
+
+@dataclass
+class SnapshotCounters:
+    resumed_tokens: int = 0  # prompt tokens whose compute a restored snapshot skipped
+    writes: int = 0
 
 
 class StateLedger:
-    def __init__(self, pool: StateSlotPool, ring_depth: int, compute: Stream) -> None:
+    def __init__(
+        self, pool: StateSlotPool, ring_depth: int, compute: Stream,
+        snapshots: SnapshotStore | None = None, interval: int = 0,
+    ) -> None:
         if ring_depth < 1:
             raise ValueError(f"a state ring needs at least the live slot, got depth {ring_depth}")
         self.pool = pool
         self.ring_depth = ring_depth
         self.compute = compute
-        self.rings: dict[str, StateRing] = {}
+        self.snapshots = snapshots  # None: prefix caching off, nothing is saved or resumed
+        self.interval = interval
+        self.counters = SnapshotCounters()
+        self.tracked: dict[str, _Tracked] = {}
+
+    # -- admission -------------------------------------------------------------------------------------
 
     def can_admit(self) -> bool:
         return self.pool.can_acquire(self.ring_depth)
 
-    def admit(self, request: Request, start: int) -> None:
-        if start != 0:
-            raise ValueError(f"{request.request_id}: no state is known at position {start} (only at 0)")
-        ring = StateRing(self.pool, self.ring_depth, self.compute, lane=request.request_id)
-        self.pool.zero(ring.live_slot, self.compute, lane=request.request_id)
-        self.rings[request.request_id] = ring
+    def resume_point(self, match: PrefixMatch, tokens: list[int]) -> Snapshot | None:
+        if self.snapshots is None:
+            return None
+        return self.snapshots.deepest_at_or_before(match.hashes, tokens, match.num_tokens)
 
-    def begin(self, request: Request, saved: int = 1) -> StateRows:
-        ring = self.rings[request.request_id]
-        slot = ring.live_slot
-        return StateRows(slot, ring.begin(self.compute, saved), ring)
+    def admit(self, request: Request, start: int, snapshot: Snapshot | None = None, match_end: int = 0) -> None:
+        if (snapshot.position if snapshot is not None else 0) != start:
+            raise ValueError(f"{request.request_id}: no state is known at position {start}")
+        lane = request.request_id
+        ring = StateRing(self.pool, self.ring_depth, self.compute, lane=lane)
+        if snapshot is None:
+            self.pool.zero(ring.live_slot, self.compute, lane=lane)
+        else:
+            self.snapshots.restore(snapshot, ring.live_slot, self.compute, lane=lane)
+            self.counters.resumed_tokens += start
+        tracked = _Tracked(ring, start, len(request.prompt_ids))
+        if match_end > start:
+            tracked.branch_points.add(match_end)
+        self.tracked[request.request_id] = tracked
+
+    def chunk_limit(self, request: Request, start: int, size: int) -> int:
+        """`size` cut so the chunk [start, start + size) ends at the first snapshot point inside it."""
+        tracked = self.tracked[request.request_id]
+        if self.snapshots is None or start >= tracked.input_end:
+            return size
+        points = snapshot_points(
+            start, start + size, input_end=tracked.input_end, interval=self.interval, branch_points=tracked.branch_points
+        )
+        return points[0] - start if points else size
+
+    # -- steps -----------------------------------------------------------------------------------------
+
+    def begin(self, request: Request, saved: int = 1, rows: int = 1) -> StateRows:
+        tracked = self.tracked[request.request_id]
+        slot = tracked.ring.live_slot
+        return StateRows(slot, tracked.ring.begin(self.compute, saved), tracked, rows)
 
     def accept(self, request: Request, accepted: int) -> None:
-        ring = self.rings[request.request_id]
-        if ring.awaiting_accept:
-            ring.accept(accepted, self.compute)
+        tracked = self.tracked[request.request_id]
+        if tracked.ring.awaiting_accept:
+            tracked.ring.accept(accepted, self.compute)
+            tracked.position = tracked.pass_start + 1 + accepted
 
     def live_slot(self, request: Request) -> int:
-        return self.rings[request.request_id].live_slot
+        return self.tracked[request.request_id].ring.live_slot
 
-    def release(self, request: Request, fence: Event) -> None:
-        ring = self.rings.pop(request.request_id, None)
-        if ring is not None:
-            ring.release(fence)
+    def saved(self, request: Request, seq: SequenceKV) -> None:
+        """The step's tokens are committed: save the state if it sits at a snapshot point of the input."""
+        tracked = self.tracked[request.request_id]
+        at = tracked.position
+        wanted = at == tracked.input_end or at in tracked.branch_points or (
+            self.interval > 0 and tracked.input_end > self.interval and at % self.interval == 0 and at < tracked.input_end
+        )
+        if wanted and at == seq.num_tokens and not tracked.ring.awaiting_accept:
+            self._write(tracked, seq, at, request.request_id)
+
+    # -- retirement ------------------------------------------------------------------------------------
+
+    def release(self, request: Request, fence: Event, seq: SequenceKV | None = None, finished: bool = False) -> None:
+        """Give the ring back behind `fence`; a finished request's state is saved first (end of generation),
+        when it is exactly the state of the committed tokens (not a step ahead of them, nor undecided)."""
+        tracked = self.tracked.pop(request.request_id, None)
+        if tracked is None:
+            return
+        if finished and seq is not None and tracked.position == seq.num_tokens and not tracked.ring.awaiting_accept:
+            self._write(tracked, seq, tracked.position, request.request_id)
+        tracked.ring.release(fence if self.snapshots is None else self.compute.record())
 
     def stats(self) -> SlotStats:
         return self.pool.stats()
+
+    def _write(self, tracked: _Tracked, seq: SequenceKV, position: int, lane: str) -> None:
+        if self.snapshots is None or position == 0 or not seq.pages:
+            return
+        key = SnapshotKey.of(seq.hashes, seq.token_ids, position, self.snapshots.page_size)
+        covering = seq.pages[(position - 1) // self.snapshots.page_size]
+        self.snapshots.write(key, tracked.ring.live_slot, self.compute, covering_page=covering, lane=lane)
+        self.counters.writes += 1

@@ -59,6 +59,18 @@ class PrefixMatch:
     def last_hash(self) -> int | None:
         return self.hashes[-1] if self.hashes else None
 
+    def truncated(self, position: int) -> PrefixMatch:
+        """The match cut to its first `position` tokens: the full pages below it, and the page holding
+        `position` (a full page of this match or its tail) as a tail hit of `position % page_size` tokens."""
+        if not 0 <= position <= self.num_tokens:
+            raise ValueError(f"cannot cut a match of {self.num_tokens} tokens at {position}")
+        full, partial = divmod(position, self.page_size)
+        tail = None
+        if partial:
+            page = self.pages[full] if full < len(self.pages) else self.tail.page
+            tail = TailHit(page, partial)
+        return PrefixMatch(self.page_size, self.pages[:full], self.hashes[:full], tail)
+
 
 @dataclass(frozen=True)
 class _FullEntry:
