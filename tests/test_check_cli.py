@@ -151,3 +151,13 @@ def test_not_a_model_directory_is_one_line(tmp_path: Path) -> None:
     result = run_check(tmp_path)
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [f"Error: --model {tmp_path}: not a model directory (no config.json)"]
+
+
+def test_an_fp8_block_checkpoint_passes_compared_as_its_bf16_weights(tiny_qwen3_5: Path, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from test_fp8_import import write_fp8_and_reference
+
+    fp8_dir, _ = write_fp8_and_reference(tiny_qwen3_5, tmp_path)
+    result = run_check(fp8_dir, "--tokens", "8")
+    assert result.exit_code == 0, result.output
+    assert statuses(result) == dict.fromkeys(CHECKS, OK)

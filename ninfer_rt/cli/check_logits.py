@@ -2,7 +2,7 @@
 
 Both run float32 math on the same weights: bf16/fp16 checkpoints are widened exactly to float32 by both, and a
 quantized checkpoint's reference is transformers on its dequantized weights (written to a temporary float32
-checkpoint, since transformers cannot run the groupwise format, and GPTQ only with optional kernels). The
+checkpoint, since transformers cannot run the groupwise format, and GPTQ or FP8 only with optional kernels). The
 error is max |ours - theirs| / max |theirs| over every row's logits; float32 forwards of the same weights
 differ by accumulation order only (about 1e-6 on the tiny models), so MAX_RELATIVE_ERROR = 1e-3 is far
 above rounding and far below what any wrong op gives (a misread norm or gate moves logits by 1e-1 or more).
@@ -27,8 +27,8 @@ from ninfer_rt.kv.states import StateSlotPool, StateSpec
 from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import forward, prepare_model
 from ninfer_rt.model.weights import Checkpoint, ModelWeights, stored_name
-from ninfer_rt.quantize.format import QuantizedWeight
 from ninfer_rt.quantize.layouts import dense
+from ninfer_rt.quantize.scheme import scheme_from_dir
 
 MAX_RELATIVE_ERROR = 1e-3
 PAGE_SIZE = 16
@@ -80,7 +80,7 @@ def transformers_logits(model_dir: Path, checkpoint: Checkpoint, tokens: Sequenc
     import torch
     from transformers import AutoModelForCausalLM
 
-    quantized = any(isinstance(t, QuantizedWeight) for t in checkpoint.values())
+    quantized = scheme_from_dir(model_dir) is not None
     with tempfile.TemporaryDirectory(prefix="ninfer-check-") as scratch:
         source = _dequantized_copy(model_dir, checkpoint, Path(scratch)) if quantized else model_dir
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32, attn_implementation="eager")
