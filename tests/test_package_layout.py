@@ -10,7 +10,7 @@ from test_streams import imported_modules
 
 PACKAGE = Path(ninfer_rt.__file__).parent
 # quantize/'s modules that the model and the executors import; calibration and writer run the model.
-QUANTIZED_FORMAT = ("format", "layouts", "gptq_awq", "scheme", "quantizer")
+QUANTIZED_FORMAT = ("format", "layouts", "gptq_awq", "fp8", "scheme", "quantizer")
 
 
 def ninfer_imports(path: Path) -> set[str]:

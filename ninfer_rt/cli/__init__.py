@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ninfer_rt import __version__
-from ninfer_rt.cli import generate, kernels, quantize, replay, serve
+from ninfer_rt.cli import check, generate, kernels, quantize, replay, serve
 
 
 @click.group()
@@ -14,6 +14,7 @@ def main() -> None:
     """ninfer-rt: a CUDA inference runtime for dense Qwen3-family models."""
 
 
+main.add_command(check.check)
 main.add_command(generate.generate)
 main.add_command(kernels.kernels)
 main.add_command(quantize.quantize_command)

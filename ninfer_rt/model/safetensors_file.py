@@ -7,6 +7,7 @@ bfloat16 and ``safe_open`` copies every tensor; ``np.memmap`` + ml_dtypes gives 
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,12 @@ class SafetensorsFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._locations = _read_header(path)
-        self._mapping = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else None
+        self._map: mmap.mmap | None = None
+        self._mapping: np.ndarray | None = None
+        if path.stat().st_size:
+            with path.open("rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._mapping = np.frombuffer(self._map, dtype=np.uint8)
 
     def names(self) -> list[str]:
         return list(self._locations)
@@ -68,8 +74,13 @@ class SafetensorsFile:
         loc = self._locations[name]
         if loc.begin == loc.end:
             return np.zeros(loc.shape, dtype=loc.dtype)
-        # np.asarray drops the np.memmap subclass (whose arithmetic results stay memmaps); still no copy
-        return np.asarray(self._mapping[loc.begin : loc.end]).view(loc.dtype).reshape(loc.shape)
+        return self._mapping[loc.begin : loc.end].view(loc.dtype).reshape(loc.shape)
+
+    def release_pages(self) -> None:
+        """Drops the file's pages read so far from this process's resident set; they stay in the page cache
+        and are read again if touched. A pass over a checkpoint larger than memory then stays bounded."""
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)
 
 
 def _read_header(path: Path) -> dict[str, _TensorLocation]:

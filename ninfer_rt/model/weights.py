@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,9 +110,15 @@ class Checkpoint(Mapping[str, Linear]):
     """Name -> array as stored (bf16 stays ml_dtypes.bfloat16, memory-mapped), plus the model config.
     A quantized linear weight is a QuantizedWeight under its plain name (``...q_proj.weight``)."""
 
-    def __init__(self, config: ModelConfig, tensors: dict[str, Linear]) -> None:
+    def __init__(self, config: ModelConfig, tensors: dict[str, Linear], files: Sequence[SafetensorsFile] = ()) -> None:
         self.config = config
         self._tensors = tensors
+        self._files = tuple(files)
+
+    def release_pages(self) -> None:
+        """Drops the mapped pages read so far from the resident set (SafetensorsFile.release_pages)."""
+        for f in self._files:
+            f.release_pages()
 
     def __getitem__(self, name: str) -> Linear:
         return self._tensors[name]
@@ -146,7 +152,7 @@ def load_checkpoint(model_dir: str | Path, config: ModelConfig | None = None) ->
         tensors = {name: located[name].tensor(name) for name in expected}
         # Quantized linears become QuantizedWeight (imports converted to the project's layout here).
         converted = convert_quantized(scheme, tensors, quantized) if scheme else tensors
-        return Checkpoint(cfg, {_model_name(cfg, name): tensor for name, tensor in converted.items()})
+        return Checkpoint(cfg, {_model_name(cfg, name): tensor for name, tensor in converted.items()}, files)
     except QuantFormatError as err:
         raise WeightsError(f"{model_dir}: {err}") from None
 

@@ -2,7 +2,10 @@
 
 GPTQ (4-bit, sym, no act-order) becomes int4 as is; AWQ GEMM 4-bit becomes int4 when every zero point is
 8, otherwise exactly int8 (q - zero lies in [-15, 15], which int4 symmetric cannot hold; int8 keeps the
-weights bit-exact at twice the bytes). Scales become bf16.
+weights bit-exact at twice the bytes). Scales become bf16: an fp16 scale is rounded to 8 significant bits (a
+relative change of at most 2^-9, far below int4's own step). The import is by name, so the Qwen3.5 hybrids'
+linears (in_proj_qkv, in_proj_z, out_proj, the q | gate q_proj) load in both layouts, and in_proj_a/b, which
+published GPTQ checkpoints keep in fp16/bf16, load as stored.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ stored, and so do in_proj_a / in_proj_b: one row per value head (48 of 10,000+ r
 whose outputs set the decay exp(g) and the write strength beta that every later token of the recurrence
 inherits, so a rounding error there compounds instead of averaging out. Tensors are written under the
 input checkpoint's own names (``model.language_model.*`` for a vision-language one). The output directory gets the tokenizer/generation files of the input, safetensors
-shards, and config.json with a ``quantization_config`` that documents the layout. It is built in a
+shards, and config.json with a ``quantization_config`` that documents the layout. It streams: one tensor is
+read (memory-mapped), quantized in row chunks and written at a time, so memory stays that of one tensor's
+working set whatever the checkpoint's size (tools/bench_quantize_memory.py measures it). It is built in a
 temporary sibling directory and renamed into place, so an interrupted run leaves nothing half-written.
 """
 
@@ -22,17 +24,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 from tqdm import tqdm
 
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.model.weights import SHARD_INDEX, load_checkpoint, stored_name
+from ninfer_rt.model.weights import SHARD_INDEX, Checkpoint, load_checkpoint, stored_name
 from ninfer_rt.quantize.calibration import input_hessians
-from ninfer_rt.quantize.format import SUPPORTED_BITS, QuantFormatError, QuantizedWeight, check_group_size
+from ninfer_rt.quantize.format import BF16, SUPPORTED_BITS, QuantFormatError, QuantizedWeight, check_group_size
 from ninfer_rt.quantize.quantizer import quantize
 from ninfer_rt.quantize.scheme import quantization_config, scheme_from_dir
+from ninfer_rt.quantize.shard_writer import PlannedTensor, plan_shards, write_shard
 
 SHARD_BYTES = 2 << 30
+COPY_CHUNK_BYTES = 64 << 20  # bytes of a pass-through tensor copied between page releases
+QUANTIZE_ROWS = 4096  # rows of a matrix quantized at once (4096 x 17408 float32: 285 MB)
 EMBEDDING = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
 KEPT_AS_STORED = ("linear_attn.in_proj_a.weight", "linear_attn.in_proj_b.weight")  # module docstring says why
@@ -74,8 +78,8 @@ def quantize_checkpoint(
         )
     staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
     try:
-        stored = _stored_tensors(tensors, set(names), bits, group_size, hessians)
-        _write_shards(staging, ((stored_name(cfg, name), array) for name, array in stored))
+        planned = _planned_tensors(cfg, tensors, set(names), bits, group_size)
+        _write_shards(staging, planned, _tensor_parts(checkpoint, tensors, set(names), bits, group_size, hessians))
         _copy_side_files(model_dir, staging)
         _write_config(model_dir, staging, bits, group_size, quantize_lm_head)
         _apply_umask(staging)
@@ -103,41 +107,59 @@ def _check_request(model_dir: Path, out_dir: Path, bits: int, group_size: int, f
     out_dir.parent.mkdir(parents=True, exist_ok=True)
 
 
-def _stored_tensors(
-    tensors: dict[str, np.ndarray], names: set[str], bits: int, group_size: int, hessians: dict[str, np.ndarray]
-) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, array) in the stored layout, quantizing as it goes (one matrix in float32 at a time)."""
+def _planned_tensors(
+    cfg: ModelConfig, tensors: dict[str, np.ndarray], names: set[str], bits: int, group_size: int
+) -> list[PlannedTensor]:
+    """The output tensors, in order, under the stored names: what _tensor_parts will produce."""
+    planned: list[PlannedTensor] = []
+    for name, tensor in tensors.items():
+        stored = stored_name(cfg, name)
+        if name not in names:
+            planned.append(PlannedTensor(stored, tensor.dtype, tensor.shape))
+            continue
+        out, in_features = tensor.shape
+        base = stored.removesuffix(".weight")
+        planned.append(PlannedTensor(f"{base}.qweight", np.dtype(np.uint8), (out, in_features * bits // 8)))
+        planned.append(PlannedTensor(f"{base}.scales", BF16, (out, in_features // group_size)))
+    return planned
+
+
+def _tensor_parts(
+    checkpoint: Checkpoint, tensors: dict[str, np.ndarray], names: set[str], bits: int, group_size: int,
+    hessians: dict[str, np.ndarray],
+) -> Iterator[np.ndarray]:
+    """The bytes of _planned_tensors in order: a pass-through tensor as mapped row chunks, a quantized one as
+    qweight row chunks then its scales. Quantizing QUANTIZE_ROWS rows at a time (groups lie along the input, so rows are
+    independent) bounds the float32 working set whatever the matrix; the pages each tensor mapped are
+    released after it. GPTQ (with a hessian) runs on the whole matrix, as calibrated models are small."""
     progress = tqdm(tensors.items(), desc=f"quantizing to int{bits}", unit="tensor", disable=not sys.stderr.isatty())
     for name, tensor in progress:
-        if name not in names:
-            yield name, np.ascontiguousarray(tensor)
-            continue
-        weight: QuantizedWeight = quantize(tensor, bits, group_size, hessians.get(name))
-        base = name.removesuffix(".weight")
-        yield f"{base}.qweight", weight.qweight
-        yield f"{base}.scales", weight.scales
+        if name not in names:  # in row chunks too: an embedding alone is 2.5 GB in the 27B model
+            rows = max(1, COPY_CHUNK_BYTES // max(1, tensor[:1].nbytes))
+            for start in range(0, len(tensor), rows):
+                yield tensor[start : start + rows]
+                checkpoint.release_pages()
+        else:
+            hessian = hessians.get(name)
+            step = len(tensor) if hessian is not None else QUANTIZE_ROWS
+            scales = []
+            for start in range(0, len(tensor), step):
+                weight: QuantizedWeight = quantize(tensor[start : start + step], bits, group_size, hessian)
+                scales.append(weight.scales)
+                yield weight.qweight
+            yield np.concatenate(scales)
+        checkpoint.release_pages()
 
 
-def _write_shards(out: Path, tensors: Iterator[tuple[str, np.ndarray]]) -> None:
-    """Shards of about SHARD_BYTES each and the index that maps every tensor to its shard."""
+def _write_shards(out: Path, planned: list[PlannedTensor], parts: Iterator[np.ndarray]) -> None:
+    """Shards of about SHARD_BYTES each, streamed (shard_writer.py), and the index mapping tensors to shards."""
+    shards = plan_shards(planned, SHARD_BYTES)
     weight_map: dict[str, str] = {}
-    shard: dict[str, np.ndarray] = {}
-    total = 0
-
-    def flush() -> None:
-        file_name = f"model-{len(set(weight_map.values())) + 1:05d}.safetensors"
-        save_file(shard, str(out / file_name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, file_name))
-        shard.clear()
-
-    for name, array in tensors:
-        shard[name] = array
-        total += array.nbytes
-        if sum(a.nbytes for a in shard.values()) >= SHARD_BYTES:
-            flush()
-    if shard:
-        flush()
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    for number, shard in enumerate(shards, start=1):
+        file_name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        write_shard(out / file_name, shard, parts)
+        weight_map.update(dict.fromkeys((t.name for t in shard), file_name))
+    index = {"metadata": {"total_size": sum(t.nbytes for t in planned)}, "weight_map": weight_map}
     (out / SHARD_INDEX).write_text(json.dumps(index, indent=2) + "\n")
 
 

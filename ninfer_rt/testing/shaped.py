@@ -122,7 +122,7 @@ class _Tensor:
         if len(self.shape) == 1:  # RMSNorm gains
             f.write(np.ones(self.shape, BF16).tobytes())
             return
-        row = self.shape[1]
+        row = int(np.prod(self.shape[1:]))  # a conv weight [channels, 1, kernel] too
         f.write(bytes(self.zero_rows * row * BF16.itemsize))
         source.write(f, self.start, (self.shape[0] - self.zero_rows) * row)
 
