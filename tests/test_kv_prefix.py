@@ -7,7 +7,7 @@ import pytest
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.kv import prefix as prefix_module
 from ninfer_rt.kv.pages import PagePool
-from ninfer_rt.kv.prefix import PrefixCache, chain_hash
+from ninfer_rt.kv.prefix import PrefixCache, TailHit, chain_hash
 
 PAGE = 4
 
@@ -37,8 +37,15 @@ def test_chain_hash_depends_on_the_parent() -> None:
 
 def test_match_returns_the_longest_chain_of_full_pages(cache: PrefixCache, pool: PagePool) -> None:
     pages = index_pages(cache, pool, list(range(12)))
+    found = cache.match(list(range(8)) + [99, 99, 99])
+    assert found.pages == pages[:2] and found.num_tokens == 8 and found.tail is None
+
+
+def test_a_prompt_diverging_inside_a_full_page_hits_its_leading_tokens(cache: PrefixCache, pool: PagePool) -> None:
+    pages = index_pages(cache, pool, list(range(12)))
     found = cache.match(list(range(10)) + [99, 99, 99])
-    assert found.pages == pages[:2] and found.num_tokens == 8
+    assert found.pages == pages[:2]
+    assert found.tail == TailHit(pages[2], 2) and found.num_tokens == 10  # copied on write like a tail
 
 
 def test_the_same_page_tokens_after_a_different_prefix_do_not_match(cache: PrefixCache, pool: PagePool) -> None:

@@ -35,9 +35,9 @@ from ninfer_rt.model.weights import ModelWeights
 
 DEVICES = ("auto", "cpu", "cuda")
 SPEC_METHODS = ("none", "mtp")
-# The numpy executor's precision; a hybrid's state slots on the CPU keep it too, so a state passing
+# The numpy executor's precisions; a hybrid's state slots on the CPU keep it too, so a state passing
 # through a slot between steps is never rounded.
-CPU_DTYPE = np.dtype(np.float32)
+CPU_PRECISIONS = ("float32", "float64")
 
 
 class EngineError(RuntimeError):
@@ -63,6 +63,7 @@ class EngineConfig:
     overlap: bool = True  # enqueue each step before reading the previous one's samples (engine.py)
     state_snapshot_budget: str | None = None  # hybrids: snapshot memory ('4GiB') or count ('16'); None: planned
     snapshot_interval: int = 16384  # hybrids: also save the state every this many tokens of a long prompt
+    cpu_precision: str = "float32"  # the numpy executor's math (and a hybrid's CPU state slots): float64 for golden runs
 
     def __post_init__(self) -> None:
         if isinstance(self.kv_dtype, str):
@@ -79,6 +80,8 @@ class EngineConfig:
             raise ValueError(f"lm_head_draft must be at least 1, got {self.lm_head_draft}")
         if self.state_snapshot_budget is not None:
             SnapshotBudget.parse(self.state_snapshot_budget)  # raises naming the flag
+        if self.cpu_precision not in CPU_PRECISIONS:
+            raise ValueError(f"cpu_precision must be one of {CPU_PRECISIONS}, got {self.cpu_precision!r}")
         if self.snapshot_interval < 0:
             raise ValueError(f"snapshot_interval must be 0 (never) or positive, got {self.snapshot_interval}")
 
@@ -134,7 +137,7 @@ def build(
     startup.upload_weights, clock = time.perf_counter() - clock, time.perf_counter()
     # The stores are sized last: `--kv-capacity auto` splits what the weights and activations left free.
     options = store_options(weights.config, config, max_context)
-    state = state_spec(weights.config, streams.device, CPU_DTYPE)
+    state = state_spec(weights.config, streams.device, np.dtype(config.cpu_precision))
     sizes = store_sizes(options, state, streams.device)
     states = make_state_ledger(streams, executor.compute, state, options, sizes.snapshots)
     kv = KVCache(streams, replace(options.kv_page, num_pages=sizes.kv_pages))
@@ -173,7 +176,7 @@ def max_step_rows(config: EngineConfig) -> int:
 
 def make_executor(config: EngineConfig, streams: StreamSet, max_context: int) -> Executor:
     if streams.device is None:
-        return NumpyExecutor(streams, dtype=CPU_DTYPE)
+        return NumpyExecutor(streams, dtype=np.dtype(config.cpu_precision))
     return CudaExecutor(
         streams,
         max_tokens=max_step_rows(config),

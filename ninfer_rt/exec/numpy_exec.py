@@ -133,13 +133,16 @@ def causal_gqa_attention(
 ) -> np.ndarray:
     """q [n, H, D] at absolute positions q_positions over keys/values [L, KV, D] at positions 0..L-1."""
     n, length = q.shape[0], keys.shape[0]
-    grouped = q.reshape(n, shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim)
-    scores = np.einsum("nkrd,lkd->nkrl", grouped, keys) * shape.scale
+    group = shape.num_heads // shape.num_kv_heads
+    # [KV, n * group, D] @ [KV, D, L]: batched matmuls (BLAS), not einsum's loops
+    grouped = q.reshape(n, shape.num_kv_heads, group, shape.head_dim).transpose(1, 0, 2, 3).reshape(shape.num_kv_heads, n * group, -1)
+    scores = (grouped @ keys.transpose(1, 2, 0)).reshape(shape.num_kv_heads, n, group, length) * shape.scale
     future = np.arange(length)[None, :] > q_positions[:, None]
-    scores = np.where(future[:, None, None, :], -np.inf, scores)
+    scores = np.where(future[None, :, None, :], -np.inf, scores)
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
     weights /= weights.sum(axis=-1, keepdims=True)
-    return np.einsum("nkrl,lkd->nkrd", weights, values).reshape(n, shape.q_size)
+    out = weights.reshape(shape.num_kv_heads, n * group, length) @ values.transpose(1, 0, 2)
+    return out.reshape(shape.num_kv_heads, n, group, shape.head_dim).transpose(1, 0, 2, 3).reshape(n, shape.q_size)
 
 
 class NumpyExecutor:

@@ -7,7 +7,10 @@ the stored token ids, so a collision costs a miss, never wrong K/V.
 
 Tails: a finished sequence's last, partial page is catalogued by (parent hash, its token ids). The next
 turn of the conversation, whose prompt starts with the previous turn, hits the full pages and then the tail;
-since the new turn will write into the rest of that page, it gets a private copy (cow.py, rule 5).
+since the new turn will write into the rest of that page, it gets a private copy (cow.py, rule 5). A prompt
+that diverges inside a cached full page (a re-rendered reply that differs from the generated one) hits that
+page's leading tokens the same way, so the match ends where the tokens do, not at the page boundary
+before: a hybrid model's state snapshot there (kv/snapshots.py) stays reachable.
 
 The cache owns no pages: it marks the pages it indexes as retained in the PagePool, so they are cached
 (evictable, LRU) rather than freed when their last sequence lets go, and the pool tells it when it evicts one
@@ -76,6 +79,7 @@ class PrefixMatch:
 class _FullEntry:
     page: int
     tokens: tuple[int, ...]
+    parent: int | None
 
 
 class PrefixCache:
@@ -83,6 +87,7 @@ class PrefixCache:
         self.pool = pool
         self.page_size = page_size
         self._full: dict[int, _FullEntry] = {}
+        self._children: dict[int | None, set[int]] = {}  # parent hash -> keys of its full pages
         self._tails: dict[int | None, dict[tuple[int, ...], int]] = {}
         self._hash_of_page: dict[int, int] = {}
         self._tail_of_page: dict[int, tuple[int | None, tuple[int, ...]]] = {}
@@ -117,7 +122,8 @@ class PrefixCache:
         duplicate page is then simply freed when its sequence ends)."""
         key = chain_hash(parent, tokens)
         if key not in self._full and not self.indexes(page):
-            self._full[key] = _FullEntry(page, tuple(tokens))
+            self._full[key] = _FullEntry(page, tuple(tokens), parent)
+            self._children.setdefault(parent, set()).add(key)
             self._hash_of_page[page] = key
             self.pool.retain(page)
         return key
@@ -138,7 +144,11 @@ class PrefixCache:
     def forget(self, page: int) -> None:
         """Drop the entry of an evicted page (the pool calls this)."""
         if page in self._hash_of_page:
-            del self._full[self._hash_of_page.pop(page)]
+            key = self._hash_of_page.pop(page)
+            parent = self._full.pop(key).parent
+            self._children[parent].discard(key)
+            if not self._children[parent]:
+                del self._children[parent]
         else:
             parent, tail_tokens = self._tail_of_page.pop(page)
             siblings = self._tails[parent]
@@ -149,9 +159,13 @@ class PrefixCache:
             listener(page)
 
     def _best_tail(self, parent: int | None, rest: Sequence[int]) -> TailHit | None:
+        """The cached page under `parent` that shares the most leading tokens with `rest`: a catalogued
+        tail, or a full page whose first tokens match (a prompt that diverges inside it, or ends there)."""
+        candidates = [*self._tails.get(parent, {}).items()]
+        candidates += [(self._full[key].tokens, self._full[key].page) for key in self._children.get(parent, ())]
         best: TailHit | None = None
-        for tail_tokens, page in self._tails.get(parent, {}).items():
-            common = _common_prefix_length(tail_tokens, rest)
+        for page_tokens, page in candidates:
+            common = min(_common_prefix_length(page_tokens, rest), self.page_size - 1)
             if common and (best is None or common > best.num_tokens):
                 best = TailHit(page, common)
         return best
