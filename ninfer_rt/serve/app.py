@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ninfer_rt.serve.chat import ChatTemplate
+from ninfer_rt.serve.errors import install_error_handlers
 from ninfer_rt.serve.jobs import ChatJob, CompletionJob, render_chat, serving, single_prompt
 from ninfer_rt.serve.metrics import ServerMetrics
 from ninfer_rt.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, parse_body
@@ -45,7 +46,7 @@ def create_app(load_backend: Callable[[], GenerationBackend], config: ServeConfi
     app = FastAPI(title="ninfer-rt", lifespan=lifespan)
     app.state.server = state
     app.state.metrics = metrics
-    _install_error_handlers(app, metrics)
+    install_error_handlers(app, metrics)
     _install_status_routes(app, state, metrics, config)
     _install_api_routes(app, state, metrics, config)
     return app
@@ -62,13 +63,6 @@ def _load(state: ServerState, load_backend: Callable[[], GenerationBackend]) -> 
         state.fatal = f"model failed to load: {exc}"
         log.error(state.fatal)
         state.on_fatal()
-
-
-def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        metrics.request_done(request.url.path, exc.status)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 def _install_status_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics, config: ServeConfig) -> None:
@@ -148,6 +142,6 @@ def _authorize(request: Request, config: ServeConfig) -> None:
 def _is_chat_body(raw: bytes) -> bool:
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False  # parse_body says what is wrong with it
     return isinstance(data, dict) and "messages" in data

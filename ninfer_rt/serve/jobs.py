@@ -15,6 +15,7 @@ is not a call, that comes back as content.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from ninfer_rt.engine.output import RequestOutput, RequestStats
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.sampling import TokenLogprobs
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.serve.chat import ChatTemplateError
+from ninfer_rt.serve.chat import ChatTemplateError, ReservedVariables
 from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, forced_call_prefill, message_fields
 from ninfer_rt.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, bad_request
 from ninfer_rt.serve.tool_call_syntax import ToolCallSyntax
@@ -36,6 +37,8 @@ from ninfer_rt.serve.state import (
     ServerState,
     ready,
 )
+
+LOGPROB_FLOOR = -9999.0
 
 
 @dataclass
@@ -175,7 +178,7 @@ class CompletionJob(Job):
         return cls(num_logprobs=body.logprobs, **fields)
 
     def delta(self, index: int, output: RequestOutput) -> dict[str, Any] | None:
-        if not output.text and not output.finished:
+        if not output.text and not output.logprobs and not output.finished:  # a token's logprobs go out with it
             return None
         return self._choice(index, output.text, output.logprobs, output)
 
@@ -190,6 +193,7 @@ class CompletionJob(Job):
     def _logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any] | None:
         if self.num_logprobs is None:
             return None
+        entries = [finite_logprobs(e) for e in entries]
         tokens = [self.tokenizer.decode([e.token_id]) for e in entries]
         return {
             "tokens": tokens,
@@ -212,16 +216,27 @@ def render_chat(body: ChatCompletionRequest, state: ServerState, config: ServeCo
     backend = ready(state)
     if state.template is None:
         raise bad_request("this model has no chat template; use /v1/completions")
-    kwargs = {"preserve_thinking": config.preserve_thinking, **(body.chat_template_kwargs or {})}
+    variables = {"preserve_thinking": config.preserve_thinking, **(body.chat_template_kwargs or {})}
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.parses_tool_calls else None
     try:
-        prompt = state.template.render([m.for_template() for m in body.messages], tools=tools, **kwargs)
+        prompt = state.template.render([m.for_template() for m in body.messages], tools=tools, variables=variables)
+    except ReservedVariables as exc:
+        raise bad_request(str(exc), param="chat_template_kwargs") from None
     except ChatTemplateError as exc:
         raise bad_request(str(exc), param="messages") from None
     syntax = prompt.tool_syntax
     forced = body.forced_function
     prefill = forced_call_prefill(prompt.generation_prompt, forced, syntax) if body.forces_tool_call else ""
-    return ChatPrompt(backend.tokenizer.encode(prompt.text + prefill), prompt.generation_prompt, prefill, syntax)
+    ids = encode_text(backend.tokenizer, prompt.text + prefill, "messages")
+    return ChatPrompt(ids, prompt.generation_prompt, prefill, syntax)
+
+
+def encode_text(tokenizer: Tokenizer, text: str, param: str) -> list[int]:
+    """The text's token ids, or a 400: JSON can carry what no tokenizer takes (lone UTF-16 surrogates)."""
+    try:
+        return tokenizer.encode(text)
+    except (TypeError, ValueError) as exc:
+        raise bad_request(f"{param}: the text cannot be tokenized ({exc}); is it valid Unicode?", param=param) from None
 
 
 def serving(model: str, state: ServerState, config: ServeConfig) -> GenerationBackend:
@@ -236,7 +251,7 @@ def serving(model: str, state: ServerState, config: ServeConfig) -> GenerationBa
 
 
 def _prompt_ids(prompt: str | list[int], tokenizer: Tokenizer) -> list[int]:
-    return tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    return encode_text(tokenizer, prompt, "prompt") if isinstance(prompt, str) else prompt
 
 
 def single_prompt(body: CompletionRequest, tokenizer: Tokenizer) -> list[int]:
@@ -280,8 +295,9 @@ def _generation(
             logprobs=logprobs,
             top_logprobs=top_logprobs,
         )
-    except ValueError as exc:
-        raise bad_request(str(exc)) from None
+    except ValueError as exc:  # a range the request schema does not bound (e.g. a server default)
+        named = str(exc).split(" ", 1)[0]
+        raise bad_request(str(exc), param=named if hasattr(body, named) else None) from None
     return Generation(prompt_ids, params)
 
 
@@ -298,11 +314,22 @@ def _check_prompt(prompt_ids: list[int], backend: GenerationBackend, param: str)
         )
 
 
+def finite_logprobs(entry: TokenLogprobs) -> TokenLogprobs:
+    """The entry as JSON can carry it. A top alternative outside the top-k / top-p / min-p support has
+    probability 0 (logprob -inf): it is left out, as OpenAI lists only tokens the model could have chosen,
+    so `top_logprobs` may hold fewer than asked. A chosen token's non-finite logprob (NaN logits) is
+    clamped to -9999.0, the floor OpenAI itself reports."""
+    logprob = entry.logprob if math.isfinite(entry.logprob) else LOGPROB_FLOOR
+    top = tuple((token, lp) for token, lp in entry.top if math.isfinite(lp))
+    return TokenLogprobs(entry.token_id, logprob, top)
+
+
 def _chat_logprob(tokenizer: Tokenizer, entry: TokenLogprobs) -> dict[str, Any]:
     def one(token_id: int, logprob: float) -> dict[str, Any]:
         text = tokenizer.decode([token_id])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "surrogatepass"))}
 
+    entry = finite_logprobs(entry)
     return {**one(entry.token_id, entry.logprob), "top_logprobs": [one(t, lp) for t, lp in entry.top]}
 
 

@@ -21,6 +21,9 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("ninfer_requests", "Finished HTTP requests", ["endpoint", "status"], registry=r)
+        self.unexpected_errors = Counter(
+            "ninfer_unexpected_errors", "Failures no handler expected (a 500 with a logged traceback)", registry=r
+        )
         self.prompt_tokens = Counter("ninfer_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("ninfer_generation_tokens", "Generated tokens", registry=r)
         self.cached_tokens = Counter("ninfer_cached_tokens", "Prompt tokens served by the prefix cache", registry=r)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,10 +19,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from ninfer_rt.engine.output import RequestOutput, RequestStats
+from ninfer_rt.serve.errors import internal_error
 from ninfer_rt.serve.jobs import Job, usage
 from ninfer_rt.serve.metrics import ServerMetrics
 from ninfer_rt.serve.protocol import APIError, bad_request
 from ninfer_rt.serve.state import BackendFailed, ServeConfig, ServerState, ready
+
+log = logging.getLogger("ninfer_rt.serve")
 
 RETRY_AFTER_S = 1
 
@@ -165,6 +169,11 @@ async def _sse(job: Job, outputs: _Merged, metrics: ServerMetrics) -> AsyncItera
     except APIError as exc:
         status = exc.status
         yield _event(exc.body())
+    except Exception as exc:  # noqa: BLE001 — a bug mid-stream still ends the stream with a JSON error
+        log.exception("unexpected error while streaming %s", job.request_id)
+        metrics.unexpected_errors.inc()
+        status = 500
+        yield _event(internal_error(exc).body())
     except asyncio.CancelledError:  # the client went away: closing the outputs aborts the requests
         status = 499
         raise
@@ -174,4 +183,5 @@ async def _sse(job: Job, outputs: _Merged, metrics: ServerMetrics) -> AsyncItera
 
 
 def _event(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    # allow_nan=False: NaN / Infinity are not JSON; a value that slipped through fails loudly here
+    return f"data: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n"
