@@ -15,6 +15,7 @@ import click
 
 from ninfer_rt.cli.errors import OneLineErrors
 from ninfer_rt.cli.options import engine_config, engine_options
+from ninfer_rt.serve.intake import default_max_body_bytes
 from ninfer_rt.serve.server import Listen, run_server
 from ninfer_rt.serve.state import ServeConfig, sampling_defaults
 
@@ -27,6 +28,14 @@ from ninfer_rt.serve.state import ServeConfig, sampling_defaults
 @click.option("--served-model-name", default=None, help="The model id clients use (default: the directory name).")
 @engine_options
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(min=0), help="Waiting requests before 429.")
+@click.option(
+    "--max-body-bytes", default=None, type=click.IntRange(min=1),
+    help="Largest request body accepted (413 beyond) [default: 16 bytes per --max-context token + 1 MiB].",
+)
+@click.option(
+    "--intake-workers", default=2, show_default=True, type=click.IntRange(min=1),
+    help="Processes that decode, template and tokenize request bodies off the event loop.",
+)
 @click.option("--preserve-thinking/--no-preserve-thinking", default=True, show_default=True)
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model_dir: str, **options: Any) -> None:
@@ -52,4 +61,6 @@ def _serve_config(model_path: Path, options: dict[str, Any]) -> ServeConfig:
         max_queue=options["max_queue"],
         verify_ordering=options["verify_ordering"],
         sampling_defaults=sampling_defaults(model_path),
+        max_body_bytes=options["max_body_bytes"] or default_max_body_bytes(options["max_context"]),
+        intake_workers=options["intake_workers"],
     )

@@ -1,16 +1,6 @@
-"""Request jobs: a parsed request -> validated `Generation`s (one per choice) and the response's shapes.
+"""Request jobs: a prepared request (prepare.py) -> the response's shapes, as one JSON body or as chunks.
 
-Validation happens once, here: a request that parses (protocol.py) is turned into `Generation`s whose
-prompts and parameters fit the model (vocabulary, context), so every refusal is a 400 before anything is
-queued or a stream has started. `/v1/completions` takes a batch of prompts (texts or token-id lists): one
-choice each, usage summed.
-
-tool_choice: "none" hides the tools; "auto" lets the model decide; "required" and a named function force a
-call without constrained decoding, by prefilling the assistant turn (parsing.forced_call_prefill). What
-that guarantees: a named function (or "required" with a single tool) always comes back as a call of that
-function, whose arguments are the model's text (not checked against the schema); "required" with several
-tools starts the reply inside a call, and the model chooses the function; if it then writes a body that
-is not a call, that comes back as content.
+`/v1/completions` takes a batch of prompts (texts or token-id lists): one choice each, usage summed.
 """
 
 from __future__ import annotations
@@ -22,21 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer_rt.engine.output import RequestOutput, RequestStats
-from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.sampling import TokenLogprobs
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.serve.chat import ChatTemplateError, ReservedVariables
-from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, forced_call_prefill, message_fields
-from ninfer_rt.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, bad_request
-from ninfer_rt.serve.tool_call_syntax import ToolCallSyntax
-from ninfer_rt.serve.state import (
-    SAMPLING_DEFAULT_KEYS,
-    Generation,
-    GenerationBackend,
-    ServeConfig,
-    ServerState,
-    ready,
-)
+from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, message_fields
+from ninfer_rt.serve.prepare import Prepared
+from ninfer_rt.serve.state import Generation
 
 LOGPROB_FLOOR = -9999.0
 
@@ -60,20 +40,15 @@ class Job:
     prompt_param = ""  # the request field an invalid prompt is reported under
 
     @classmethod
-    def _fields(
-        cls, body: ChatCompletionRequest | CompletionRequest, backend: GenerationBackend, prompts: list[list[int]],
-        config: ServeConfig, logprobs: bool, top_logprobs: int,
-    ) -> dict[str, Any]:
-        """The fields both endpoints fill the same way from the request and its tokenized prompts."""
+    def _fields(cls, prepared: Prepared, tokenizer: Tokenizer) -> dict[str, Any]:
+        """The fields both endpoints fill the same way from the prepared request."""
         return {
             "request_id": f"{cls.id_prefix}-{uuid.uuid4().hex}",
-            "model": body.model,
-            "generations": [
-                _generation(body, ids, backend, config, logprobs, top_logprobs, cls.prompt_param) for ids in prompts
-            ],
-            "stream": body.stream,
-            "include_usage": bool(body.stream_options and body.stream_options.include_usage),
-            "tokenizer": backend.tokenizer,
+            "model": prepared.model,
+            "generations": prepared.generations,
+            "stream": prepared.stream,
+            "include_usage": prepared.include_usage,
+            "tokenizer": tokenizer,
         }
 
     def chunk_object(self) -> str:
@@ -111,14 +86,13 @@ class ChatJob(Job):
     prompt_param = "messages"
 
     @classmethod
-    def build(cls, body: ChatCompletionRequest, state: ServerState, config: ServeConfig) -> ChatJob:
-        backend = serving(body.model, state, config)
-        prompt = render_chat(body, state, config)
-        fields = cls._fields(body, backend, [prompt.ids], config, body.logprobs, body.top_logprobs or 0)
+    def build(cls, prepared: Prepared, tokenizer: Tokenizer) -> ChatJob:
+        prompt = prepared.chat
+        assert prompt is not None, "a chat job is built from a prepared chat request"
         parser = OutputParser.for_prompt(
-            prompt.generation_prompt, body.parses_tool_calls, prompt.prefill, prompt.tool_syntax
+            prompt.generation_prompt, prompt.parses_tool_calls, prompt.prefill, prompt.tool_syntax
         )
-        return cls(parser=parser, **fields)
+        return cls(parser=parser, **cls._fields(prepared, tokenizer))
 
     def delta(self, index: int, output: RequestOutput) -> dict[str, Any] | None:
         parsed = self.parser.feed(output.text)
@@ -171,11 +145,8 @@ class CompletionJob(Job):
     prompt_param = "prompt"
 
     @classmethod
-    def build(cls, body: CompletionRequest, state: ServerState, config: ServeConfig) -> CompletionJob:
-        backend = serving(body.model, state, config)
-        prompts = [_prompt_ids(prompt, backend.tokenizer) for prompt in body.prompts]
-        fields = cls._fields(body, backend, prompts, config, body.logprobs is not None, body.logprobs or 0)
-        return cls(num_logprobs=body.logprobs, **fields)
+    def build(cls, prepared: Prepared, tokenizer: Tokenizer) -> CompletionJob:
+        return cls(num_logprobs=prepared.num_logprobs, **cls._fields(prepared, tokenizer))
 
     def delta(self, index: int, output: RequestOutput) -> dict[str, Any] | None:
         if not output.text and not output.logprobs and not output.finished:  # a token's logprobs go out with it
@@ -201,117 +172,6 @@ class CompletionJob(Job):
             "top_logprobs": [{self.tokenizer.decode([t]): lp for t, lp in e.top} for e in entries],
             "text_offset": [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))],
         }
-
-
-@dataclass(frozen=True)
-class ChatPrompt:
-    ids: list[int]
-    generation_prompt: str
-    prefill: str  # what the server appended after the generation prompt (a forced tool call's opening)
-    tool_syntax: ToolCallSyntax
-
-
-def render_chat(body: ChatCompletionRequest, state: ServerState, config: ServeConfig) -> ChatPrompt:
-    """The chat template applied to the request, tokenized: what generation and /tokenize both see."""
-    backend = ready(state)
-    if state.template is None:
-        raise bad_request("this model has no chat template; use /v1/completions")
-    variables = {"preserve_thinking": config.preserve_thinking, **(body.chat_template_kwargs or {})}
-    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.parses_tool_calls else None
-    try:
-        prompt = state.template.render([m.for_template() for m in body.messages], tools=tools, variables=variables)
-    except ReservedVariables as exc:
-        raise bad_request(str(exc), param="chat_template_kwargs") from None
-    except ChatTemplateError as exc:
-        raise bad_request(str(exc), param="messages") from None
-    syntax = prompt.tool_syntax
-    forced = body.forced_function
-    prefill = forced_call_prefill(prompt.generation_prompt, forced, syntax) if body.forces_tool_call else ""
-    ids = encode_text(backend.tokenizer, prompt.text + prefill, "messages")
-    return ChatPrompt(ids, prompt.generation_prompt, prefill, syntax)
-
-
-def encode_text(tokenizer: Tokenizer, text: str, param: str) -> list[int]:
-    """The text's token ids, or a 400: JSON can carry what no tokenizer takes (lone UTF-16 surrogates)."""
-    try:
-        return tokenizer.encode(text)
-    except (TypeError, ValueError) as exc:
-        raise bad_request(f"{param}: the text cannot be tokenized ({exc}); is it valid Unicode?", param=param) from None
-
-
-def serving(model: str, state: ServerState, config: ServeConfig) -> GenerationBackend:
-    """The backend, once it is ready and if `model` is the one this server serves."""
-    backend = ready(state)
-    if model != config.served_model_name:
-        raise APIError(
-            404, f"the model {model!r} does not exist; this server serves {config.served_model_name!r}",
-            param="model", code="model_not_found",
-        )
-    return backend
-
-
-def _prompt_ids(prompt: str | list[int], tokenizer: Tokenizer) -> list[int]:
-    return encode_text(tokenizer, prompt, "prompt") if isinstance(prompt, str) else prompt
-
-
-def single_prompt(body: CompletionRequest, tokenizer: Tokenizer) -> list[int]:
-    if len(body.prompts) != 1:
-        raise bad_request("/tokenize takes one prompt", param="prompt")
-    return _prompt_ids(body.prompts[0], tokenizer)
-
-
-def _generation(
-    body: ChatCompletionRequest | CompletionRequest,
-    prompt_ids: list[int],
-    backend: GenerationBackend,
-    config: ServeConfig,
-    logprobs: bool,
-    top_logprobs: int,
-    prompt_param: str,
-) -> Generation:
-    """The one validation of a prompt and its parameters: everything the engine would refuse is a 400 here."""
-    _check_prompt(prompt_ids, backend, prompt_param)
-    limit = backend.context_limit
-    max_tokens = body.requested_max_tokens
-    if max_tokens is None:  # as vLLM does: whatever room the context leaves
-        max_tokens = limit - len(prompt_ids)
-    elif len(prompt_ids) + max_tokens > limit:
-        raise bad_request(
-            f"this model's maximum context length is {limit} tokens, but {len(prompt_ids) + max_tokens} were "
-            f"requested ({len(prompt_ids)} in the prompt, {max_tokens} for the completion)",
-            param="max_tokens", code="context_length_exceeded",
-        )
-    chosen = {k: getattr(body, k) for k in SAMPLING_DEFAULT_KEYS if getattr(body, k) is not None}
-    try:
-        params = SamplingParams(
-            **{**config.sampling_defaults, **chosen},
-            max_tokens=max_tokens,
-            seed=body.seed,
-            stop=tuple(body.stop or ()),
-            stop_token_ids=tuple(body.stop_token_ids or ()),
-            ignore_eos=body.ignore_eos,
-            presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty,
-            logprobs=logprobs,
-            top_logprobs=top_logprobs,
-        )
-    except ValueError as exc:  # a range the request schema does not bound (e.g. a server default)
-        named = str(exc).split(" ", 1)[0]
-        raise bad_request(str(exc), param=named if hasattr(body, named) else None) from None
-    return Generation(prompt_ids, params)
-
-
-def _check_prompt(prompt_ids: list[int], backend: GenerationBackend, param: str) -> None:
-    if not prompt_ids:
-        raise bad_request("the prompt must contain at least one token", param=param)
-    if min(prompt_ids) < 0 or max(prompt_ids) >= backend.vocab_size:
-        raise bad_request(f"prompt token ids must be in [0, {backend.vocab_size})", param=param)
-    if len(prompt_ids) >= backend.context_limit:  # no room left for even one generated token
-        raise bad_request(
-            f"this model's maximum context length is {backend.context_limit} tokens, but the prompt has "
-            f"{len(prompt_ids)} tokens",
-            param=param, code="context_length_exceeded",
-        )
 
 
 def finite_logprobs(entry: TokenLogprobs) -> TokenLogprobs:

@@ -220,6 +220,10 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     @property
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    @property
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
@@ -252,6 +256,10 @@ class CompletionRequest(_SamplingFields):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_tokens"
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:
