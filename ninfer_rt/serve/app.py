@@ -1,4 +1,5 @@
-"""The OpenAI-compatible FastAPI app: the routes (chat and text completions, models, health, metrics).
+"""The FastAPI app: the routes (OpenAI chat and text completions and models, Anthropic messages and
+count_tokens, health, metrics).
 
 The app owns HTTP concerns only: auth, routing and error bodies (errors.py). A request body is taken in
 off the event loop (intake.py: decoding, validation, the chat template and tokenizing in worker
@@ -20,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from ninfer_rt.serve.anthropic_job import MessagesJob
 from ninfer_rt.serve.errors import install_error_handlers
 from ninfer_rt.serve.intake import Intake, read_body
 from ninfer_rt.serve.jobs import ChatJob, CompletionJob
@@ -127,6 +129,16 @@ def _install_api_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics
         prepared = await take_in(request, state, config, "completion")
         return await respond(state, metrics, config, CompletionJob.build(prepared, ready(state).tokenizer))
 
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        prepared = await take_in(request, state, config, "messages")
+        return await respond(state, metrics, config, MessagesJob.build(prepared, ready(state).tokenizer))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> JSONResponse:
+        counted = await take_in(request, state, config, "count_tokens")
+        return JSONResponse({"input_tokens": len(counted.ids)})
+
 
 async def take_in(request: Request, state: ServerState, config: ServeConfig, kind: str) -> Any:
     """The request, authorized, read under the size limit and prepared (`Preparer.<kind>`) by an intake
@@ -149,9 +161,11 @@ def _model_card(state: ServerState, config: ServeConfig) -> dict[str, Any]:
 
 
 def authorize(request: Request, config: ServeConfig) -> None:
+    """The key as OpenAI clients send it (Authorization: Bearer) or as Anthropic's do (x-api-key)."""
     if config.api_key is None:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or token.strip() != config.api_key:
+    bearer = token.strip() if scheme.lower() == "bearer" else None
+    if config.api_key not in (bearer, request.headers.get("x-api-key")):
         raise APIError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
 

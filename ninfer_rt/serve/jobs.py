@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -16,6 +17,7 @@ from ninfer_rt.engine.sampling import TokenLogprobs
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, message_fields
 from ninfer_rt.serve.prepare import Prepared
+from ninfer_rt.serve.protocol import APIError
 from ninfer_rt.serve.state import Generation
 
 LOGPROB_FLOOR = -9999.0
@@ -69,6 +71,27 @@ class Job:
     def delta(self, index: int, output: RequestOutput) -> dict[str, Any] | None:
         """Choice `index`'s streamed chunk for `output`, or None when it adds nothing yet."""
         raise NotImplementedError
+
+    def response_body(self, collected: list[list[RequestOutput]]) -> dict[str, Any]:
+        """The non-streamed response from each choice's outputs."""
+        stats = [choice[-1].stats for choice in collected]
+        total = usage(stats) if all(stats) else None  # type: ignore[arg-type]
+        return self.envelope([self.final(i, choice) for i, choice in enumerate(collected)], total, chunk=False)
+
+    def events(self, index: int, output: RequestOutput) -> list[str]:
+        """The SSE events `output` of choice `index` adds to the stream."""
+        choice = self.delta(index, output)
+        return [] if choice is None else [sse_event(self.envelope([choice], None, chunk=True))]
+
+    def closing_events(self, stats: list[RequestStats | None]) -> list[str]:
+        """What ends a stream whose generations all finished: the usage chunk when asked for, and [DONE]."""
+        events = []
+        if self.include_usage and all(stats):
+            events.append(sse_event(self.envelope([], usage(stats), chunk=True)))  # type: ignore[arg-type]
+        return [*events, "data: [DONE]\n\n"]
+
+    def error_event(self, error: APIError) -> str:
+        return sse_event(error.body())
 
     def final(self, index: int, outputs: list[RequestOutput]) -> dict[str, Any]:
         """Choice `index` of the non-streamed response, from all its outputs."""
@@ -172,6 +195,12 @@ class CompletionJob(Job):
             "top_logprobs": [{self.tokenizer.decode([t]): lp for t, lp in e.top} for e in entries],
             "text_offset": [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))],
         }
+
+
+def sse_event(data: dict[str, Any], name: str | None = None) -> str:
+    # allow_nan=False: NaN / Infinity are not JSON; a value that slipped through fails loudly here
+    event = f"event: {name}\n" if name is not None else ""
+    return f"{event}data: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n"
 
 
 def finite_logprobs(entry: TokenLogprobs) -> TokenLogprobs:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.model.tokenizer import Tokenizer
+from ninfer_rt.serve.anthropic import CountTokensRequest, MessagesRequest, as_chat_request
 from ninfer_rt.serve.chat import ChatTemplate, ChatTemplateError, ReservedVariables
 from ninfer_rt.serve.parsing import forced_call_prefill
 from ninfer_rt.serve.protocol import (
@@ -90,6 +91,15 @@ class Preparer:
         prompt = self.render_chat(body)
         generation = self._generation(body, prompt.ids, body.logprobs, body.top_logprobs or 0, "messages")
         return Prepared(**self._common(body), generations=[generation], chat=prompt)
+
+    def messages(self, raw: bytes) -> Prepared:
+        """An Anthropic Messages request, run as the chat request it translates to (anthropic.py)."""
+        return self.chat_request(as_chat_request(validate_body(decode_body(raw), MessagesRequest)))
+
+    def count_tokens(self, raw: bytes) -> TokenCount:
+        body = as_chat_request(validate_body(decode_body(raw), CountTokensRequest))
+        self._check_model(body.model)
+        return TokenCount(self.render_chat(body).ids, self.limits.context_limit)
 
     def completion(self, raw: bytes) -> Prepared:
         body = validate_body(decode_body(raw), CompletionRequest)
