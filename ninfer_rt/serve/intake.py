@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -25,6 +26,7 @@ from ninfer_rt.serve.prepare import ModelLimits, Preparer
 from ninfer_rt.serve.protocol import APIError
 from ninfer_rt.serve.state import ServeConfig
 
+WORKER_NICENESS = 10
 BODY_BYTES_PER_TOKEN = 16  # ~4 characters a token, JSON escaping, and room for role and tool fields
 BODY_SLACK_BYTES = 1 << 20  # tool schemas, system prompts and the envelope, whatever the context
 
@@ -61,6 +63,9 @@ _worker_preparer: Preparer | None = None
 
 def _start_worker(tokenizer: Tokenizer, limits: ModelLimits, config: ServeConfig) -> None:
     global _worker_preparer
+    # On a loaded machine a core busy decoding a huge body must still leave the event loop and the
+    # engine thread their time slices: intake runs at a lower priority.
+    os.nice(WORKER_NICENESS)
     _worker_preparer = Preparer(tokenizer, limits, config)
 
 
