@@ -213,3 +213,32 @@ def test_fuzzed_requests_never_get_a_5xx_and_always_json(server: Server, route: 
 def test_after_the_fuzz_the_server_still_serves(server: Server) -> None:
     assert_still_serving(server)
     assert server.state.in_flight == 0 and server.pages_in_use() == 0
+
+
+# -- metrics ---------------------------------------------------------------------------------------------
+
+
+def _gauge(text: str, name: str) -> float:
+    return float(next(line for line in text.splitlines() if line.startswith(name + " ")).split()[-1])
+
+
+def test_metrics_count_errors_by_status_and_sample_the_engine(server: Server) -> None:
+    server.post("/v1/chat/completions", with_(temperature=5.0))
+    httpx.get(server.url + "/no/such/route")
+    assert_still_serving(server)
+    assert_still_serving(server)  # the second turn is a prefix-cache hit
+    text = httpx.get(server.url + "/metrics").text
+    assert 'ninfer_requests_total{endpoint="/v1/chat/completions",status="400"}' in text
+    assert 'ninfer_requests_total{endpoint="unmatched",status="404"}' in text
+    assert _gauge(text, "ninfer_requests_running") == 0 and _gauge(text, "ninfer_requests_waiting") == 0
+    assert 0 < _gauge(text, "ninfer_prefix_cache_hit_ratio") <= 1
+    assert _gauge(text, "ninfer_spec_decode_num_drafts_total") == 0
+
+
+def test_requests_running_counts_a_request_in_progress(server: Server) -> None:
+    body = with_(max_tokens=200, ignore_eos=True, stream=True)
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        next(lines)
+        text = httpx.get(server.url + "/metrics").text
+        assert _gauge(text, "ninfer_requests_running") == 1 and _gauge(text, "ninfer_requests_in_flight") == 1

@@ -84,8 +84,9 @@ def _install_status_routes(app: FastAPI, state: ServerState, metrics: ServerMetr
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        kv = state.backend.kv_stats() if state.backend is not None else None
-        return Response(metrics.render(kv), media_type="text/plain; version=0.0.4")
+        backend = state.backend
+        kv, load = (backend.kv_stats(), backend.load()) if backend is not None else (None, None)
+        return Response(metrics.render(kv, load, state.in_flight), media_type="text/plain; version=0.0.4")
 
     @app.get("/debug/crash-context")
     async def crash_context() -> JSONResponse:

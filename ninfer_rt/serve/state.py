@@ -46,10 +46,19 @@ class GenerationBackend(Protocol):
 
     def kv_stats(self) -> PoolStats: ...
 
+    def load(self) -> EngineLoad:
+        """Requests the engine holds now, sampled at scrape time."""
+
     def crash_context(self) -> dict[str, Any]:
         """The engine's crash context now: last ops per stream, lane frontier, KV transactions and pages."""
 
     def shutdown(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    running: int  # admitted: holding pages, prefilling or decoding
+    waiting: int  # queued in the engine for a lane or for pages (preempted ones too)
 
 
 class BackendFailed(RuntimeError):
