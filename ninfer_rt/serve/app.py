@@ -120,20 +120,21 @@ def _install_api_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics
             raise APIError(404, f"the model {model_id!r} does not exist", param="model", code="model_not_found")
         return JSONResponse(card)
 
+    async def generate(request: Request, kind: str, job: type[ChatJob] | type[CompletionJob]) -> Response:
+        prepared = await take_in(request, state, config, kind)
+        return await respond(state, metrics, config, job.build(prepared, ready(state).tokenizer))
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        prepared = await take_in(request, state, config, "chat")
-        return await respond(state, metrics, config, ChatJob.build(prepared, ready(state).tokenizer))
+        return await generate(request, "chat", ChatJob)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        prepared = await take_in(request, state, config, "completion")
-        return await respond(state, metrics, config, CompletionJob.build(prepared, ready(state).tokenizer))
+        return await generate(request, "completion", CompletionJob)
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:
-        prepared = await take_in(request, state, config, "messages")
-        return await respond(state, metrics, config, MessagesJob.build(prepared, ready(state).tokenizer))
+        return await generate(request, "messages", MessagesJob)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> JSONResponse:
