@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -97,3 +98,25 @@ def test_without_an_api_key_the_start_up_log_says_the_server_is_open(tiny_qwen3:
         process.send_signal(signal.SIGTERM)
         output = process.communicate(timeout=60)[0]
     assert "no --api-key" in output
+
+
+def test_serve_defaults_to_the_shipped_model_and_a_taken_port_exits_2_before_loading() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = run_serve("--device", "cpu", "--port", str(taken.getsockname()[1]))
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()  # no --model needed; the port check came before any loading
+    assert "--port" in line and "cannot listen" in line
+
+
+@pytest.mark.parametrize("command", [SERVE, [sys.executable, "-c", "from ninfer_rt.cli import main; main()", "generate", "--prompt", "hi"]])
+def test_device_cuda_without_a_gpu_is_one_line_and_exit_2(command: list[str]) -> None:
+    from ninfer_rt.cuda.driver import device_count
+
+    if device_count() > 0:
+        pytest.skip("a GPU is visible here")
+    result = subprocess.run([*command, "--device", "cuda"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert "--device cuda" in line

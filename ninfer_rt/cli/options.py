@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ninfer_rt.cuda.driver import device_count
 from ninfer_rt.engine.build import EngineConfig
 from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
 
@@ -42,7 +43,9 @@ def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def engine_config(options: dict[str, Any]) -> EngineConfig:
-    """The engine's share of a command's flags."""
+    """The engine's share of a command's flags; a ValueError (one line for the CLI) when they cannot work here."""
+    if options["device"] == "cuda" and device_count() == 0:
+        raise ValueError("--device cuda: no CUDA GPU is visible here (no driver or no device); use --device cpu")
     return EngineConfig(
         device=options["device"],
         max_context=options["max_context"],

@@ -7,6 +7,7 @@ supervisor's log should say what is wrong, not show a usage screen.
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,32 +16,61 @@ import click
 
 from ninfer_rt.cli.errors import OneLineErrors
 from ninfer_rt.cli.options import engine_config, engine_options
-from ninfer_rt.serve.server import Listen, run_server
+from ninfer_rt.serve.intake import default_max_body_bytes
+from ninfer_rt.serve.server import START_UP_FAILED, Listen, run_server
 from ninfer_rt.serve.state import ServeConfig, sampling_defaults
+from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
 
 
 @click.command("serve", cls=OneLineErrors)
-@click.option("--model", "model_dir", required=True, help="Model directory (Hugging Face layout).")
+@click.option(
+    "--model", "model_dir", default=None, help="Model directory (Hugging Face layout) [default: the shipped tiny model]."
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
 @click.option("--served-model-name", default=None, help="The model id clients use (default: the directory name).")
 @engine_options
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(min=0), help="Waiting requests before 429.")
+@click.option(
+    "--max-body-bytes", default=None, type=click.IntRange(min=1),
+    help="Largest request body accepted (413 beyond) [default: 16 bytes per --max-context token + 1 MiB].",
+)
+@click.option(
+    "--intake-workers", default=2, show_default=True, type=click.IntRange(min=1),
+    help="Processes that decode, template and tokenize request bodies off the event loop.",
+)
 @click.option("--preserve-thinking/--no-preserve-thinking", default=True, show_default=True)
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(model_dir: str, **options: Any) -> None:
-    """Serve the OpenAI API (chat, completions, models, health, metrics)."""
-    model_path = Path(model_dir)
+def serve(model_dir: str | None, **options: Any) -> None:
+    """Serve the OpenAI API (chat, completions, models) and Anthropic's Messages API, with health and metrics."""
+    try:
+        model_path = Path(model_dir) if model_dir is not None else default_model_dir()
+    except DefaultModelMissing as exc:
+        raise click.UsageError(str(exc)) from None
     if not (model_path / "config.json").is_file():
-        raise click.UsageError(f"--model {model_dir}: not a model directory (no config.json)")
+        raise click.UsageError(f"--model {model_path}: not a model directory (no config.json)")
     try:
         config = engine_config(options)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    _check_port_free(options["host"], options["port"])
     logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     listen = Listen(host=options["host"], port=options["port"], log_level=options["log_level"])
-    sys.exit(run_server(model_path, config, _serve_config(model_path, options), listen))
+    status = run_server(model_path, config, _serve_config(model_path, options), listen)
+    if status == START_UP_FAILED:  # the log has the reason; a supervisor's one line says where it stopped
+        raise click.UsageError(f"--model {model_path}: the model failed to load")
+    sys.exit(status)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fails before the model loads when the address is taken (a second server, a stale one)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise click.UsageError(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
 
 
 def _serve_config(model_path: Path, options: dict[str, Any]) -> ServeConfig:
@@ -52,4 +82,6 @@ def _serve_config(model_path: Path, options: dict[str, Any]) -> ServeConfig:
         max_queue=options["max_queue"],
         verify_ordering=options["verify_ordering"],
         sampling_defaults=sampling_defaults(model_path),
+        max_body_bytes=options["max_body_bytes"] or default_max_body_bytes(options["max_context"]),
+        intake_workers=options["intake_workers"],
     )

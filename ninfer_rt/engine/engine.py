@@ -37,7 +37,7 @@ import numpy as np
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.engine.build import EngineConfig, StartupTimes, build, sync_device
 from ninfer_rt.engine.output import OutputStream, RequestOutput
-from ninfer_rt.engine.request import FinishReason, Request, SamplingParams
+from ninfer_rt.engine.request import FinishReason, Request, SamplingParams, as_token_ids
 from ninfer_rt.engine.sampling import PendingSamples
 from ninfer_rt.engine.scheduler import SchedulerStep
 from ninfer_rt.engine.spec_vocab import load_token_frequencies
@@ -123,7 +123,7 @@ class Engine:
         self, prompt: str | Sequence[int], params: SamplingParams = SamplingParams(), request_id: str | None = None
     ) -> str:
         self._check_thread()
-        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else as_token_ids(prompt)
         self.validate(prompt_ids, params)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._requests:

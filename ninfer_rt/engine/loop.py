@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.output import RequestOutput
-from ninfer_rt.engine.request import SamplingParams
+from ninfer_rt.engine.request import SamplingParams, as_token_ids
 
 Sink = Callable[[RequestOutput | BaseException], None]
 
@@ -59,7 +59,7 @@ class EngineLoop:
         """Queue a request; `sink` is called on the loop thread with each output (or the fatal error)."""
         if self.error is not None:
             raise RuntimeError(f"the engine loop stopped: {self.error}")
-        prompt_ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        prompt_ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else as_token_ids(prompt)
         self.engine.validate(prompt_ids, params)
         request_id = f"loop-{next(self._ids)}"
         with self._error_lock:

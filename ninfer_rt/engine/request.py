@@ -13,6 +13,7 @@ import functools
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,6 +86,12 @@ class SamplingParams:
             (_finite(self.repetition_penalty) and self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
         ]
         return [message for ok, message in checks if not ok]
+
+
+def as_token_ids(prompt: Sequence[int]) -> list[int]:
+    """A prompt's ids as a list of ints. A list is taken as it is, not copied: the server hands over the
+    list it validated, and copying a 100k-token prompt on every turn is the cost this avoids."""
+    return prompt if isinstance(prompt, list) else [int(t) for t in prompt]
 
 
 def _finite(value: float) -> bool:

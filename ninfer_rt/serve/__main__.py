@@ -2,4 +2,5 @@
 
 from ninfer_rt.cli.serve import serve
 
-serve(prog_name="python -m ninfer_rt.serve")
+if __name__ == "__main__":  # intake workers are spawned processes: importing this must not start a server
+    serve(prog_name="python -m ninfer_rt.serve")

@@ -19,7 +19,7 @@ from ninfer_rt.engine.output import RequestOutput
 from ninfer_rt.kv.pages import PoolStats
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.ordering import OrderingViolation
-from ninfer_rt.serve.state import BackendFailed, Generation
+from ninfer_rt.serve.state import BackendFailed, EngineLoad, Generation
 
 
 class EngineBackend:
@@ -36,6 +36,11 @@ class EngineBackend:
 
     def kv_stats(self) -> PoolStats:
         return self._loop.engine.kv_stats()
+
+    def load(self) -> EngineLoad:
+        # read from another thread without a lock: two list lengths, each exact when read, enough for a gauge
+        scheduler = self._loop.engine.scheduler
+        return EngineLoad(running=len(scheduler.running), waiting=len(scheduler.waiting))
 
     def crash_context(self) -> dict[str, Any]:
         error = self._loop.error

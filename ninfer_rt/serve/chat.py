@@ -27,12 +27,19 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ninfer_rt.serve.tool_call_syntax import ToolCallSyntax, tool_call_syntax
 from ninfer_rt.serve.tool_calls_xml import XmlToolCalls, arguments_as_mapping
 
-# Variables the server sets itself; a client's chat_template_kwargs may not override them.
-RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+# Variables the server sets itself, and the template's globals; a client's chat_template_kwargs may not
+# override them.
+RESERVED_VARIABLES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception", "strftime_now"}
+)
 
 
 class ChatTemplateError(ValueError):
     """The template rejected the conversation (raise_exception) or failed on it: the client's request is bad."""
+
+
+class ReservedVariables(ChatTemplateError):
+    """Extra template variables that would replace the server's own."""
 
 
 @dataclass(frozen=True)
@@ -82,11 +89,15 @@ class ChatTemplate:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> RenderedPrompt:
+        """`variables` and `kwargs` are extra template variables (enable_thinking, ...); `variables` may hold
+        any name a client sends, even one that is a parameter of this method."""
+        kwargs = {**(variables or {}), **kwargs}
         clashes = RESERVED_VARIABLES & kwargs.keys()
         if clashes:
-            raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(sorted(clashes))}")
+            raise ReservedVariables(f"chat_template_kwargs may not set {', '.join(sorted(clashes))}")
         syntax = tool_call_syntax(self._source, tools)
         if isinstance(syntax, XmlToolCalls):
             try:
@@ -108,15 +119,16 @@ class ChatTemplate:
         kwargs: Mapping[str, Any],
     ) -> str:
         try:
-            return self._template.render(
+            # one mapping, not keywords: a variable may be named like a parameter of render() ("self")
+            return self._template.render({
                 **kwargs,
                 **self._special,
-                messages=list(messages),
-                tools=list(tools) if tools else None,
-                add_generation_prompt=add_generation_prompt,
-            )
+                "messages": list(messages),
+                "tools": list(tools) if tools else None,
+                "add_generation_prompt": add_generation_prompt,
+            })
         except jinja2.exceptions.TemplateError as exc:
             raise ChatTemplateError(f"chat template: {exc}") from None
-        except (TypeError, KeyError, AttributeError, IndexError, ValueError) as exc:
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError, RecursionError) as exc:
             # e.g. a message without the field the template reads: the conversation, not the server, is wrong
             raise ChatTemplateError(f"chat template cannot render these messages: {exc}") from None

@@ -1,41 +1,26 @@
-"""Request jobs: a parsed request -> validated `Generation`s (one per choice) and the response's shapes.
+"""Request jobs: a prepared request (prepare.py) -> the response's shapes, as one JSON body or as chunks.
 
-Validation happens once, here: a request that parses (protocol.py) is turned into `Generation`s whose
-prompts and parameters fit the model (vocabulary, context), so every refusal is a 400 before anything is
-queued or a stream has started. `/v1/completions` takes a batch of prompts (texts or token-id lists): one
-choice each, usage summed.
-
-tool_choice: "none" hides the tools; "auto" lets the model decide; "required" and a named function force a
-call without constrained decoding, by prefilling the assistant turn (parsing.forced_call_prefill). What
-that guarantees: a named function (or "required" with a single tool) always comes back as a call of that
-function, whose arguments are the model's text (not checked against the schema); "required" with several
-tools starts the reply inside a call, and the model chooses the function; if it then writes a body that
-is not a call, that comes back as content.
+`/v1/completions` takes a batch of prompts (texts or token-id lists): one choice each, usage summed.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer_rt.engine.output import RequestOutput, RequestStats
-from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.sampling import TokenLogprobs
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.serve.chat import ChatTemplateError
-from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, forced_call_prefill, message_fields
-from ninfer_rt.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, bad_request
-from ninfer_rt.serve.tool_call_syntax import ToolCallSyntax
-from ninfer_rt.serve.state import (
-    SAMPLING_DEFAULT_KEYS,
-    Generation,
-    GenerationBackend,
-    ServeConfig,
-    ServerState,
-    ready,
-)
+from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, message_fields
+from ninfer_rt.serve.prepare import Prepared
+from ninfer_rt.serve.protocol import APIError
+from ninfer_rt.serve.state import Generation
+
+LOGPROB_FLOOR = -9999.0
 
 
 @dataclass
@@ -57,20 +42,15 @@ class Job:
     prompt_param = ""  # the request field an invalid prompt is reported under
 
     @classmethod
-    def _fields(
-        cls, body: ChatCompletionRequest | CompletionRequest, backend: GenerationBackend, prompts: list[list[int]],
-        config: ServeConfig, logprobs: bool, top_logprobs: int,
-    ) -> dict[str, Any]:
-        """The fields both endpoints fill the same way from the request and its tokenized prompts."""
+    def _fields(cls, prepared: Prepared, tokenizer: Tokenizer) -> dict[str, Any]:
+        """The fields both endpoints fill the same way from the prepared request."""
         return {
             "request_id": f"{cls.id_prefix}-{uuid.uuid4().hex}",
-            "model": body.model,
-            "generations": [
-                _generation(body, ids, backend, config, logprobs, top_logprobs, cls.prompt_param) for ids in prompts
-            ],
-            "stream": body.stream,
-            "include_usage": bool(body.stream_options and body.stream_options.include_usage),
-            "tokenizer": backend.tokenizer,
+            "model": prepared.model,
+            "generations": prepared.generations,
+            "stream": prepared.stream,
+            "include_usage": prepared.include_usage,
+            "tokenizer": tokenizer,
         }
 
     def chunk_object(self) -> str:
@@ -92,6 +72,27 @@ class Job:
         """Choice `index`'s streamed chunk for `output`, or None when it adds nothing yet."""
         raise NotImplementedError
 
+    def response_body(self, collected: list[list[RequestOutput]]) -> dict[str, Any]:
+        """The non-streamed response from each choice's outputs."""
+        stats = [choice[-1].stats for choice in collected]
+        total = usage(stats) if all(stats) else None  # type: ignore[arg-type]
+        return self.envelope([self.final(i, choice) for i, choice in enumerate(collected)], total, chunk=False)
+
+    def events(self, index: int, output: RequestOutput) -> list[str]:
+        """The SSE events `output` of choice `index` adds to the stream."""
+        choice = self.delta(index, output)
+        return [] if choice is None else [sse_event(self.envelope([choice], None, chunk=True))]
+
+    def closing_events(self, stats: list[RequestStats | None]) -> list[str]:
+        """What ends a stream whose generations all finished: the usage chunk when asked for, and [DONE]."""
+        events = []
+        if self.include_usage and all(stats):
+            events.append(sse_event(self.envelope([], usage(stats), chunk=True)))  # type: ignore[arg-type]
+        return [*events, "data: [DONE]\n\n"]
+
+    def error_event(self, error: APIError) -> str:
+        return sse_event(error.body())
+
     def final(self, index: int, outputs: list[RequestOutput]) -> dict[str, Any]:
         """Choice `index` of the non-streamed response, from all its outputs."""
         raise NotImplementedError
@@ -108,14 +109,13 @@ class ChatJob(Job):
     prompt_param = "messages"
 
     @classmethod
-    def build(cls, body: ChatCompletionRequest, state: ServerState, config: ServeConfig) -> ChatJob:
-        backend = serving(body.model, state, config)
-        prompt = render_chat(body, state, config)
-        fields = cls._fields(body, backend, [prompt.ids], config, body.logprobs, body.top_logprobs or 0)
+    def build(cls, prepared: Prepared, tokenizer: Tokenizer) -> ChatJob:
+        prompt = prepared.chat
+        assert prompt is not None, "a chat job is built from a prepared chat request"
         parser = OutputParser.for_prompt(
-            prompt.generation_prompt, body.parses_tool_calls, prompt.prefill, prompt.tool_syntax
+            prompt.generation_prompt, prompt.parses_tool_calls, prompt.prefill, prompt.tool_syntax
         )
-        return cls(parser=parser, **fields)
+        return cls(parser=parser, **cls._fields(prepared, tokenizer))
 
     def delta(self, index: int, output: RequestOutput) -> dict[str, Any] | None:
         parsed = self.parser.feed(output.text)
@@ -168,14 +168,11 @@ class CompletionJob(Job):
     prompt_param = "prompt"
 
     @classmethod
-    def build(cls, body: CompletionRequest, state: ServerState, config: ServeConfig) -> CompletionJob:
-        backend = serving(body.model, state, config)
-        prompts = [_prompt_ids(prompt, backend.tokenizer) for prompt in body.prompts]
-        fields = cls._fields(body, backend, prompts, config, body.logprobs is not None, body.logprobs or 0)
-        return cls(num_logprobs=body.logprobs, **fields)
+    def build(cls, prepared: Prepared, tokenizer: Tokenizer) -> CompletionJob:
+        return cls(num_logprobs=prepared.num_logprobs, **cls._fields(prepared, tokenizer))
 
     def delta(self, index: int, output: RequestOutput) -> dict[str, Any] | None:
-        if not output.text and not output.finished:
+        if not output.text and not output.logprobs and not output.finished:  # a token's logprobs go out with it
             return None
         return self._choice(index, output.text, output.logprobs, output)
 
@@ -190,6 +187,7 @@ class CompletionJob(Job):
     def _logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any] | None:
         if self.num_logprobs is None:
             return None
+        entries = [finite_logprobs(e) for e in entries]
         tokens = [self.tokenizer.decode([e.token_id]) for e in entries]
         return {
             "tokens": tokens,
@@ -199,110 +197,28 @@ class CompletionJob(Job):
         }
 
 
-@dataclass(frozen=True)
-class ChatPrompt:
-    ids: list[int]
-    generation_prompt: str
-    prefill: str  # what the server appended after the generation prompt (a forced tool call's opening)
-    tool_syntax: ToolCallSyntax
+def sse_event(data: dict[str, Any], name: str | None = None) -> str:
+    # allow_nan=False: NaN / Infinity are not JSON; a value that slipped through fails loudly here
+    event = f"event: {name}\n" if name is not None else ""
+    return f"{event}data: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n"
 
 
-def render_chat(body: ChatCompletionRequest, state: ServerState, config: ServeConfig) -> ChatPrompt:
-    """The chat template applied to the request, tokenized: what generation and /tokenize both see."""
-    backend = ready(state)
-    if state.template is None:
-        raise bad_request("this model has no chat template; use /v1/completions")
-    kwargs = {"preserve_thinking": config.preserve_thinking, **(body.chat_template_kwargs or {})}
-    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.parses_tool_calls else None
-    try:
-        prompt = state.template.render([m.for_template() for m in body.messages], tools=tools, **kwargs)
-    except ChatTemplateError as exc:
-        raise bad_request(str(exc), param="messages") from None
-    syntax = prompt.tool_syntax
-    forced = body.forced_function
-    prefill = forced_call_prefill(prompt.generation_prompt, forced, syntax) if body.forces_tool_call else ""
-    return ChatPrompt(backend.tokenizer.encode(prompt.text + prefill), prompt.generation_prompt, prefill, syntax)
-
-
-def serving(model: str, state: ServerState, config: ServeConfig) -> GenerationBackend:
-    """The backend, once it is ready and if `model` is the one this server serves."""
-    backend = ready(state)
-    if model != config.served_model_name:
-        raise APIError(
-            404, f"the model {model!r} does not exist; this server serves {config.served_model_name!r}",
-            param="model", code="model_not_found",
-        )
-    return backend
-
-
-def _prompt_ids(prompt: str | list[int], tokenizer: Tokenizer) -> list[int]:
-    return tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
-
-
-def single_prompt(body: CompletionRequest, tokenizer: Tokenizer) -> list[int]:
-    if len(body.prompts) != 1:
-        raise bad_request("/tokenize takes one prompt", param="prompt")
-    return _prompt_ids(body.prompts[0], tokenizer)
-
-
-def _generation(
-    body: ChatCompletionRequest | CompletionRequest,
-    prompt_ids: list[int],
-    backend: GenerationBackend,
-    config: ServeConfig,
-    logprobs: bool,
-    top_logprobs: int,
-    prompt_param: str,
-) -> Generation:
-    """The one validation of a prompt and its parameters: everything the engine would refuse is a 400 here."""
-    _check_prompt(prompt_ids, backend, prompt_param)
-    limit = backend.context_limit
-    max_tokens = body.requested_max_tokens
-    if max_tokens is None:  # as vLLM does: whatever room the context leaves
-        max_tokens = limit - len(prompt_ids)
-    elif len(prompt_ids) + max_tokens > limit:
-        raise bad_request(
-            f"this model's maximum context length is {limit} tokens, but {len(prompt_ids) + max_tokens} were "
-            f"requested ({len(prompt_ids)} in the prompt, {max_tokens} for the completion)",
-            param="max_tokens", code="context_length_exceeded",
-        )
-    chosen = {k: getattr(body, k) for k in SAMPLING_DEFAULT_KEYS if getattr(body, k) is not None}
-    try:
-        params = SamplingParams(
-            **{**config.sampling_defaults, **chosen},
-            max_tokens=max_tokens,
-            seed=body.seed,
-            stop=tuple(body.stop or ()),
-            stop_token_ids=tuple(body.stop_token_ids or ()),
-            ignore_eos=body.ignore_eos,
-            presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty,
-            logprobs=logprobs,
-            top_logprobs=top_logprobs,
-        )
-    except ValueError as exc:
-        raise bad_request(str(exc)) from None
-    return Generation(prompt_ids, params)
-
-
-def _check_prompt(prompt_ids: list[int], backend: GenerationBackend, param: str) -> None:
-    if not prompt_ids:
-        raise bad_request("the prompt must contain at least one token", param=param)
-    if min(prompt_ids) < 0 or max(prompt_ids) >= backend.vocab_size:
-        raise bad_request(f"prompt token ids must be in [0, {backend.vocab_size})", param=param)
-    if len(prompt_ids) >= backend.context_limit:  # no room left for even one generated token
-        raise bad_request(
-            f"this model's maximum context length is {backend.context_limit} tokens, but the prompt has "
-            f"{len(prompt_ids)} tokens",
-            param=param, code="context_length_exceeded",
-        )
+def finite_logprobs(entry: TokenLogprobs) -> TokenLogprobs:
+    """The entry as JSON can carry it. A top alternative outside the top-k / top-p / min-p support has
+    probability 0 (logprob -inf): it is left out, as OpenAI lists only tokens the model could have chosen,
+    so `top_logprobs` may hold fewer than asked. A chosen token's non-finite logprob (NaN logits) is
+    clamped to -9999.0, the floor OpenAI itself reports."""
+    logprob = entry.logprob if math.isfinite(entry.logprob) else LOGPROB_FLOOR
+    top = tuple((token, lp) for token, lp in entry.top if math.isfinite(lp))
+    return TokenLogprobs(entry.token_id, logprob, top)
 
 
 def _chat_logprob(tokenizer: Tokenizer, entry: TokenLogprobs) -> dict[str, Any]:
     def one(token_id: int, logprob: float) -> dict[str, Any]:
         text = tokenizer.decode([token_id])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "surrogatepass"))}
 
+    entry = finite_logprobs(entry)
     return {**one(entry.token_id, entry.logprob), "top_logprobs": [one(t, lp) for t, lp in entry.top]}
 
 

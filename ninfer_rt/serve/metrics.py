@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from ninfer_rt.engine.output import RequestStats
 from ninfer_rt.engine.spec_stats import AcceptanceCounts
 from ninfer_rt.kv.pages import PoolStats
+from ninfer_rt.serve.state import EngineLoad
 
 # Agent turns range from a cached 100k-token prompt (fast) to a cold one (tens of seconds).
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -19,8 +20,12 @@ ACCEPTANCE_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._token_totals = (0, 0)  # (prompt, cached) tokens, for the hit ratio
         r = self.registry
         self.requests = Counter("ninfer_requests", "Finished HTTP requests", ["endpoint", "status"], registry=r)
+        self.unexpected_errors = Counter(
+            "ninfer_unexpected_errors", "Failures no handler expected (a 500 with a logged traceback)", registry=r
+        )
         self.prompt_tokens = Counter("ninfer_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("ninfer_generation_tokens", "Generated tokens", registry=r)
         self.cached_tokens = Counter("ninfer_cached_tokens", "Prompt tokens served by the prefix cache", registry=r)
@@ -51,12 +56,21 @@ class ServerMetrics:
             "ninfer_spec_decode_acceptance_length", "Mean tokens per verify step, per request", buckets=ACCEPTANCE_BUCKETS, registry=r
         )
         self.kv_pages = Gauge("ninfer_kv_pages", "KV pages by state", ["state"], registry=r)
-        self.requests_running = Gauge("ninfer_requests_running", "Requests admitted and not finished", registry=r)
+        self.requests_running = Gauge("ninfer_requests_running", "Requests the engine is running (prefill or decode)", registry=r)
+        self.requests_waiting = Gauge("ninfer_requests_waiting", "Requests queued in the engine for a lane or pages", registry=r)
+        self.requests_in_flight = Gauge("ninfer_requests_in_flight", "Prompts holding a server slot (running, queued or streaming out)", registry=r)
+        self.prefix_hit_ratio = Gauge(
+            "ninfer_prefix_cache_hit_ratio", "Prompt tokens served by the prefix cache / prompt tokens, since start", registry=r
+        )
+        # Linear-attention state slots and snapshots (hybrid models) are reported beside the KV pages: their
+        # gauges belong in `render`, sampled from the backend like `kv`, once the engine exposes their pool.
 
     def request_done(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
     def generation_done(self, stats: RequestStats) -> None:
+        prompt, cached = self._token_totals
+        self._token_totals = (prompt + stats.prompt_tokens, cached + stats.cached_tokens)
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.generation_tokens.inc(stats.completion_tokens)
         self.cached_tokens.inc(stats.cached_tokens)
@@ -79,9 +93,15 @@ class ServerMetrics:
     def token_gap(self, seconds: float) -> None:
         self.inter_token.observe(seconds)
 
-    def render(self, kv: PoolStats | None) -> bytes:
-        # Pages are sampled at scrape time: a gauge updated per step would cost the engine loop for nothing.
+    def render(self, kv: PoolStats | None, load: EngineLoad | None = None, in_flight: int = 0) -> bytes:
+        # Pages and load are sampled at scrape time: gauges updated per step would cost the engine loop for nothing.
         if kv is not None:
             for state, value in (("free", kv.free), ("in_use", kv.in_use), ("cached", kv.cached), ("total", kv.total)):
                 self.kv_pages.labels(state=state).set(value)
+        if load is not None:
+            self.requests_running.set(load.running)
+            self.requests_waiting.set(load.waiting)
+        self.requests_in_flight.set(in_flight)
+        prompt, cached = self._token_totals
+        self.prefix_hit_ratio.set(cached / prompt if prompt else 0.0)
         return generate_latest(self.registry)

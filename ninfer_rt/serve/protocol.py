@@ -15,6 +15,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 MAX_TOKENS_CEILING = 2**31 - 1  # anything above is nonsense whatever the context; keeps ints machine-sized
 MAX_TOP_LOGPROBS = 20
+MAX_JSON_DEPTH = 64  # far beyond any real request (a tool schema nests a few levels); deeper is an attack
+INT32_MAX = 2**31 - 1
+
+
+def _bounded(**limits: float) -> Any:
+    """A float field within OpenAI's documented range; NaN and infinities (which Python's json accepts as
+    NaN / Infinity) are refused with the field named."""
+    return Annotated[float, Field(allow_inf_nan=False, **limits)]
+
+
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class APIError(Exception):
@@ -39,6 +50,10 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def __reduce__(self) -> Any:
+        # intake workers raise these in another process: pickle every field, not just the message
+        return (APIError, (self.status, self.message, self.type, self.param, self.code, self.headers))
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -141,16 +156,16 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_CEILING)] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
+    temperature: _bounded(ge=0.0, le=2.0) | None = None
+    top_p: _bounded(gt=0.0, le=1.0) | None = None
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
+    min_p: _bounded(ge=0.0, le=1.0) | None = None
+    presence_penalty: _bounded(ge=-2.0, le=2.0) = 0.0
+    frequency_penalty: _bounded(ge=-2.0, le=2.0) = 0.0
+    repetition_penalty: _bounded(gt=0.0, le=10.0) = 1.0
+    seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     n: int = 1
 
@@ -205,6 +220,10 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     @property
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    @property
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
@@ -215,7 +234,7 @@ def _forces_a_call(choice: Any) -> bool:
 
 class CompletionRequest(_SamplingFields):
     # one prompt (text or token ids) or a batch of them, one choice each
-    prompt: str | list[int] | list[str] | list[list[int]] = Field(min_length=1)
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(min_length=1)  # ids range-checked in jobs.py
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_CEILING)] | None = 16  # OpenAI's default here
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: bool = False
@@ -238,19 +257,50 @@ class CompletionRequest(_SamplingFields):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_tokens"
 
-def parse_body(raw: bytes, model: type[_Strict]) -> Any:
-    """The request body as `model`, or a 400 that says what is wrong and where."""
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 that says why not."""
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        data = None  # nested past the interpreter's limit: reported as too deep below
+    if data is None or _depth_exceeds(data, MAX_JSON_DEPTH):
+        raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def parse_body(raw: bytes, model: type[_Strict]) -> Any:
+    """The request body as `model`, or a 400 that says what is wrong and where."""
+    return validate_body(decode_body(raw), model)
+
+
+def validate_body(data: dict[str, Any], model: type[_Strict]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc) from None
+
+
+def _depth_exceeds(data: Any, limit: int) -> bool:
+    """Whether containers nest more than `limit` deep; iterative, so no input can exhaust the stack."""
+    pending: list[tuple[Any, int]] = [(data, 1)]
+    while pending:
+        value, depth = pending.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def _validation_error(exc: ValidationError) -> APIError:

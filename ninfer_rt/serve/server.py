@@ -31,8 +31,12 @@ class Listen:
     log_level: str = "info"
 
 
+START_UP_FAILED = 2
+
+
 def run_server(model_path: Path, engine_config: EngineConfig, serve_config: ServeConfig, listen: Listen) -> int:
-    """Serves until SIGTERM/SIGINT (returns 0 once drained) or a fatal engine error (returns 1)."""
+    """Serves until SIGTERM/SIGINT (returns 0 once drained) or a fatal engine error (returns 1, or
+    START_UP_FAILED when the model never loaded)."""
     app = create_app(lambda: EngineBackend.start(lambda: Engine.load(model_path, engine_config)), serve_config)
     if serve_config.api_key is None:
         log.warning("no --api-key: anyone who can reach %s:%s can use this server", listen.host, listen.port)
@@ -45,4 +49,6 @@ def run_server(model_path: Path, engine_config: EngineConfig, serve_config: Serv
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()
-    return 1 if state.fatal is not None else 0
+    if state.fatal is not None:
+        return 1 if state.backend is not None else START_UP_FAILED
+    return 0

@@ -11,14 +11,16 @@ import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ninfer_rt.engine.output import RequestOutput
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.kv.pages import PoolStats
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.serve.chat import ChatTemplate
 from ninfer_rt.serve.protocol import APIError
+
+if TYPE_CHECKING:
+    from ninfer_rt.serve.intake import Intake
 
 SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -44,10 +46,19 @@ class GenerationBackend(Protocol):
 
     def kv_stats(self) -> PoolStats: ...
 
+    def load(self) -> EngineLoad:
+        """Requests the engine holds now, sampled at scrape time."""
+
     def crash_context(self) -> dict[str, Any]:
         """The engine's crash context now: last ops per stream, lane frontier, KV transactions and pages."""
 
     def shutdown(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    running: int  # admitted: holding pages, prefilling or decoding
+    waiting: int  # queued in the engine for a lane or for pages (preempted ones too)
 
 
 class BackendFailed(RuntimeError):
@@ -68,12 +79,14 @@ class ServeConfig:
     max_queue: int = 64  # requests waiting beyond the running lanes before 429
     verify_ordering: bool = False  # also serves /debug/crash-context, for replay harnesses to assert on
     sampling_defaults: Mapping[str, float] = field(default_factory=dict)  # from generation_config.json
+    max_body_bytes: int = 16 * 32768 + (1 << 20)  # intake.default_max_body_bytes of the default context
+    intake_workers: int = 1  # processes that decode, template and tokenize request bodies
 
 
 @dataclass
 class ServerState:
-    backend: GenerationBackend | None = None
-    template: ChatTemplate | None = None
+    backend: GenerationBackend | None = None  # set once the backend and the intake workers are up
+    intake: Intake | None = None
     fatal: str | None = None
     in_flight: int = 0
     on_fatal: Callable[[], None] = lambda: None  # set by the runner: stop the server so the process exits

@@ -9,19 +9,21 @@ failure becomes a 500 and a fatal server state.
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from ninfer_rt.engine.output import RequestOutput, RequestStats
-from ninfer_rt.serve.jobs import Job, usage
+from ninfer_rt.serve.errors import internal_error
+from ninfer_rt.serve.jobs import Job
 from ninfer_rt.serve.metrics import ServerMetrics
 from ninfer_rt.serve.protocol import APIError, bad_request
 from ninfer_rt.serve.state import BackendFailed, ServeConfig, ServerState, ready
+
+log = logging.getLogger("ninfer_rt.serve")
 
 RETRY_AFTER_S = 1
 
@@ -46,9 +48,7 @@ async def respond(state: ServerState, metrics: ServerMetrics, config: ServeConfi
     finally:
         await outputs.aclose()
     metrics.request_done(job.endpoint, 200)
-    stats = [choice[-1].stats for choice in collected]
-    total = usage(stats) if all(stats) else None  # type: ignore[arg-type]
-    return JSONResponse(job.envelope([job.final(i, choice) for i, choice in enumerate(collected)], total, chunk=False))
+    return JSONResponse(job.response_body(collected))
 
 
 def _take_slots(state: ServerState, config: ServeConfig, wanted: int) -> None:
@@ -155,23 +155,22 @@ async def _sse(job: Job, outputs: _Merged, metrics: ServerMetrics) -> AsyncItera
     try:
         stats: list[RequestStats | None] = [None] * len(job.generations)
         async for index, output in outputs:
-            choice = job.delta(index, output)
-            if choice is not None:
-                yield _event(job.envelope([choice], None, chunk=True))
+            for event in job.events(index, output):
+                yield event
             stats[index] = output.stats or stats[index]
-        if job.include_usage and all(stats):
-            yield _event(job.envelope([], usage(stats), chunk=True))  # type: ignore[arg-type]
-        yield "data: [DONE]\n\n"
+        for event in job.closing_events(stats):
+            yield event
     except APIError as exc:
         status = exc.status
-        yield _event(exc.body())
+        yield job.error_event(exc)
+    except Exception as exc:  # noqa: BLE001 — a bug mid-stream still ends the stream with a JSON error
+        log.exception("unexpected error while streaming %s", job.request_id)
+        metrics.unexpected_errors.inc()
+        status = 500
+        yield job.error_event(internal_error(exc))
     except asyncio.CancelledError:  # the client went away: closing the outputs aborts the requests
         status = 499
         raise
     finally:
         await outputs.aclose()
         metrics.request_done(job.endpoint, status)
-
-
-def _event(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
