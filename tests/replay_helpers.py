@@ -38,9 +38,10 @@ def verified_server(
     on_engine: Callable[[Engine], None] = lambda e: None,
     exit_on_fatal: bool = False,  # as `ninfer-rt serve` does; off, a failed server stays up to be inspected
     checkpoint_sampling: bool = False,  # as `ninfer-rt serve` does: generation_config.json's when a request omits it
+    **engine: object,  # more EngineConfig fields (the seed's --kv-dtype int8 --spec mtp ...)
 ) -> Iterator[RunningServer]:
     engine_config = EngineConfig(device="cpu", max_context=max_context, kv_capacity=str(kv_pages),
-                                 max_concurrency=2, verify_ordering=True)
+                                 max_concurrency=2, verify_ordering=True, **engine)  # type: ignore[arg-type]
 
     def build() -> Engine:
         engine = Engine.load(model_dir, engine_config)

@@ -10,6 +10,7 @@ import click
 from ninfer_rt.cuda.driver import device_count
 from ninfer_rt.engine.build import EngineConfig
 from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
+from ninfer_rt.kv.memory_plan import SnapshotBudget
 
 _OPTIONS = [
     click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]), help="auto: the GPU when one is present."),
@@ -31,6 +32,10 @@ _OPTIONS = [
     click.option(
         "--lm-head-draft", type=click.IntRange(min=1), is_flag=False, flag_value=DEFAULT_DRAFT_VOCAB, default=None,
         help=f"Draft over the N most frequent tokens only (N defaults to {DEFAULT_DRAFT_VOCAB}); verification stays exact.",
+    ),
+    click.option(
+        "--state-snapshot-budget", default=None, callback=lambda c, p, v: _snapshot_budget(v),
+        help="Hybrid models: memory (e.g. 4GiB) or count of saved Gated DeltaNet states; default: planned with --kv-capacity.",
     ),
 ]
 
@@ -58,7 +63,17 @@ def engine_config(options: dict[str, Any]) -> EngineConfig:
         spec=options["spec"],
         draft_tokens=options["draft_tokens"],
         lm_head_draft=options["lm_head_draft"],
+        state_snapshot_budget=options["state_snapshot_budget"],
     )
+
+
+def _snapshot_budget(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            SnapshotBudget.parse(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
 
 
 def _kv_capacity(value: str) -> str:

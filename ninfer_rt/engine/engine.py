@@ -43,6 +43,7 @@ from ninfer_rt.engine.scheduler import SchedulerStep
 from ninfer_rt.engine.spec_vocab import load_token_frequencies
 from ninfer_rt.kv.capacity import check_fits
 from ninfer_rt.kv.pages import PoolStats
+from ninfer_rt.kv.snapshots import SnapshotStats
 from ninfer_rt.kv.states import SlotStats
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
@@ -232,6 +233,11 @@ class Engine:
     def state_stats(self) -> SlotStats | None:
         """The hybrid's state slot pool (None for a model without linear-attention layers)."""
         return None if self.ledger.states is None else self.ledger.states.stats()
+
+    def snapshot_stats(self) -> SnapshotStats | None:
+        """The hybrid's state snapshots (None without linear-attention layers or with prefix caching off)."""
+        states = self.ledger.states
+        return None if states is None or states.snapshots is None else states.snapshots.stats()
 
     def _frontier(self) -> dict:
         return {

@@ -39,8 +39,9 @@ class EngineBackend:
 
     def load(self) -> EngineLoad:
         # read from another thread without a lock: two list lengths, each exact when read, enough for a gauge
-        scheduler = self._loop.engine.scheduler
-        return EngineLoad(running=len(scheduler.running), waiting=len(scheduler.waiting))
+        engine = self._loop.engine
+        scheduler = engine.scheduler
+        return EngineLoad(len(scheduler.running), len(scheduler.waiting), engine.state_stats(), engine.snapshot_stats())
 
     def crash_context(self) -> dict[str, Any]:
         error = self._loop.error

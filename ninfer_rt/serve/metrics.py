@@ -62,8 +62,14 @@ class ServerMetrics:
         self.prefix_hit_ratio = Gauge(
             "ninfer_prefix_cache_hit_ratio", "Prompt tokens served by the prefix cache / prompt tokens, since start", registry=r
         )
-        # Linear-attention state slots and snapshots (hybrid models) are reported beside the KV pages: their
-        # gauges belong in `render`, sampled from the backend like `kv`, once the engine exposes their pool.
+        # A hybrid model's Gated DeltaNet state slots and snapshots, beside the KV pages.
+        self.state_slots = Gauge("ninfer_state_slots", "Linear-attention state slots by state", ["state"], registry=r)
+        self.snapshots = Gauge("ninfer_state_snapshots", "Saved linear-attention states", registry=r)
+        self.snapshot_bytes = Gauge("ninfer_state_snapshot_bytes", "Device bytes the saved states hold", registry=r)
+        self.snapshot_restores = Gauge("ninfer_state_snapshot_restores", "States restored into a new sequence, since start", registry=r)
+        self.prompt_tokens_computed = Counter(
+            "ninfer_prompt_tokens_computed", "Prompt tokens the engine computed (not skipped by the prefix cache)", registry=r
+        )
 
     def request_done(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
@@ -74,6 +80,7 @@ class ServerMetrics:
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.generation_tokens.inc(stats.completion_tokens)
         self.cached_tokens.inc(stats.cached_tokens)
+        self.prompt_tokens_computed.inc(stats.prompt_tokens - stats.cached_tokens)
         self.prefix_cache_queries.inc()
         if stats.cached_tokens:
             self.prefix_cache_hits.inc()
@@ -90,6 +97,16 @@ class ServerMetrics:
             self.spec_accepted_per_pos.labels(position=str(position)).inc(accepted)
         self.spec_acceptance_length.observe(counts.mean_acceptance_length)
 
+    def _states(self, load: EngineLoad) -> None:
+        if load.state_slots is not None:
+            slots = load.state_slots
+            for state, value in (("in_use", slots.in_use), ("free", slots.free), ("fenced", slots.fenced), ("total", slots.total)):
+                self.state_slots.labels(state=state).set(value)
+        if load.snapshots is not None:
+            self.snapshots.set(load.snapshots.count)
+            self.snapshot_bytes.set(load.snapshots.bytes)
+            self.snapshot_restores.set(load.snapshots.restores)
+
     def token_gap(self, seconds: float) -> None:
         self.inter_token.observe(seconds)
 
@@ -101,6 +118,7 @@ class ServerMetrics:
         if load is not None:
             self.requests_running.set(load.running)
             self.requests_waiting.set(load.waiting)
+            self._states(load)
         self.requests_in_flight.set(in_flight)
         prompt, cached = self._token_totals
         self.prefix_hit_ratio.set(cached / prompt if prompt else 0.0)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ninfer_rt.engine.output import RequestOutput
 from ninfer_rt.engine.request import SamplingParams
+from ninfer_rt.kv.snapshots import SnapshotStats
+from ninfer_rt.kv.states import SlotStats
 from ninfer_rt.kv.pages import PoolStats
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.serve.protocol import APIError
@@ -59,6 +61,8 @@ class GenerationBackend(Protocol):
 class EngineLoad:
     running: int  # admitted: holding pages, prefilling or decoding
     waiting: int  # queued in the engine for a lane or for pages (preempted ones too)
+    state_slots: SlotStats | None = None  # a hybrid model's Gated DeltaNet state slots
+    snapshots: SnapshotStats | None = None  # and its state snapshots
 
 
 class BackendFailed(RuntimeError):
