@@ -4,15 +4,23 @@ launch shapes, kernel choice and declared accesses are right (a recording librar
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from ninfer_rt.cuda import linear_attn_ops as ops
 from ninfer_rt.cuda.compiler import compile_family
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.exec.cuda_exec import check_state_targets
+from ninfer_rt.exec.cuda_linear_attn import LinearAttentionBackend
+from ninfer_rt.exec.layer_backend import PublishedStep
+from ninfer_rt.kv.states import StateSlotPool, StateSpec
+from ninfer_rt.model.executor import LinearAttentionParams, LinearAttentionShape, StepBatch
 from ninfer_rt.ordering import Span
 from test_attention_compile import RecordingLibrary
 
@@ -120,3 +128,61 @@ def test_delta_rule_refuses_short_buffers_before_launching() -> None:
     with pytest.raises(ValueError, match="out"):
         ops.delta_rule(lib, f.stream, f.step, HEADS_27B, short, f.states, 32)
     assert not lib.launches
+
+
+# -- the executor's backend: one layer of a step (plan, then forward) ------------------------------------
+
+SHAPE_27B = LinearAttentionShape(16, 48, 128, 128, 4, 1e-6)
+
+
+def backend_run(query_lens: tuple[int, ...], slots: list[int], targets: list[list[int]], capturing: bool = False) -> tuple:
+    streams = StreamSet(verify=False)
+    lib = RecordingLibrary()
+    lib.device.max_shared_memory_per_block_optin = SM90_SMEM
+    pool = StateSlotPool(streams, StateSpec(2, 16, 48, 128, 128), num_slots=4)
+    backend = LinearAttentionBackend(lib, streams, streams.create("compute"), max_tokens=1024)
+    rows = sum(query_lens)
+
+    def buf(nbytes: int, name: str) -> SimpleNamespace:
+        return SimpleNamespace(buffer=DeviceBuffer(streams, nbytes, name))
+
+    inputs = {name: DeviceBuffer(streams, 256, name) for name in ("query_start", "state_slots", "state_targets")}
+    step = PublishedStep(inputs, query_lens, None, (), (), None, np.array(slots, np.int32), np.array(targets, np.int32))
+    params = LinearAttentionParams(SHAPE_27B, buf(10240 * 16, "conv"), buf(192, "A_log"), buf(192, "dt_bias"), buf(512, "norm"))
+    projected = DeviceBuffer(streams, rows * HEADS_27B.projection_stride * 2, "projected")
+    out = DeviceBuffer(streams, rows * 6144 * 2, "out")
+    backend.plan(step)
+    with backend.capturing() if capturing else nullcontext():
+        backend.forward(projected, out, params, pool, layer=1)
+    return lib, pool
+
+
+def test_a_layer_is_conv_then_delta_rule_then_gated_norm_over_the_layers_part_of_the_slots() -> None:
+    lib, pool = backend_run((1, 300), slots=[0, 2], targets=[[0], [3]])
+    assert [launch.name for launch in lib.launches] == [
+        "gdn_conv_silu_k4", "gdn_recurrent_d128", "gdn_chunked_d128_c32", "gdn_gated_norm",
+    ]
+    conv = lib.launches[0]
+    assert conv.args[4] == pool.buffer.ptr + pool.spec.layer_offset(1) and conv.args[5] == pool.spec.slot_bytes
+    for launch in lib.launches[:3]:
+        assert {pool.resource(0), pool.resource(2)} <= set(launch.reads)
+        assert {pool.resource(0), pool.resource(3)} <= set(launch.writes) and pool.resource(2) not in launch.writes
+
+
+def test_scratch_is_never_allocated_inside_a_captured_step() -> None:
+    with pytest.raises(RuntimeError, match="captured step"):
+        backend_run((1,), slots=[0], targets=[[0]], capturing=True)
+
+
+def test_targets_outside_the_pool_are_refused_before_launching() -> None:
+    with pytest.raises(ValueError, match="outside the pool"):
+        backend_run((1,), slots=[0], targets=[[7]])
+
+
+def test_the_executor_refuses_targets_asking_for_states_before_the_first_row() -> None:
+    batch = StepBatch(*(np.zeros(2, np.int32),) * 2, np.array([0, 2], np.int32), np.array([2], np.int32),
+                      np.zeros((1, 1), np.int32), np.zeros(2, np.int32), np.zeros(0, np.int32),
+                      state_slots=np.array([1], np.int32), state_targets=np.array([[2, 3, 1, 1]], np.int32))
+    with pytest.raises(ValueError, match="state after -1"):
+        check_state_targets(batch)
+    check_state_targets(replace(batch, state_targets=np.array([[-1, 3, 1]], np.int32)))
