@@ -17,8 +17,9 @@
 //
 // gdn_recurrent_d{dk}: sequences of 1..8 rows (decode, k+1-row verification; others skipped). Block 128 =
 // 4 warps; group 32: lane = column, warp w holds rows [w dk/4, (w+1) dk/4) of the column in registers. The
-// state is read once and each requested state stored straight from registers. Per row one cross-warp
-// reduction gives S^T k and S^T q together (o = (e^g S)^T q + delta (k . q)). At the 27B shape (48 heads of
+// state is read once and each requested state stored straight from registers. Each warp normalises q and k
+// itself; per row one cross-warp reduction (one block barrier) gives S^T k and S^T q together
+// (o = (e^g S)^T q + delta (k . q)). At the 27B shape (48 heads of
 // 128 x 128) one sequence is 192 blocks streaming 3 MiB in and 3 MiB out: bandwidth-bound by design.
 //
 // gdn_chunked_d{dk}_c{group}: sequences of more than 8 rows. Block 256, dynamic shared memory
@@ -71,6 +72,39 @@ __forceinline__ void store_tile_rows(float* dst, const float (&s)[DK / 4], int v
     for (int i = 0; i < DK / 4; ++i) dst[(long long)i * value_dim] = s[i];
 }
 
+// Row `row`'s q and k of `key_head`, L2-normalised (q also scaled), computed by every warp on its own (no
+// block barrier): lane l holds dims l + 32 e; the warp's own state rows go to its slice of shared memory.
+// Returns k . q of the normalised vectors.
+template <int DK>
+__forceinline__ float normalised_qk(float* q_rows, float* k_rows, const bf16* qk, int key_stride, int warp, int lane) {
+    constexpr int kRows = DK / 4;
+    float qv[DK / 32], kv[DK / 32], qq = 0.0f, kk = 0.0f, qk_dot = 0.0f;
+#pragma unroll
+    for (int e = 0; e < DK / 32; ++e) {
+        qv[e] = __bfloat162float(qk[lane + 32 * e]);
+        kv[e] = __bfloat162float(qk[key_stride + lane + 32 * e]);
+        qq += qv[e] * qv[e];
+        kk += kv[e] * kv[e];
+        qk_dot += qv[e] * kv[e];
+    }
+    const float q_scale = rsqrtf(warp_sum(qq) + kL2NormEps) * rsqrtf((float)DK);
+    const float k_scale = rsqrtf(warp_sum(kk) + kL2NormEps);
+    const float kq = warp_sum(qk_dot) * q_scale * k_scale;
+    __syncwarp();  // the previous row's reads of this warp's slice are done
+#pragma unroll
+    for (int e = 0; e < DK / 32; ++e) {
+        const int d = lane + 32 * e;
+        if (d / kRows == warp) {
+            q_rows[d - warp * kRows] = qv[e] * q_scale;
+            k_rows[d - warp * kRows] = kv[e] * k_scale;
+        }
+    }
+    __syncwarp();
+    return kq;
+}
+
+// One block barrier per row: the cross-warp sums of S^T k and S^T q, double-buffered by row parity (a
+// buffer is rewritten two rows later, after the next row's barrier).
 template <int DK>
 __forceinline__ void recurrent(const DeltaRuleArgs& p) {
     constexpr int kRows = DK / 4;
@@ -90,43 +124,34 @@ __forceinline__ void recurrent(const DeltaRuleArgs& p) {
     const int initial_target = p.states.target_after(seq, 0, rows.length);
     if (initial_target >= 0) store_tile_rows<DK>(p.states.recurrent(initial_target) + tile, s, p.value_dim);
 
-    __shared__ float qn[DK], kn[DK], partial[2][4][32];
+    __shared__ float q_rows[4][kRows], k_rows[4][kRows], partial[2][2][4][32];
     for (int t = 0; t < rows.length; ++t) {
         const long long row = rows.first + t;
         const bf16* qk = p.conv + row * channels + key_head * DK;
-        const float qv = threadIdx.x < DK ? __bfloat162float(qk[threadIdx.x]) : 0.0f;
-        const float kv = threadIdx.x < DK ? __bfloat162float(qk[p.key_heads * DK + threadIdx.x]) : 0.0f;
-        const float q_scale = rsqrtf(block_sum(qv * qv) + kL2NormEps) * rsqrtf((float)DK);
-        const float k_scale = rsqrtf(block_sum(kv * kv) + kL2NormEps);
-        const float kq = block_sum(qv * kv) * q_scale * k_scale;
-        if (threadIdx.x < DK) {
-            qn[threadIdx.x] = qv * q_scale;
-            kn[threadIdx.x] = kv * k_scale;
-        }
+        const float kq = normalised_qk<DK>(q_rows[warp], k_rows[warp], qk, p.key_heads * DK, warp, lane);
         float beta, g;
         p.gating(row, head, decay_rate, bias, beta, g);
         const float decay = expf(g);
         const float v = __bfloat162float(p.conv[row * channels + 2 * p.key_heads * DK + head * p.value_dim + column]);
-        __syncthreads();
         float pk = 0.0f, pq = 0.0f;
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
             s[i] *= decay;
-            pk += s[i] * kn[warp * kRows + i];
-            pq += s[i] * qn[warp * kRows + i];
+            pk += s[i] * k_rows[warp][i];
+            pq += s[i] * q_rows[warp][i];
         }
-        partial[0][warp][lane] = pk;
-        partial[1][warp][lane] = pq;
+        float (&sums)[2][4][32] = partial[t & 1];
+        sums[0][warp][lane] = pk;
+        sums[1][warp][lane] = pq;
         __syncthreads();
-        pk = partial[0][0][lane] + partial[0][1][lane] + partial[0][2][lane] + partial[0][3][lane];
-        pq = partial[1][0][lane] + partial[1][1][lane] + partial[1][2][lane] + partial[1][3][lane];
+        pk = sums[0][0][lane] + sums[0][1][lane] + sums[0][2][lane] + sums[0][3][lane];
+        pq = sums[1][0][lane] + sums[1][1][lane] + sums[1][2][lane] + sums[1][3][lane];
         const float delta = beta * (v - pk);
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) s[i] += kn[warp * kRows + i] * delta;
+        for (int i = 0; i < kRows; ++i) s[i] += k_rows[warp][i] * delta;
         if (warp == 0) p.out[(row * p.value_heads + head) * p.value_dim + column] = pq + delta * kq;
         const int target = p.states.target_after(seq, t + 1, rows.length);
         if (target >= 0) store_tile_rows<DK>(p.states.recurrent(target) + tile, s, p.value_dim);
-        __syncthreads();  // qn, kn and partial are rewritten by the next row
     }
 }
 
