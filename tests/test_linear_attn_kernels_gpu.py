@@ -9,9 +9,9 @@ starts from the GPU's bf16 conv output), so a failure names the kernel.
 
 Tolerances (frozen): the conv and the norm round their f32 result to bf16 once (2^-9 relative), so they
 are held to 2^-8 per element; the delta rule computes in f32 against a float64 reference, so its output
-and states are held to 1e-3 relative L2 (f32 rounding accumulated over 64-row chunk products and the
-triangular inverse stays orders below that; an indexing or gating mistake is off by O(1)). Windows are
-copies of bf16 inputs: exact.
+and states are held to 1e-4 relative L2 (numpy's own f32 chunked form is within 1.5e-6 of the float64
+recurrent one on these cases: the margin covers the kernels' summation orders and fast exp/rsqrt, while an
+indexing or gating mistake is off by O(1)). Windows are copies of bf16 inputs: exact.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.gpu
 BF16 = np.dtype(ml_dtypes.bfloat16)
 CONV_RTOL = 2.0**-8
 NORM_RTOL = 2.0**-8
-DELTA_RTOL = 1e-3
+DELTA_RTOL = 1e-4
 LAYER = 1  # the second linear layer: its offset inside each slot is exercised
 SLOTS = 12
 GEOMETRIES = [GdnHeads(2, 4, 128, 64, 1e-6), GdnHeads(1, 3, 64, 128, 1e-6)]
