@@ -1,6 +1,7 @@
 """Gated DeltaNet delta rule at the Qwen3.6-27B layer shape (16 key heads, 48 value heads of 128), beside fla-core.
 
-Ours (kernels_src/gdn_delta_rule.cu through ninfer_rt.cuda.linear_attn_ops):
+Ours (kernels_src/gdn_delta_rule.cu through ninfer_rt.cuda.linear_attn_ops; the cases are
+ninfer_rt.kernel_benches_gdn's, also `ninfer-rt kernels bench gdn_delta_rule`):
 - recurrent: one sequence of T = 1 (decode) and T = 4 rows (verification, keeping only the final state as
   fla does, and keeping all four states as a k=3 verify pass does), the state updated in place in its slot;
 - layer: the whole decode op of a layer (conv + SiLU, recurrent delta rule, gated norm);
@@ -23,63 +24,21 @@ import argparse
 import statistics
 from collections.abc import Callable
 
-import numpy as np
-
 from bench_decode import append_results, print_table, run_info
 from ninfer_rt.cuda import linear_attn_ops as ops
 from ninfer_rt.cuda.benchmark import BenchSession, copy_bandwidth
 from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.cuda.linear_attn_ops import DeltaRuleArgs, GdnHeads, GdnStep, StateLayer
-from ninfer_rt.kv.states import StateSpec
+from ninfer_rt.kernel_benches_gdn import LAYERS, QWEN3_6_27B, DeltaRuleCase, state_bytes
 
-HEADS = GdnHeads(key_heads=16, value_heads=48, key_dim=128, value_dim=128, norm_eps=1e-6)
-LAYERS = 48  # the 27B model's linear-attention layers: one distinct state per launch of a graph
-STATE_BYTES = HEADS.value_heads * HEADS.key_dim * HEADS.value_dim * 4  # one layer's recurrent state
-
-
-class OurDeltaRule:
-    """One sequence of `rows` rows over a 48-layer slot pool (slot 0 the source, slots 1.. extra targets)."""
-
-    def __init__(self, session: BenchSession, rows: int, targets: int) -> None:
-        self.session, self.rows = session, rows
-        spec = StateSpec(LAYERS, HEADS.key_heads, HEADS.value_heads, HEADS.key_dim, HEADS.value_dim)
-        pool = session.filled(targets * spec.slot_bytes, "state slots")  # random bf16 bytes: finite as f32 too
-        self.layers = [StateLayer(pool, spec.layer_offset(layer), spec.slot_bytes, spec.conv_bytes) for layer in range(LAYERS)]
-        target_row = [*range(1, targets), 0]  # the last target is the source slot itself (in place)
-        self.step = GdnStep(
-            session.upload(np.array([0, rows], np.int32), "query_start"), session.upload(np.zeros(1, np.int32), "state_slots"),
-            session.upload(np.array([target_row], np.int32), "state_targets"), (rows,), targets,
-        )
-        self.x = session.filled(rows * HEADS.projection_stride * 2, "projection rows")
-        self.conv = session.filled(rows * HEADS.conv_channels * 2, "conv out")
-        self.conv_weight = session.upload(np.full((HEADS.conv_channels, ops.CONV_KERNEL), 0.25, np.float32), "conv weight")
-        self.norm = session.upload(np.ones(HEADS.value_dim, np.float32), "norm")
-        self.out = session.filled(rows * HEADS.value_size * 2, "out")
-        self.args = DeltaRuleArgs(
-            self.conv, self.x, session.upload(np.log(np.linspace(1.0, 16.0, HEADS.value_heads)).astype(np.float32), "A_log"),
-            session.upload(np.zeros(HEADS.value_heads, np.float32), "dt_bias"), session.filled(rows * HEADS.value_size * 4, "o"),
-        )
-
-    def delta_rule(self, columns: int) -> Callable[[int], None]:
-        s = self.session
-        return lambda i: ops.delta_rule(s.lib, s.stream, self.step, HEADS, self.args, self.layers[i % LAYERS], columns)
-
-    def layer(self) -> Callable[[int], None]:
-        s, delta = self.session, self.delta_rule(ops.RECURRENT_COLUMNS)
-
-        def launch(i: int) -> None:
-            ops.conv_silu(s.lib, s.stream, self.step, HEADS, self.x, self.conv_weight, self.conv, self.layers[i % LAYERS])
-            delta(i)
-            ops.gated_norm(s.lib, s.stream, HEADS, self.args.out, self.x, self.norm, self.out, self.rows)
-
-        return launch
+HEADS = QWEN3_6_27B
+STATE_BYTES = state_bytes(HEADS)
 
 
 def our_rows(session: BenchSession, recurrent: list[int], chunked: list[int]) -> list[dict[str, object]]:
     rows = []
     for t in recurrent:
         for targets in sorted({1, t}):
-            case = OurDeltaRule(session, t, targets)
+            case = DeltaRuleCase(session, HEADS, t, targets)
             seconds = session.time(case.delta_rule(ops.RECURRENT_COLUMNS), LAYERS)
             rows.append(row("ninfer recurrent", t, targets, seconds, (1 + targets) * STATE_BYTES))
             if t == 1:
@@ -88,7 +47,7 @@ def our_rows(session: BenchSession, recurrent: list[int], chunked: list[int]) ->
     optin = session.device.max_shared_memory_per_block_optin
     for t in chunked:
         for columns in sorted({ops.chunk_columns(HEADS.key_dim, HEADS.value_dim, optin), 16}, reverse=True):
-            case = OurDeltaRule(session, t, 1)
+            case = DeltaRuleCase(session, HEADS, t, 1)
             seconds = session.time(case.delta_rule(columns), LAYERS)
             rows.append(row(f"ninfer chunked c{columns}", t, 1, seconds, 2 * STATE_BYTES))
             session.release()
