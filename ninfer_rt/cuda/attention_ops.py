@@ -59,7 +59,7 @@ from ninfer_rt.cuda.attention_plan import (
 from ninfer_rt.cuda.driver import check
 from ninfer_rt.cuda.kernels import Kernel, KernelLibrary
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
-from ninfer_rt.cuda.ops import _require_bytes, _require_positive
+from ninfer_rt.cuda.ops import StepRows, _require_bytes, _require_positive
 from ninfer_rt.cuda.streams import StreamSet, require_stream
 from ninfer_rt.ordering.verifier import Resource
 
@@ -93,7 +93,7 @@ class StepInputs:
 
 
 @dataclass(frozen=True)
-class AttentionStep:
+class AttentionStep(StepRows):
     """A step as every attention launch of it sees it: the inputs, each sequence's new rows, the block
     table's width, the KV pages the step reads and writes (for the verifier) and its lanes."""
 
@@ -103,14 +103,6 @@ class AttentionStep:
     pages_read: Sequence[Resource] = ()
     pages_written: Sequence[Resource] = ()
     lane: object = None
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.query_lens)
-
-    @property
-    def num_rows(self) -> int:
-        return sum(self.query_lens)
 
     def table_sizes(self) -> dict[str, tuple[Buffer, int]]:
         return self.inputs.table_sizes(self.num_seqs, self.max_pages_per_seq)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ninfer_rt.cuda.kernels import Arg, Kernel, KernelLibrary, KernelSpec
 from ninfer_rt.cuda.memory import Buffer
-from ninfer_rt.cuda.ops import _require_bytes, _require_positive
+from ninfer_rt.cuda.ops import StepRows, _require_bytes, _require_positive
 from ninfer_rt.cuda.streams import require_stream
 from ninfer_rt.ordering.verifier import Resource
 
@@ -127,7 +127,7 @@ class StateLayer:
 
 
 @dataclass(frozen=True)
-class GdnStep:
+class GdnStep(StepRows):
     """A step as every linear-attention launch sees it: query_start [B+1], state_slots [B] and
     state_targets [B, num_targets] on the device; each sequence's rows; the slot spans read (sources) and
     written (targets) for the verifier; the lanes."""
@@ -140,14 +140,6 @@ class GdnStep:
     slots_read: Sequence[Resource] = ()
     slots_written: Sequence[Resource] = ()
     lane: object = None
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.query_lens)
-
-    @property
-    def num_rows(self) -> int:
-        return sum(self.query_lens)
 
     @property
     def recurrent(self) -> bool:

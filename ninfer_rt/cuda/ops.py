@@ -95,6 +95,20 @@ def sigmoid_gate_mul(
     )
 
 
+class StepRows:
+    """What a step's launch arguments derive from their `query_lens` (new rows per sequence)."""
+
+    query_lens: tuple[int, ...]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.query_lens)
+
+
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 

@@ -20,8 +20,6 @@ can be captured and replayed; inside `capturing()` any of the allocations above 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ninfer_rt.cuda import attention_ops, ops
@@ -63,7 +61,7 @@ from ninfer_rt.cuda.kernels import KernelLibrary, KernelSpec
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.model.executor import AttentionParams
-from ninfer_rt.exec.layer_backend import PublishedStep
+from ninfer_rt.exec.layer_backend import CaptureGuard, PublishedStep
 from ninfer_rt.kv.cache import KVCache, KVDtype
 
 _VARIANTS = {KVDtype.BF16: KVVariant.BF16, KVDtype.INT8: KVVariant.INT8}
@@ -111,7 +109,7 @@ def _heads_key(heads: Heads) -> tuple[int, int, int]:
     return (heads.num_heads, heads.num_kv_heads, heads.head_dim)
 
 
-class AttentionBackend:
+class AttentionBackend(CaptureGuard):
     """The attention of one executor's steps on its compute stream (exec/layer_backend.LayerBackend)."""
 
     def __init__(
@@ -127,7 +125,6 @@ class AttentionBackend:
         self._prefill_workspaces: dict[int, PrefillWorkspace] = {}
         self._widened: dict[tuple[int, int], WidenedKV] = {}
         self._resident: dict[tuple[KernelSpec, int, int], int] = {}
-        self._capturing = False
         self._step: AttentionStep | None = None
         self._pages: tuple[PagedKV, ...] = ()
         self._pages_of: KVCache | None = None  # the cache _pages were made from
@@ -140,14 +137,6 @@ class AttentionBackend:
         """The widening buffers, where long int8 prefill steps widen (attention_plan.prefill_widens)."""
         if prefill_widening_applies(self.library.target_arch, heads.head_dim, kv_variant(kv_dtype)):
             self.widened_kv(heads)
-
-    @contextmanager
-    def capturing(self) -> Iterator[None]:
-        self._capturing = True
-        try:
-            yield
-        finally:
-            self._capturing = False
 
     def _allocate(self, nbytes: int, name: str) -> DeviceBuffer:
         if self._capturing:

@@ -16,8 +16,6 @@ query lengths and target width, never on the state values, so decode and verify 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +25,7 @@ from ninfer_rt.cuda.kernels import KernelLibrary
 from ninfer_rt.cuda.linear_attn_ops import DeltaRuleArgs, GdnHeads, GdnStep, StateLayer
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.streams import Stream, StreamSet
-from ninfer_rt.exec.layer_backend import PublishedStep
+from ninfer_rt.exec.layer_backend import CaptureGuard, PublishedStep
 from ninfer_rt.kv.states import CONV_DTYPE, STATE_DTYPE, StateSlotPool
 from ninfer_rt.model.executor import LinearAttentionParams, LinearAttentionShape
 
@@ -56,7 +54,7 @@ class _HostStep:
     lane: object
 
 
-class LinearAttentionBackend:
+class LinearAttentionBackend(CaptureGuard):
     """The Gated DeltaNet layers of one executor's steps on its compute stream (exec/layer_backend.LayerBackend)."""
 
     def __init__(self, library: KernelLibrary, streams: StreamSet, stream: Stream, *, max_tokens: int) -> None:
@@ -65,17 +63,8 @@ class LinearAttentionBackend:
         self.stream = stream
         self.max_tokens = max_tokens
         self._scratch: dict[GdnHeads, _Scratch] = {}
-        self._capturing = False
         self._host: _HostStep | None = None
         self._steps: dict[int, GdnStep] = {}  # this step's, by the id of the pool it runs over
-
-    @contextmanager
-    def capturing(self) -> Iterator[None]:
-        self._capturing = True
-        try:
-            yield
-        finally:
-            self._capturing = False
 
     def plan(self, step: PublishedStep) -> None:
         self._steps = {}

@@ -6,8 +6,8 @@ kept for the executor's life, so a captured step replays over the same addresses
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,3 +41,18 @@ class LayerBackend(Protocol):
 
     def capturing(self) -> AbstractContextManager[None]:
         """While open, the step is being captured into a graph: allocating then is an error."""
+
+
+class CaptureGuard:
+    """The capturing() half of a LayerBackend: `_capturing` is true while a step is being captured, and the
+    backend's allocations refuse then."""
+
+    _capturing = False
+
+    @contextmanager
+    def capturing(self) -> Iterator[None]:
+        self._capturing = True
+        try:
+            yield
+        finally:
+            self._capturing = False
