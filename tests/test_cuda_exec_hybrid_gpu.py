@@ -25,9 +25,10 @@ from ninfer_rt.testing.tiny_hybrid import make_tiny_qwen3_5
 
 pytestmark = pytest.mark.gpu
 
-# The kernels' smallest instantiations: attention head_dim 64 (25% rotary: 16 dims), linear heads of 64.
-# The default tiny checkpoint's 32 and 16 are not instantiated.
-GPU_TINY_HYBRID = dict(head_dim=64, linear_head_dim=64)
+# The kernels' smallest instantiations: attention head_dim 64 (25% rotary: 16 dims), linear heads of 64 (the
+# default tiny checkpoint's 32 and 16 are not instantiated); 4 value heads, so the fused projection's
+# [q | k | v | z | b | a] rows (776) are a multiple of 8, as cuBLASLt's prefill GEMM needs.
+GPU_TINY_HYBRID = dict(head_dim=64, linear_head_dim=64, linear_value_heads=4)
 PAGE_SIZE = 64
 PAGES = [3, 1, 0, 2]
 PROMPT, DECODE_STEPS = 45, 16
