@@ -4,15 +4,18 @@
 //   q_h = qkv[t, h*D : (h+1)*D]                       h < Hq
 //   k_h = qkv[t, (Hq+h)*D : ...], v_h = qkv[t, (Hq+Hkv+h)*D : ...]   h < Hkv
 //   x  <- q_norm * (x * rsqrt(mean(x^2) + eps))         for q heads when q_norm != null (k: k_norm)
-//   x' [i]       = x[i] * cos[p, i] - x[i + D/2] * sin[p, i]          i < D/2 (NeoX: i pairs with i + D/2)
-//   x' [i + D/2] = x[i + D/2] * cos[p, i] + x[i] * sin[p, i]
+//   x' [i]       = x[i] * cos[p, i] - x[i + R/2] * sin[p, i]          i < R/2 (NeoX: i pairs with i + R/2)
+//   x' [i + R/2] = x[i + R/2] * cos[p, i] + x[i] * sin[p, i]            dims >= R untouched
+// R = rotary_dim: D, or (partial RoPE, the hybrid's 25%) at most D/2 with (R/2) % (D/64) == 0.
 //   q_out[t, h] = q'_h (bf16);  K[slot] = k'_h, V[slot] = v_h, slot = slot_mapping[t] (skipped when < 0:
 //   padding rows of a captured graph bucket).
 // int8 KV: per (slot, kv_head) scale = absmax/127 (1.0 for an all-zero row, as kv/cache.py's host
 // quantizer), value = clamp(rint(x / scale), -127, 127); quantized from the f32 result of norm + RoPE.
 //
-// Layout: qkv bf16 [T, (Hq + 2*Hkv) * D]; q_norm, k_norm bf16 [D] (or null); cos_sin f32 [max_pos, 2, D/2]
-// (row p: cos[0..D/2), then sin[0..D/2); YaRN's attention scaling already folded in by the host);
+// Layout: qkv bf16 [T, qkv_stride] (q heads, k heads, v heads first; the hybrid's gate rows may follow);
+// q_norm, k_norm [D] (or null), bf16, or f32 when norm_f32 (zero-centred gains 1 + w formed in f32);
+// cos_sin f32 [max_pos, 2, R/2] (row p: cos[0..R/2), then sin[0..R/2); YaRN's attention scaling already
+// folded in by the host);
 // positions, slot_mapping int32 [T]; q_out bf16 [T, Hq, D];
 // K, V [num_pages, 64, Hkv, D] bf16 or int8, k_scale, v_scale f32 [num_pages, 64, Hkv] (int8 only).
 // Math in f32; each output rounded once on store.
@@ -36,6 +39,20 @@ __forceinline__ void load_head(HeadSlice<D>& x, const bf16* src, int lane) {
     for (int e = 0; e < HeadSlice<D>::kPer; ++e) {
         x.lo[e] = __bfloat162float(src[lane * HeadSlice<D>::kPer + e]);
         x.hi[e] = __bfloat162float(src[D / 2 + lane * HeadSlice<D>::kPer + e]);
+    }
+}
+
+template <int D>
+__forceinline__ void load_gain(HeadSlice<D>& gain, const void* src, bool f32, int lane) {
+    if (!f32) {
+        load_head<D>(gain, static_cast<const bf16*>(src), lane);
+        return;
+    }
+    const float* w = static_cast<const float*>(src);
+#pragma unroll
+    for (int e = 0; e < HeadSlice<D>::kPer; ++e) {
+        gain.lo[e] = w[lane * HeadSlice<D>::kPer + e];
+        gain.hi[e] = w[D / 2 + lane * HeadSlice<D>::kPer + e];
     }
 }
 
@@ -64,6 +81,29 @@ __forceinline__ void rotate(HeadSlice<D>& x, const float* cos_sin_row, int lane)
         x.lo[e] = a * c - b * s;
         x.hi[e] = b * c + a * s;
     }
+}
+
+// Partial RoPE (R <= D/2): dims i < R live in the low halves, i's partner i + R/2 in the same element of the
+// lane (R/2) / kPer further on, so the rotation is a pair of shuffles; the high halves are untouched.
+template <int D>
+__forceinline__ void rotate_partial(HeadSlice<D>& x, const float* cos_sin_row, int lane, int rotary_dim) {
+    const int half = rotary_dim / 2;
+    const int shift = half / HeadSlice<D>::kPer;
+    float turned[HeadSlice<D>::kPer];
+#pragma unroll
+    for (int e = 0; e < HeadSlice<D>::kPer; ++e) {
+        const float above = __shfl_down_sync(0xffffffffu, x.lo[e], shift);  // dim i + R/2
+        const float below = __shfl_up_sync(0xffffffffu, x.lo[e], shift);    // dim i - R/2
+        const int i = lane * HeadSlice<D>::kPer + e;
+        turned[e] = x.lo[e];
+        if (i < half) {
+            turned[e] = x.lo[e] * cos_sin_row[i] - above * cos_sin_row[half + i];
+        } else if (i < rotary_dim) {
+            turned[e] = x.lo[e] * cos_sin_row[i - half] + below * cos_sin_row[i];
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < HeadSlice<D>::kPer; ++e) x.lo[e] = turned[e];
 }
 
 template <int D>
@@ -109,19 +149,20 @@ __forceinline__ void store_kv(void* cache, float* scales, long long slot, int kv
 // trip; the cos/sin row, which depends on the position, in a second.
 template <int D, bool kInt8>
 __forceinline__ void rope_kv(bf16* q_out, void* k_cache, void* v_cache, float* k_scale, float* v_scale,
-                             const bf16* qkv, const bf16* q_norm, const bf16* k_norm, float eps, const float* cos_sin,
-                             const int* positions, const int* slot_mapping, int num_q_heads, int num_kv_heads) {
+                             const bf16* qkv, const void* q_norm, const void* k_norm, float eps, const float* cos_sin,
+                             const int* positions, const int* slot_mapping, int num_q_heads, int num_kv_heads,
+                             int qkv_stride, int rotary_dim, int norm_f32) {
     const int lane = threadIdx.x & 31;
     const int head = blockIdx.x * kRopeWarps + (threadIdx.x >> 5);
     const bool exists = head < num_q_heads + num_kv_heads;
     const bool is_q = head < num_q_heads;
-    const bf16* norm = is_q ? q_norm : k_norm;
+    const void* norm = is_q ? q_norm : k_norm;
     HeadSlice<D> gain;
-    if (exists && norm != nullptr) load_head<D>(gain, norm, lane);
+    if (exists && norm != nullptr) load_gain<D>(gain, norm, norm_f32 != 0, lane);
     enter_dependent_kernel();
     if (!exists) return;  // whole warps leave; the kernel has no block barrier
     const int token = blockIdx.y;
-    const bf16* row = qkv + (long long)token * (num_q_heads + 2 * num_kv_heads) * D;
+    const bf16* row = qkv + (long long)token * qkv_stride;
     const int position = positions[token];
     const int slot = is_q ? 0 : slot_mapping[token];
     const int kv_head = head - num_q_heads;
@@ -129,7 +170,11 @@ __forceinline__ void rope_kv(bf16* q_out, void* k_cache, void* v_cache, float* k
     load_head<D>(x, row + head * D, lane);  // q head `head`, or k head `kv_head` (K follows the Hq q heads)
     if (!is_q) load_head<D>(v, row + (num_q_heads + num_kv_heads + kv_head) * D, lane);
     if (norm != nullptr) rms_normalize<D>(x, gain, eps);
-    rotate<D>(x, cos_sin + (long long)position * D, lane);
+    if (rotary_dim == D) {
+        rotate<D>(x, cos_sin + (long long)position * D, lane);
+    } else {
+        rotate_partial<D>(x, cos_sin + (long long)position * rotary_dim, lane, rotary_dim);
+    }
     if (is_q) {
         store_bf16<D>(q_out + ((long long)token * num_q_heads + head) * D, x, lane);
         return;
@@ -142,10 +187,11 @@ __forceinline__ void rope_kv(bf16* q_out, void* k_cache, void* v_cache, float* k
 #define ROPE_KV_KERNEL(D, KIND, INT8)                                                                          \
     extern "C" __global__ void __launch_bounds__(128) rope_kv_d##D##_##KIND(                                   \
         bf16* q_out, void* k_cache, void* v_cache, float* k_scale, float* v_scale, const bf16* qkv,             \
-        const bf16* q_norm, const bf16* k_norm, float eps, const float* cos_sin, const int* positions,         \
-        const int* slot_mapping, int num_q_heads, int num_kv_heads) {                                          \
+        const void* q_norm, const void* k_norm, float eps, const float* cos_sin, const int* positions,         \
+        const int* slot_mapping, int num_q_heads, int num_kv_heads, int qkv_stride, int rotary_dim,            \
+        int norm_f32) {                                                                                        \
         rope_kv<D, INT8>(q_out, k_cache, v_cache, k_scale, v_scale, qkv, q_norm, k_norm, eps, cos_sin,          \
-                         positions, slot_mapping, num_q_heads, num_kv_heads);                                  \
+                         positions, slot_mapping, num_q_heads, num_kv_heads, qkv_stride, rotary_dim, norm_f32); \
     }
 
 ROPE_KV_KERNEL(64, bf16, false)

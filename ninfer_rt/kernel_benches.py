@@ -21,6 +21,7 @@ from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.sampling import pack_device_params
+from ninfer_rt.kernel_benches_gdn import bench_gdn_conv, bench_gdn_delta_rule
 from ninfer_rt.model.executor import AttentionShape
 
 DECODE_ROWS = (1, 8)  # batch-1 decode and the widest speculative verify step
@@ -399,4 +400,6 @@ BENCHES: dict[str, BenchFunction] = {
     "prefill_attention_sm90": bench_prefill_attention,  # bf16, and int8 widened
     "prefill_attention_sm90_int8": partial(bench_prefill_attention, kv_kinds=(KVVariant.INT8,)),
     "kv_widen": bench_kv_widen,
+    "gdn_conv": bench_gdn_conv,
+    "gdn_delta_rule": bench_gdn_delta_rule,
 }

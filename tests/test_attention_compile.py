@@ -198,7 +198,7 @@ def logical_step(query_lens: list[int], context_lens: list[int], kv_dtype: str =
         block_tables=buf(4 * 8 * batch.block_tables.shape[1], "block_tables"), slot_mapping=buf(4 * max_tokens, "slot_mapping"),
     )
     shape = AttentionShape(num_heads=hq, num_kv_heads=hkv, head_dim=d, norm_eps=1e-6)
-    norm = SimpleNamespace(buffer=buf(2 * d, "norm"))
+    norm = SimpleNamespace(buffer=buf(2 * d, "norm"), dtype="bf16")
     params = AttentionParams(shape, SimpleNamespace(buffer=buf(4 * 1024 * d, "rope")), norm, norm)
     read = tuple(page_resource(p) for p in np.unique(batch.block_tables[batch.block_tables >= 0]))
     written = tuple(page_resource(p) for p in np.unique(batch.slot_mapping // PAGE))
@@ -247,6 +247,26 @@ def test_decode_step_is_rope_then_split_then_combine_with_a_context_free_grid() 
     assert rope.grid == (5, 3) and split.grid == (splits, 4, 2) and combine.grid == (2 * 8, 16)
     assert set(step.written) <= set(rope.writes) and set(step.read) <= set(split.reads)
     assert step.out.resource in combine.writes and not any(r[0] == "kv" for r in combine.reads)
+
+
+def test_gated_attention_reads_strided_qkv_rows_turns_a_quarter_of_each_head_and_gates_the_output() -> None:
+    lib, step = RecordingLibrary(), logical_step([1, 2], [5000, 70])
+    gain = SimpleNamespace(buffer=step.params.q_norm.buffer, dtype="f32")  # zero-centred 1 + w, prepared in f32
+    step.params = replace(step.params, q_norm=gain, k_norm=gain, rotary_dim=32, output_gate=True)
+    stride = (16 + 2 * 4) * 128 + 16 * 128
+    step.qkv = DeviceBuffer(step.streams, 512 * stride * 2, "gated qkv")
+    run_attention_op(lib, step)
+    rope, gate = lib.launches[0], lib.launches[-1]
+    assert rope.args[-3:] == (stride, 32, 1)
+    assert gate.name == "sigmoid_gate_mul_bf16" and gate.args[1:] == (step.qkv.ptr + 2 * (16 + 8) * 128, stride, 3, 16 * 128)
+    assert gate.writes == (step.out.resource,) and step.qkv.resource in gate.reads
+
+
+def test_partial_rope_refuses_dims_the_lanes_cannot_pair() -> None:
+    with pytest.raises(ValueError, match="rotary_dim 80"):
+        plan.check_rotary_dim(128, 80)
+    plan.check_rotary_dim(256, 64)
+    plan.check_rotary_dim(64, 16)
 
 
 def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups() -> None:

@@ -158,6 +158,36 @@ def test_rope_kv_normalizes_rotates_and_writes_only_the_mapped_slots(
         assert step_error.max() <= 1.0, f"{name} int8: {step_error.max():.3f} quantization steps off at {worst}"
 
 
+@pytest.mark.parametrize(("hq", "hkv", "d", "rotary"), [(24, 4, 256, 64), (8, 2, 64, 16), (4, 2, 128, 32)])
+def test_gated_rope_kv_turns_the_first_rotary_dims_of_strided_rows_with_f32_gains(
+    gpu: Gpu, hq: int, hkv: int, d: int, rotary: int
+) -> None:
+    """The hybrid's gated attention: qkv rows end with a gate per q head, q/k gains are f32 (1 + w) and
+    RoPE turns only the first `rotary` dims (i with i + rotary/2); the rest pass through the norm only."""
+    rng = np.random.default_rng(hq * 7 + d)
+    batch = make_batch(rng, query_lens=[3, 1, 66], context_lens=[3, 500, 66])
+    t, stride = batch.num_rows, (2 * hq + 2 * hkv) * d
+    qkv = (rng.standard_normal((t, stride)) * 2).astype(BF16)
+    q_norm, k_norm = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32), (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    inv_freq = rope_inv_freq(rotary)
+    table = plan.rope_table(inv_freq, 1.0, 4096)
+    cache = DevicePages(gpu.poisoned(batch.num_pages * PAGE * hkv * d * 2), gpu.poisoned(batch.num_pages * PAGE * hkv * d * 2))
+    q_out = gpu.poisoned(t * hq * d * 2)
+    rope = RopeArgs(gpu.upload(table), gpu.upload(q_norm), gpu.upload(k_norm), 1e-6, rotary_dim=rotary, norm_f32=True)
+    attention_ops.rope_kv(gpu.lib, gpu.stream, gpu.step(batch), shape_of(hq, hkv, d), gpu.upload(qkv), q_out, cache, rope, qkv_stride=stride)
+
+    x = qkv.astype(np.float64)[:, : (hq + 2 * hkv) * d].reshape(t, hq + 2 * hkv, d)
+    q, k = rms_normalize_ref(x[:, :hq], q_norm, 1e-6), rms_normalize_ref(x[:, hq : hq + hkv], k_norm, 1e-6)
+
+    def partial(y: np.ndarray) -> np.ndarray:
+        return np.concatenate([neox_rope_ref(y[..., :rotary], batch.positions, inv_freq, 1.0), y[..., rotary:]], axis=-1)
+
+    assert_close(gpu.download(q_out, BF16, (t, hq, d)), partial(q), "q_out", rtol=5e-3)
+    slots = batch.slot_mapping
+    k_raw = gpu.download(cache.k, BF16, (batch.num_pages * PAGE, hkv, d))
+    assert_close(k_raw[slots], partial(k), "K pages", rtol=5e-3)
+
+
 def test_rope_kv_int8_zero_row_stores_zeros_with_scale_one(gpu: Gpu) -> None:
     hq, hkv, d = 2, 1, 128
     batch = make_batch(np.random.default_rng(0), query_lens=[1], context_lens=[1], spare_pages=0)

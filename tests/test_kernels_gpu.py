@@ -67,33 +67,42 @@ def assert_guard_untouched(session: GpuSession, stream, buffer, elements: int) -
     assert np.all(raw[elements * BF16.itemsize :] == POISON), f"{buffer.name}: written past its end"
 
 
+def gains(rng: np.random.Generator, hidden: int, dtype: str) -> np.ndarray:
+    """Gains near 1: bf16, or f32 as the hybrid's zero-centred 1 + w (small w) is prepared."""
+    if dtype == "f32":
+        return (1.0 + 0.01 * rng.standard_normal(hidden)).astype(np.float32)
+    return random_bf16(rng, (hidden,), scale=0.2, offset=1.0)
+
+
+@pytest.mark.parametrize("gain", ["bf16", "f32"])
 @pytest.mark.parametrize("hidden", HIDDEN)
 @pytest.mark.parametrize("rows", ROWS)
-def test_rmsnorm_matches_reference(session: GpuSession, rows: int, hidden: int) -> None:
+def test_rmsnorm_matches_reference(session: GpuSession, rows: int, hidden: int, gain: str) -> None:
     rng = np.random.default_rng(rows * 10007 + hidden)
-    x, w = random_bf16(rng, (rows, hidden), scale=3.0), random_bf16(rng, (hidden,), scale=0.2, offset=1.0)
+    x, w = random_bf16(rng, (rows, hidden), scale=3.0), gains(rng, hidden, gain)
     stream = session.stream(f"rmsnorm_{rows}x{hidden}")
     x_dev, w_dev = session.upload(stream, x, "x"), session.upload(stream, w, "w")
     out = output_with_guard(session, stream, x.size, "out")
 
-    ops.rmsnorm(session.lib, stream, x_dev, w_dev, out, rows, hidden, EPS)
+    ops.rmsnorm(session.lib, stream, x_dev, w_dev, out, rows, hidden, EPS, gain_f32=gain == "f32")
 
     assert_matches("out", session.download(stream, out, BF16, x.size), rmsnorm_ref(x, w, EPS))
     assert_guard_untouched(session, stream, out, x.size)
 
 
+@pytest.mark.parametrize("gain", ["bf16", "f32"])
 @pytest.mark.parametrize("hidden", HIDDEN)
 @pytest.mark.parametrize("rows", ROWS)
-def test_rmsnorm_with_residual_matches_reference(session: GpuSession, rows: int, hidden: int) -> None:
+def test_rmsnorm_with_residual_matches_reference(session: GpuSession, rows: int, hidden: int, gain: str) -> None:
     rng = np.random.default_rng(rows * 10009 + hidden)
     x, residual = random_bf16(rng, (rows, hidden)), random_bf16(rng, (rows, hidden), scale=4.0)
-    w = random_bf16(rng, (hidden,), scale=0.2, offset=1.0)
+    w = gains(rng, hidden, gain)
     stream = session.stream(f"rmsnorm_residual_{rows}x{hidden}")
     x_dev, w_dev = session.upload(stream, x, "x"), session.upload(stream, w, "w")
     residual_dev = session.upload(stream, residual, "residual")
     out = output_with_guard(session, stream, x.size, "out")
 
-    ops.rmsnorm(session.lib, stream, x_dev, w_dev, out, rows, hidden, EPS, residual=residual_dev)
+    ops.rmsnorm(session.lib, stream, x_dev, w_dev, out, rows, hidden, EPS, residual=residual_dev, gain_f32=gain == "f32")
 
     ref_out, ref_residual = rmsnorm_residual_ref(x, residual, w, EPS)
     assert_matches("out", session.download(stream, out, BF16, x.size), ref_out)
@@ -114,6 +123,21 @@ def test_silu_mul_matches_reference(session: GpuSession, rows: int, inter: int) 
 
     assert_matches("out", session.download(stream, out, BF16, rows * inter), silu_mul_ref(gate_up))
     assert_guard_untouched(session, stream, out, rows * inter)
+
+
+@pytest.mark.parametrize("width", [64, 1000, 6144])
+@pytest.mark.parametrize("rows", ROWS)
+def test_sigmoid_gate_mul_gates_in_place_from_strided_gate_rows(session: GpuSession, rows: int, width: int) -> None:
+    rng = np.random.default_rng(rows * 10061 + width)
+    column, stride = 3 * width, 4 * width + 5  # the gates sit after q, k, v in a fused row
+    attended, qkv = random_bf16(rng, (rows, width), scale=2.0), random_bf16(rng, (rows, stride), scale=3.0)
+    stream = session.stream(f"sigmoid_gate_{rows}x{width}")
+    out, gates = session.upload(stream, attended, "attended"), session.upload(stream, qkv, "qkv")
+
+    ops.sigmoid_gate_mul(session.lib, stream, out, gates, column, stride, rows, width)
+
+    gate = qkv.astype(np.float64)[:, column : column + width]
+    assert_matches("out", session.download(stream, out, BF16, rows * width), attended.astype(np.float64) / (1.0 + np.exp(-gate)))
 
 
 def test_a_cold_start_compiles_every_family_up_front_and_says_how_long_a_warm_start_is_silent(

@@ -1,4 +1,4 @@
-"""The CUDA executor publishes a step's seven int32 input arrays with one staging copy into one device
+"""The CUDA executor publishes a step's nine int32 input arrays with one staging copy into one device
 buffer (cuda_exec.input_layout): the regions must be disjoint, 16-byte aligned and inside the buffer."""
 
 import numpy as np

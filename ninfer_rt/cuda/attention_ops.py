@@ -43,6 +43,7 @@ from ninfer_rt.cuda.attention_plan import (
     KVVariant,
     PrefillKernel,
     PrefillPlan,
+    check_rotary_dim,
     decode_lens,
     decode_max_queries,
     decode_spec,
@@ -58,7 +59,7 @@ from ninfer_rt.cuda.attention_plan import (
 from ninfer_rt.cuda.driver import check
 from ninfer_rt.cuda.kernels import Kernel, KernelLibrary
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
-from ninfer_rt.cuda.ops import _require_bytes, _require_positive
+from ninfer_rt.cuda.ops import StepRows, _require_bytes, _require_positive
 from ninfer_rt.cuda.streams import StreamSet, require_stream
 from ninfer_rt.ordering.verifier import Resource
 
@@ -92,7 +93,7 @@ class StepInputs:
 
 
 @dataclass(frozen=True)
-class AttentionStep:
+class AttentionStep(StepRows):
     """A step as every attention launch of it sees it: the inputs, each sequence's new rows, the block
     table's width, the KV pages the step reads and writes (for the verifier) and its lanes."""
 
@@ -102,14 +103,6 @@ class AttentionStep:
     pages_read: Sequence[Resource] = ()
     pages_written: Sequence[Resource] = ()
     lane: object = None
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.query_lens)
-
-    @property
-    def num_rows(self) -> int:
-        return sum(self.query_lens)
 
     def table_sizes(self) -> dict[str, tuple[Buffer, int]]:
         return self.inputs.table_sizes(self.num_seqs, self.max_pages_per_seq)
@@ -139,13 +132,19 @@ class PagedKV:
 
 @dataclass(frozen=True)
 class RopeArgs:
-    """What rope_kv applies besides the step: the cos/sin table (attention_plan.rope_table) and the optional
-    per-head q/k RMSNorm gains with their epsilon."""
+    """What rope_kv applies besides the step: the cos/sin table (attention_plan.rope_table, rotary_dim / 2
+    frequencies per row) and the optional per-head q/k RMSNorm gains (bf16, or f32 with `norm_f32`: the
+    hybrid's zero-centred 1 + w) with their epsilon. rotary_dim 0 turns the whole head."""
 
     table: Buffer
     q_norm: Buffer | None = None
     k_norm: Buffer | None = None
     norm_eps: float = 1e-6
+    rotary_dim: int = 0
+    norm_f32: bool = False
+
+    def turned(self, head_dim: int) -> int:
+        return self.rotary_dim or head_dim
 
     def __post_init__(self) -> None:
         if (self.q_norm is None) != (self.k_norm is None):
@@ -218,29 +217,42 @@ def prefill_blocks_per_sm(lib: KernelLibrary, kernel: PrefillKernel) -> int:
 
 
 def rope_kv(
-    lib: KernelLibrary, stream: object, step: AttentionStep, heads: Heads, qkv: Buffer, q_out: Buffer, kv: PagedKV, rope: RopeArgs
+    lib: KernelLibrary,
+    stream: object,
+    step: AttentionStep,
+    heads: Heads,
+    qkv: Buffer,
+    q_out: Buffer,
+    kv: PagedKV,
+    rope: RopeArgs,
+    *,
+    qkv_stride: int | None = None,
 ) -> None:
     """q_out = rope(q_norm(q)); K/V pages at slot_mapping = rope(k_norm(k)), v (rope_kv.cu), for the step's
-    rows of `qkv` [T, (Hq + 2 Hkv) D]."""
+    rows of `qkv` [T, qkv_stride] (default (Hq + 2 Hkv) D; the gated attention's rows carry gates after v)."""
     stream = require_stream(stream)
     hq, hkv, d = heads.num_heads, heads.num_kv_heads, heads.head_dim
     num_tokens, inputs = step.num_rows, step.inputs
+    stride = qkv_stride or (hq + 2 * hkv) * d
     _require_positive("rope_kv", num_tokens=num_tokens)
     gqa_group(hq, hkv)
     _check_head_dim("rope_kv", d, ROPE_HEAD_DIMS)
+    check_rotary_dim(d, rope.turned(d))
+    if stride < (hq + 2 * hkv) * d:
+        raise ValueError(f"rope_kv: qkv rows of {stride} values cannot hold {hq} q and {hkv} k/v heads of {d}")
     _require_bytes(
         "rope_kv",
-        qkv=(qkv, num_tokens * (hq + 2 * hkv) * d * _BF16),
+        qkv=(qkv, num_tokens * stride * _BF16),
         q_out=(q_out, num_tokens * hq * d * _BF16),
         positions=(inputs.positions, num_tokens * 4),
         slot_mapping=(inputs.slot_mapping, num_tokens * 4),
-        rope=(rope.table, 2 * (d // 2) * _F32),
+        rope=(rope.table, rope.turned(d) * _F32),
     )
     norms = tuple(n.resource for n in (rope.q_norm, rope.k_norm) if n is not None)
     lib.kernel(rope_kv_spec(d, kv.variant)).launch(
         stream, rope_grid(heads, num_tokens), THREADS,
         q_out, kv.k, kv.v, *kv.scale_args, qkv, rope.q_norm or 0, rope.k_norm or 0, float(rope.norm_eps), rope.table,
-        inputs.positions, inputs.slot_mapping, hq, hkv,
+        inputs.positions, inputs.slot_mapping, hq, hkv, stride, rope.turned(d), int(rope.norm_f32),
         label="rope_kv",
         reads=(qkv.resource, rope.table.resource, inputs.positions.resource, inputs.slot_mapping.resource, *norms),
         writes=(q_out.resource, *step.pages_written),

@@ -59,7 +59,7 @@ SMEM_DEFAULT_LIMIT = 48 * 1024
 BF16_BYTES = 2
 F32_BYTES = 4
 
-_ROPE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.F32, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32)
+_ROPE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.F32, Arg.PTR, Arg.PTR, Arg.PTR) + (Arg.I32,) * 5
 _DECODE_SIGNATURE = (Arg.PTR,) * 8 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_SIGNATURE = (Arg.PTR,) * 9 + (Arg.I32, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.F32, Arg.I32)
 _PREFILL_COMBINE_SIGNATURE = (Arg.PTR,) * 5 + (Arg.I32,) * 4
@@ -137,6 +137,18 @@ def rope_table(inv_freq: np.ndarray, attention_scaling: float, max_pos: int) -> 
     inv_freq = np.asarray(inv_freq, np.float64)
     angles = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq[None, :]
     return (np.stack([np.cos(angles), np.sin(angles)], axis=1) * attention_scaling).astype(np.float32)
+
+
+def check_rotary_dim(head_dim: int, rotary_dim: int) -> None:
+    """rope_kv.cu turns all of a head, or (partial RoPE) at most half of it in whole per-lane slices."""
+    per_lane = head_dim // 64
+    if rotary_dim == head_dim:
+        return
+    if not (0 < rotary_dim <= head_dim // 2 and rotary_dim % 2 == 0 and (rotary_dim // 2) % per_lane == 0):
+        raise ValueError(
+            f"rope_kv: rotary_dim {rotary_dim} of head_dim {head_dim}: need all of it, or an even count of at most"
+            f" {head_dim // 2} whose half is a multiple of {per_lane}"
+        )
 
 
 def rope_grid(heads: Heads, num_tokens: int) -> tuple[int, int]:

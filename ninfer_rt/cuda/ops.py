@@ -18,7 +18,10 @@ _GRID_STRIDE_THREADS = 256
 
 RMSNORM = KernelSpec("rmsnorm", "rmsnorm_bf16", (Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.F32))
 RMSNORM_RESIDUAL = KernelSpec("rmsnorm", "rmsnorm_residual_bf16", (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.F32))
+RMSNORM_F32W = KernelSpec("rmsnorm", "rmsnorm_bf16_f32w", RMSNORM.signature)
+RMSNORM_RESIDUAL_F32W = KernelSpec("rmsnorm", "rmsnorm_residual_bf16_f32w", RMSNORM_RESIDUAL.signature)
 SILU_MUL = KernelSpec("activation", "silu_mul_bf16", (Arg.PTR, Arg.PTR, Arg.I32, Arg.I32))
+SIGMOID_GATE_MUL = KernelSpec("activation", "sigmoid_gate_mul_bf16", (Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32))
 
 
 def rmsnorm(
@@ -32,25 +35,27 @@ def rmsnorm(
     eps: float,
     residual: Buffer | None = None,
     *,
+    gain_f32: bool = False,
     lane: object = None,
 ) -> None:
-    """out = rmsnorm(x) * w over `rows` rows of `hidden` bf16 values. With `residual`, first
-    residual = x + residual in place, and normalise that (the fused add of a decoder layer)."""
+    """out = rmsnorm(x) * w over `rows` rows of `hidden` bf16 values; w is bf16, or f32 with `gain_f32` (the
+    hybrid's zero-centred 1 + w). With `residual`, first residual = x + residual in place, and normalise
+    that (the fused add of a decoder layer)."""
     stream = require_stream(stream)
     _require_positive("rmsnorm", rows=rows, hidden=hidden)
     row_major = rows * hidden * BF16_BYTES
-    _require_bytes("rmsnorm", x=(x, row_major), w=(w, hidden * BF16_BYTES), out=(out, row_major))
+    _require_bytes("rmsnorm", x=(x, row_major), w=(w, hidden * (4 if gain_f32 else BF16_BYTES)), out=(out, row_major))
     # One thread per 16-byte vector (or per element when rows can't be vectorised), in whole warps.
     per_thread = 8 if hidden % 8 == 0 else 1
     threads = min(1024, _round_up(-(-hidden // per_thread), 32))
     if residual is None:
-        lib.kernel(RMSNORM).launch(
+        lib.kernel(RMSNORM_F32W if gain_f32 else RMSNORM).launch(
             stream, rows, threads, out, x, w, hidden, eps,
             label="rmsnorm", reads=(x.resource, w.resource), writes=(out.resource,), lane=lane,
         )
         return
     _require_bytes("rmsnorm", residual=(residual, row_major))
-    lib.kernel(RMSNORM_RESIDUAL).launch(
+    lib.kernel(RMSNORM_RESIDUAL_F32W if gain_f32 else RMSNORM_RESIDUAL).launch(
         stream, rows, threads, out, residual, x, w, hidden, eps,
         label="rmsnorm+residual", reads=(x.resource, w.resource, residual.resource),
         writes=(out.resource, residual.resource), lane=lane,
@@ -70,6 +75,38 @@ def silu_mul(
         stream, blocks, _GRID_STRIDE_THREADS, out, gate_up, rows, inter,
         label="silu_mul", reads=(gate_up.resource,), writes=(out.resource,), lane=lane,
     )
+
+
+def sigmoid_gate_mul(
+    lib: KernelLibrary, stream: object, out: Buffer, gates: Buffer, gate_column: int, gate_stride: int, rows: int, width: int,
+    *, lane: object = None,
+) -> None:
+    """out[r, :width] *= sigmoid(gates[r, gate_column : gate_column + width]) in place; gates rows are
+    `gate_stride` bf16 values apart (the gated attention's output gate, from its fused qkv rows)."""
+    stream = require_stream(stream)
+    _require_positive("sigmoid_gate_mul", rows=rows, width=width)
+    if gate_column < 0 or gate_column + width > gate_stride:
+        raise ValueError(f"sigmoid_gate_mul: columns {gate_column}..{gate_column + width} overflow the gate rows ({gate_stride})")
+    _require_bytes("sigmoid_gate_mul", out=(out, rows * width * BF16_BYTES), gates=(gates, rows * gate_stride * BF16_BYTES))
+    blocks = min(_MAX_GRID_STRIDE_BLOCKS, -(-rows * width // _GRID_STRIDE_THREADS))
+    lib.kernel(SIGMOID_GATE_MUL).launch(
+        stream, blocks, _GRID_STRIDE_THREADS, out, gates.ptr + BF16_BYTES * gate_column, gate_stride, rows, width,
+        label="sigmoid_gate_mul", reads=(out.resource, gates.resource), writes=(out.resource,), lane=lane,
+    )
+
+
+class StepRows:
+    """What a step's launch arguments derive from their `query_lens` (new rows per sequence)."""
+
+    query_lens: tuple[int, ...]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.query_lens)
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -20,11 +20,9 @@ can be captured and replayed; inside `capturing()` any of the allocations above 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ninfer_rt.cuda import attention_ops
+from ninfer_rt.cuda import attention_ops, ops
 from ninfer_rt.cuda.attention_ops import (
     STEP_INPUT_NAMES,
     AttentionStep,
@@ -63,7 +61,7 @@ from ninfer_rt.cuda.kernels import KernelLibrary, KernelSpec
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.model.executor import AttentionParams
-from ninfer_rt.exec.layer_backend import PublishedStep
+from ninfer_rt.exec.layer_backend import CaptureGuard, PublishedStep
 from ninfer_rt.kv.cache import KVCache, KVDtype
 
 _VARIANTS = {KVDtype.BF16: KVVariant.BF16, KVDtype.INT8: KVVariant.INT8}
@@ -88,11 +86,30 @@ class _LayerPlan:
     prefill: PrefillPlan | None
 
 
+def qkv_stride(params: AttentionParams) -> int:
+    """Values per fused qkv row: q, k, v heads, then (gated attention) a gate per q head."""
+    shape = params.shape
+    return shape.q_size + 2 * shape.kv_size + (shape.q_size if params.output_gate else 0)
+
+
+def rope_args(params: AttentionParams) -> RopeArgs:
+    """The table, the q/k norm gains (f32 when prepared zero-centred) and the rotated dims of a layer."""
+    q_norm, k_norm = params.q_norm, params.k_norm
+    return RopeArgs(
+        params.rope.buffer,
+        q_norm.buffer if q_norm is not None else None,
+        k_norm.buffer if k_norm is not None else None,
+        params.shape.norm_eps,
+        rotary_dim=params.rotary_dim,
+        norm_f32=q_norm is not None and q_norm.dtype == "f32",
+    )
+
+
 def _heads_key(heads: Heads) -> tuple[int, int, int]:
     return (heads.num_heads, heads.num_kv_heads, heads.head_dim)
 
 
-class AttentionBackend:
+class AttentionBackend(CaptureGuard):
     """The attention of one executor's steps on its compute stream (exec/layer_backend.LayerBackend)."""
 
     def __init__(
@@ -108,7 +125,6 @@ class AttentionBackend:
         self._prefill_workspaces: dict[int, PrefillWorkspace] = {}
         self._widened: dict[tuple[int, int], WidenedKV] = {}
         self._resident: dict[tuple[KernelSpec, int, int], int] = {}
-        self._capturing = False
         self._step: AttentionStep | None = None
         self._pages: tuple[PagedKV, ...] = ()
         self._pages_of: KVCache | None = None  # the cache _pages were made from
@@ -121,14 +137,6 @@ class AttentionBackend:
         """The widening buffers, where long int8 prefill steps widen (attention_plan.prefill_widens)."""
         if prefill_widening_applies(self.library.target_arch, heads.head_dim, kv_variant(kv_dtype)):
             self.widened_kv(heads)
-
-    @contextmanager
-    def capturing(self) -> Iterator[None]:
-        self._capturing = True
-        try:
-            yield
-        finally:
-            self._capturing = False
 
     def _allocate(self, nbytes: int, name: str) -> DeviceBuffer:
         if self._capturing:
@@ -149,12 +157,12 @@ class AttentionBackend:
         self._plans = {}
 
     def forward(self, qkv: Buffer, out: Buffer, params: AttentionParams, kv_layer: int) -> None:
-        """out [T, Hq D] = attention of the step's rows of `qkv` [T, (Hq + 2 Hkv) D] over layer `kv_layer`'s
-        pages, after writing the step's K/V there."""
+        """out [T, Hq D] = attention of the step's rows of `qkv` [T, qkv_stride(params)] over layer `kv_layer`'s
+        pages, after writing the step's K/V there; RoPE turns params.rotary_dim dims of each head (all with
+        0), and a gated layer's output is multiplied by sigmoid of the gate rows that follow v."""
         lib, stream, step, heads = self.library, self.stream, self._step, params.shape
         kv, plan, scratch = self._pages[kv_layer], self._layer_plan(heads), self._scratch_for(heads)
-        norms = (params.q_norm.buffer if params.q_norm is not None else None, params.k_norm.buffer if params.k_norm is not None else None)
-        attention_ops.rope_kv(lib, stream, step, heads, qkv, scratch.q, kv, RopeArgs(params.rope.buffer, *norms, heads.norm_eps))
+        attention_ops.rope_kv(lib, stream, step, heads, qkv, scratch.q, kv, rope_args(params), qkv_stride=qkv_stride(params))
         if plan.decode is not None:
             attention_ops.decode_attention(lib, stream, step, heads, scratch.q, out, kv, plan.decode, scratch.decode)
         if plan.prefill is not None:
@@ -164,6 +172,11 @@ class AttentionBackend:
                 attention_ops.widen_int8_kv(lib, stream, step, heads, kv, pages, plan.prefill.context)
             workspace = self._prefill_workspace(heads.head_dim) if plan.prefill.num_splits > 1 else None
             attention_ops.prefill_attention(lib, stream, step, heads, scratch.q, out, pages, plan.prefill, workspace)
+        if params.output_gate:
+            ops.sigmoid_gate_mul(
+                lib, stream, out, qkv, heads.q_size + 2 * heads.kv_size, qkv_stride(params), step.num_rows, heads.q_size,
+                lane=step.lane,
+            )
 
     # -- planning ------------------------------------------------------------------------------------------
 

@@ -9,10 +9,13 @@ Per op: linear is the decode GEMV for <= 8 rows (gemv.cu; gemv_quant.cu for int4
 wider steps dequantize into one bf16 scratch matrix first) and cuBLASLt above; a GEMV into gate_up is
 deferred and fused with the SwiGLU that consumes it (one pass over the weights, no gate_up round trip);
 attention is the AttentionBackend's (cuda_attention.py: rope_kv, then the decode or prefill kernel per
-sequence), which owns attention's device state and plans each step once in begin_step.
+sequence), which owns attention's device state and plans each step once in begin_step; linear attention
+(the hybrid's Gated DeltaNet) is the LinearAttentionBackend's (cuda_linear_attn.py) over the engine's state
+slots. Zero-centred norm gains are prepared as f32 1 + w, PARAMETER weights (conv taps, A_log, dt_bias,
+the gated norm's gain) as f32.
 
-Step inputs (rule 3) are published by `begin_step` through a StagingRing on the compute stream: all seven
-int32 arrays packed into one staging slot and one copy, at offsets that depend only on their lengths
+Step inputs (rule 3) are published by `begin_step` through a StagingRing on the compute stream: all nine
+int32 arrays (the hybrid's state slots and targets among them) packed into one staging slot and one copy, at offsets that depend only on their lengths
 (so on the step's shape), which is what lets a captured step (exec/cuda_graphs.py) replay after a
 fresh publish into the same addresses.
 """
@@ -40,10 +43,19 @@ from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.cuda_attention import AttentionBackend
 from ninfer_rt.exec.cuda_graphs import GraphedForward, GraphedMTPSteps
+from ninfer_rt.exec.cuda_linear_attn import MAX_STATE_TARGETS, LinearAttentionBackend
 from ninfer_rt.exec.cuda_tensors import ITEMSIZE, ActivationPool, DeviceTensor, StepShape, step_shape
 from ninfer_rt.exec.layer_backend import LayerBackend, PublishedStep
 from ninfer_rt.kv.cache import KVCache, KVDtype, page_resource
-from ninfer_rt.model.executor import AttentionParams, AttentionShape, SampleTokens, StepBatch, WeightRole
+from ninfer_rt.kv.states import StateSlotPool
+from ninfer_rt.model.executor import (
+    AttentionParams,
+    AttentionShape,
+    LinearAttentionParams,
+    SampleTokens,
+    StepBatch,
+    WeightRole,
+)
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import PreparedMTP
 from ninfer_rt.quantize.format import Linear, QuantizedWeight
@@ -52,7 +64,11 @@ from ninfer_rt.ordering.verifier import Resource
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 _HOST_DTYPE = {"bf16": BF16, "f32": np.dtype(np.float32), "i32": np.dtype(np.int32)}
-STEP_INPUTS = ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows")
+STEP_INPUTS = (
+    "token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows", "state_slots",
+    "state_targets",
+)
+F32_ROLES = (WeightRole.ZERO_CENTRED_NORM, WeightRole.PARAMETER)  # read at f32 by their kernels
 UPLOAD_CHUNK_BYTES = 64 << 20
 MAX_INPUT_LAYOUTS = 1024
 W = TypeVar("W", DeviceTensor, QuantizedDeviceWeight)
@@ -124,15 +140,22 @@ class CudaExecutor:
         self.attention_backend = AttentionBackend(
             self.library, streams, self.compute, max_tokens=max_tokens, max_seqs=max_seqs, max_pages_per_seq=max_pages_per_seq
         )
-        self._backends: tuple[LayerBackend, ...] = (self.attention_backend,)
+        self.linear_attention_backend = LinearAttentionBackend(self.library, streams, self.compute, max_tokens=max_tokens)
+        self._backends: tuple[LayerBackend, ...] = (self.attention_backend, self.linear_attention_backend)
 
     # -- preparation -------------------------------------------------------------------------------------
 
     def prepare_weight(self, name: str, parts: Sequence[Linear], role: WeightRole) -> DeviceTensor | QuantizedDeviceWeight:
         if isinstance(parts[0], QuantizedWeight):
             return self._prepare_quantized(name, concat_rows(parts), role)
-        array = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0).astype(BF16)
-        tensor = self.empty_weight(name, *array.shape, role=role)
+        stacked = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0)
+        if role in F32_ROLES:
+            # 1 + w in f32, never rounded to bf16 (it would lose the small w's precision)
+            array = stacked.astype(np.float32) + (1.0 if role is WeightRole.ZERO_CENTRED_NORM else 0.0)
+        else:
+            array = stacked.astype(BF16)
+        dtype = "f32" if role in F32_ROLES else "bf16"
+        tensor = self.empty_weight(name, *array.shape, dtype, role=role)
         self.upload(tensor.buffer, array, label=f"upload {name}")
         return tensor
 
@@ -250,7 +273,10 @@ class CudaExecutor:
         self._pages_written = (
             tuple(page_resource(p) for p in sorted(batch.pages_written(kv.spec.page_size))) if verifying else ()
         )
-        step = PublishedStep(self._inputs, self.shape.query_lens, kv, self._pages_read, self._pages_written, self._lane)
+        step = PublishedStep(
+            self._inputs, self.shape.query_lens, kv, self._pages_read, self._pages_written, self._lane,
+            batch.state_slots, batch.state_targets,
+        )
         for backend in self._backends:
             backend.plan(step)
 
@@ -283,7 +309,7 @@ class CudaExecutor:
         out = self._tensor(x.rows, x.cols)
         ops.rmsnorm(
             self.library, self.compute, x.buffer, weight.buffer, out.buffer, x.rows, x.cols, eps,
-            residual.buffer if residual is not None else None, lane=self._lane,
+            residual.buffer if residual is not None else None, gain_f32=weight.dtype == "f32", lane=self._lane,
         )
         return out, (x if residual is None else residual)
 
@@ -319,6 +345,14 @@ class CudaExecutor:
         qkv = self._ready(qkv)
         out = self._tensor(qkv.rows, params.shape.q_size)
         self.attention_backend.forward(qkv.buffer, out.buffer, params, kv_layer)
+        return out
+
+    def linear_attention(
+        self, projected: DeviceTensor, params: LinearAttentionParams, states: StateSlotPool, layer: int
+    ) -> DeviceTensor:
+        projected = self._ready(projected)
+        out = self._tensor(projected.rows, params.shape.value_size)
+        self.linear_attention_backend.forward(projected.buffer, out.buffer, params, states, layer)
         return out
 
     def select_rows(self, x: DeviceTensor) -> DeviceTensor:
@@ -447,6 +481,8 @@ class CudaExecutor:
             "context_lens": self.max_seqs,
             "block_tables": self.max_seqs * self.max_pages_per_seq,
             "logit_rows": self.max_logit_rows,
+            "state_slots": self.max_seqs,
+            "state_targets": self.max_seqs * MAX_STATE_TARGETS,
         }.get(name, self.max_tokens)
 
     def _input_bytes(self) -> int:
@@ -459,6 +495,7 @@ class CudaExecutor:
             "sequences": (batch.num_seqs, self.max_seqs),
             "pages per sequence": (batch.block_tables.shape[1], self.max_pages_per_seq),
             "logit rows": (len(batch.logit_rows), self.max_logit_rows),
+            "state targets per sequence": (batch.state_targets.shape[1] if batch.state_slots.size else 0, MAX_STATE_TARGETS),
         }
         for what, (value, limit) in limits.items():
             if value > limit:
@@ -474,6 +511,8 @@ class CudaExecutor:
             )
         if len(batch.logit_rows) and (batch.logit_rows.min() < 0 or batch.logit_rows.max() >= batch.num_tokens):
             raise ValueError("logit_rows must index the step's rows")
+        if batch.state_slots.size:
+            check_state_targets(batch)
 
 
 class PinnedRead:
@@ -495,6 +534,21 @@ class PinnedRead:
         self._event.synchronize()
         self.taken = True
         return self.buffer.read(np.dtype(np.int32), self._shape, label="read_later: read", lane=self._lane)
+
+
+def check_state_targets(batch: StepBatch) -> None:
+    """Slots [B] and targets [B, S] (-1 pads at the front), and no target asking for the state after a row
+    count below zero: a kernel then never reads or writes a slot the step did not name."""
+    slots, targets = batch.state_slots, batch.state_targets
+    if slots.shape != (batch.num_seqs,) or targets.ndim != 2 or targets.shape[0] != batch.num_seqs:
+        raise ValueError(f"state_slots {slots.shape} / state_targets {targets.shape} for {batch.num_seqs} sequences")
+    if slots.min() < 0 or targets.min() < -1:
+        raise ValueError("state slots must be >= 0 and state targets >= -1 (padding)")
+    lengths, width = np.diff(batch.query_start), targets.shape[1]
+    for seq, length in enumerate(lengths):
+        wanted = [int(length) - width + 1 + t for t in range(width) if targets[seq, t] >= 0]
+        if wanted and wanted[0] < 0:
+            raise ValueError(f"sequence {seq} has {int(length)} rows; its state targets ask for the state after {wanted[0]}")
 
 
 def input_layout(buffer: DeviceBuffer, lengths: dict[str, int]) -> InputLayout:

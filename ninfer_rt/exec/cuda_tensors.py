@@ -64,7 +64,9 @@ class StepShape:
 
     query_lens: tuple[int, ...]  # new rows per sequence: also picks each sequence's attention kernel
     logit_rows: int
+    state_targets: int = 0  # states kept per sequence (linear attention; a verify pass keeps one per row)
 
 
 def step_shape(batch: StepBatch) -> StepShape:
-    return StepShape(tuple(int(n) for n in np.diff(batch.query_start)), int(len(batch.logit_rows)))
+    targets = int(batch.state_targets.shape[1]) if batch.state_slots.size else 0
+    return StepShape(tuple(int(n) for n in np.diff(batch.query_start)), int(len(batch.logit_rows)), targets)

@@ -1,0 +1,490 @@
+// Gated DeltaNet: the gated delta rule (recurrent and chunked forms) and the gated output RMSNorm.
+//
+// Prologue, fused into both delta-rule kernels (per row t, value head h, key head kh = h / (Hv / Hk)):
+//   q = l2norm(conv[t, q of kh]) * dk^-0.5,  k = l2norm(conv[t, k of kh]),  v = conv[t, v of h]
+//   beta = sigmoid(b[t, h]),  g = -exp(A_log[h]) * softplus(a[t, h] + dt_bias[h])
+// Delta rule, per (sequence, value head), state S [dk, dv] from the sequence's slot:
+//   S = e^g S;  delta = beta (v - S^T k);  S += k delta^T;  o_t = S^T q
+// States after the row counts the targets ask for are stored into the target slots (gdn_common.cuh).
+// Output norm (gdn_gated_norm): y[t, h] = w * rmsnorm(o[t, h]) * silu(z[t, h]) over the value head dim.
+//
+// Layout: conv bf16 [T, C] (gdn_conv.cu's output, C = 2 Hk dk + Hv dv: q heads, k heads, v heads);
+// x = the fused projection's rows [q | k | v | z | b | a], bf16, `x_stride` apart: z at column C, b at
+// `gate_column` = C + Hv dv, a at gate_column + Hv. A_log, dt_bias, w f32 (WeightRole.PARAMETER).
+// o f32 [T, Hv, dv]; y bf16 [T, Hv dv]. States f32 [Hv, dk, dv] per slot and layer. Math in f32.
+// Columns of S are independent (S[:, c] evolves from v[:, c] alone), so both kernels split dv into column
+// groups, one block each: grid (dv / group, Hv, B).
+//
+// gdn_recurrent_d{dk}: sequences of 1..8 rows (decode, k+1-row verification; others skipped). Block 128 =
+// 4 warps; group 32: lane = column, warp w holds rows [w dk/4, (w+1) dk/4) of the column in registers. The
+// state is read once and each requested state stored straight from registers. Each warp normalises q and k
+// itself; per row one cross-warp reduction (one block barrier) gives S^T k and S^T q together
+// (o = (e^g S)^T q + delta (k . q)). At the 27B shape (48 heads of
+// 128 x 128) one sequence is 192 blocks streaming 3 MiB in and 3 MiB out: bandwidth-bound by design.
+//
+// gdn_chunked_d{dk}_c{group}: sequences of more than 8 rows. Block 256, dynamic shared memory
+// (chunked_smem_floats below). Chunks of 64 rows from the sequence's first row, also cut at every requested
+// row count (so a requested state is a state between chunks). Per chunk (UT/WY form, as
+// exec/numpy_delta_rule.chunked_gated_delta_rule): cum = cumsum(g), D_ij = e^(cum_i - cum_j),
+//   P = tril(q k^T * D),  A = strict_tril(beta k k^T * D),  T = (I + A)^-1 (block doubling),
+//   v_new = T (beta v - beta e^cum (k S)),  o = e^cum q S + P v_new,
+//   S = e^cum_last S + (k e^(cum_last - cum))^T v_new.
+// fp32 FMA on register tiles (4x4 per thread) over fp32 operands in shared memory: a first version, about
+// 2 M multiply-adds per (chunk, column group); expected ~2-4 ms for 8,192 rows at the 27B shape on an
+// H200, several times fla's tensor-core kernels. The bf16 mma.sync version replaces the products.
+#include "attention_common.cuh"
+#include "gdn_common.cuh"
+
+constexpr int kRecurrentMaxRows = 8;  // numpy_delta_rule.RECURRENT_MAX_ROWS
+constexpr int kRecurrentThreads = 128;
+constexpr int kRecurrentColumns = 32;
+constexpr int kChunk = 64;
+constexpr int kChunkThreads = 256;
+
+struct DeltaRuleArgs {
+    float* out;
+    const bf16* conv;
+    const bf16* x;
+    int x_stride;
+    int gate_column;
+    const float* a_log;
+    const float* dt_bias;
+    StateSlots states;
+    const int* query_start;
+    int key_heads;
+    int value_heads;
+    int value_dim;
+
+    __forceinline__ int conv_channels(int dk) const { return 2 * key_heads * dk + value_heads * value_dim; }
+    // beta and the decay e^g of (row, head).
+    __forceinline__ void gating(long long row, int head, float decay_rate, float bias, float& beta, float& g) const {
+        const bf16* gates = x + row * x_stride + gate_column;
+        beta = gdn_sigmoid(__bfloat162float(gates[head]));
+        g = -decay_rate * gdn_softplus(__bfloat162float(gates[value_heads + head]) + bias);
+    }
+};
+
+// -- recurrent ------------------------------------------------------------------------------------------
+
+template <int DK>
+__forceinline__ void store_tile_rows(float* dst, const float (&s)[DK / 4], int value_dim) {
+#pragma unroll
+    for (int i = 0; i < DK / 4; ++i) dst[(long long)i * value_dim] = s[i];
+}
+
+// Row `row`'s q and k of `key_head`, L2-normalised (q also scaled), computed by every warp on its own (no
+// block barrier): lane l holds dims l + 32 e; the warp's own state rows go to its slice of shared memory.
+// Returns k . q of the normalised vectors.
+template <int DK>
+__forceinline__ float normalised_qk(float* q_rows, float* k_rows, const bf16* qk, int key_stride, int warp, int lane) {
+    constexpr int kRows = DK / 4;
+    float qv[DK / 32], kv[DK / 32], qq = 0.0f, kk = 0.0f, qk_dot = 0.0f;
+#pragma unroll
+    for (int e = 0; e < DK / 32; ++e) {
+        qv[e] = __bfloat162float(qk[lane + 32 * e]);
+        kv[e] = __bfloat162float(qk[key_stride + lane + 32 * e]);
+        qq += qv[e] * qv[e];
+        kk += kv[e] * kv[e];
+        qk_dot += qv[e] * kv[e];
+    }
+    const float q_scale = rsqrtf(warp_sum(qq) + kL2NormEps) * rsqrtf((float)DK);
+    const float k_scale = rsqrtf(warp_sum(kk) + kL2NormEps);
+    const float kq = warp_sum(qk_dot) * q_scale * k_scale;
+    __syncwarp();  // the previous row's reads of this warp's slice are done
+#pragma unroll
+    for (int e = 0; e < DK / 32; ++e) {
+        const int d = lane + 32 * e;
+        if (d / kRows == warp) {
+            q_rows[d - warp * kRows] = qv[e] * q_scale;
+            k_rows[d - warp * kRows] = kv[e] * k_scale;
+        }
+    }
+    __syncwarp();
+    return kq;
+}
+
+// One block barrier per row: the cross-warp sums of S^T k and S^T q, double-buffered by row parity (a
+// buffer is rewritten two rows later, after the next row's barrier).
+template <int DK>
+__forceinline__ void recurrent(const DeltaRuleArgs& p) {
+    constexpr int kRows = DK / 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int head = blockIdx.y, seq = blockIdx.z;
+    const int column = blockIdx.x * kRecurrentColumns + lane;
+    const float decay_rate = expf(p.a_log[head]), bias = p.dt_bias[head];  // weights: before the wait
+    enter_dependent_kernel();
+    const SequenceRows rows = sequence_rows(p.query_start, seq);
+    if (rows.length == 0 || rows.length > kRecurrentMaxRows) return;  // uniform over the block
+    const int key_head = head / (p.value_heads / p.key_heads), channels = p.conv_channels(DK);
+    const long long tile = ((long long)head * DK + warp * kRows) * p.value_dim + column;  // this thread's rows
+    float s[kRows];
+    const float* src = p.states.recurrent(p.states.slots[seq]) + tile;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) s[i] = src[(long long)i * p.value_dim];
+    const int initial_target = p.states.target_after(seq, 0, rows.length);
+    if (initial_target >= 0) store_tile_rows<DK>(p.states.recurrent(initial_target) + tile, s, p.value_dim);
+
+    __shared__ float q_rows[4][kRows], k_rows[4][kRows], partial[2][2][4][32];
+    for (int t = 0; t < rows.length; ++t) {
+        const long long row = rows.first + t;
+        const bf16* qk = p.conv + row * channels + key_head * DK;
+        const float kq = normalised_qk<DK>(q_rows[warp], k_rows[warp], qk, p.key_heads * DK, warp, lane);
+        float beta, g;
+        p.gating(row, head, decay_rate, bias, beta, g);
+        const float decay = expf(g);
+        const float v = __bfloat162float(p.conv[row * channels + 2 * p.key_heads * DK + head * p.value_dim + column]);
+        float pk = 0.0f, pq = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+            s[i] *= decay;
+            pk += s[i] * k_rows[warp][i];
+            pq += s[i] * q_rows[warp][i];
+        }
+        float (&sums)[2][4][32] = partial[t & 1];
+        sums[0][warp][lane] = pk;
+        sums[1][warp][lane] = pq;
+        __syncthreads();
+        pk = sums[0][0][lane] + sums[0][1][lane] + sums[0][2][lane] + sums[0][3][lane];
+        pq = sums[1][0][lane] + sums[1][1][lane] + sums[1][2][lane] + sums[1][3][lane];
+        const float delta = beta * (v - pk);
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) s[i] += k_rows[warp][i] * delta;
+        if (warp == 0) p.out[(row * p.value_heads + head) * p.value_dim + column] = pq + delta * kq;
+        const int target = p.states.target_after(seq, t + 1, rows.length);
+        if (target >= 0) store_tile_rows<DK>(p.states.recurrent(target) + tile, s, p.value_dim);
+    }
+}
+
+// -- chunked --------------------------------------------------------------------------------------------
+
+// Register tiles over an M x N product: thread tile (tm, tn) owns elements (tm + i M/TM, tn + j N/TN), so
+// neighbouring threads read neighbouring shared-memory words.
+template <int M, int N, int TM, int TN>
+struct Tiling {
+    static constexpr int kRowStep = M / TM;
+    static constexpr int kColStep = N / TN;
+    static constexpr int kTiles = kRowStep * kColStep;
+
+    template <typename Body>
+    static __forceinline__ void each(Body body) {
+        for (int t = threadIdx.x; t < kTiles; t += blockDim.x) body(t / kColStep, t % kColStep);
+    }
+
+    // acc[i][j] = sum_{l < depth} a(row i, l) * b(l, column j)
+    template <typename A, typename B>
+    static __forceinline__ void product(float (&acc)[TM][TN], int tm, int tn, int depth, A a, B b) {
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+        for (int l = 0; l < depth; ++l) {
+            float av[TM], bv[TN];
+#pragma unroll
+            for (int i = 0; i < TM; ++i) av[i] = a(tm + i * kRowStep, l);
+#pragma unroll
+            for (int j = 0; j < TN; ++j) bv[j] = b(l, tn + j * kColStep);
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] += av[i] * bv[j];
+        }
+    }
+};
+
+// Shared memory of gdn_chunked_d{DK}_c{CV}, in floats (linear_attn_ops.chunked_smem_bytes mirrors it):
+// k, q [64][DK+1] (q's region later holds A and T [64][64] and v_new [64][CV]), P [64][65], S [DK][CV],
+// o and v [64][CV], cum, beta, tail decay [64].
+template <int DK, int CV>
+struct ChunkSmem {
+    static constexpr int kRowStride = DK + 1;
+    static constexpr int kQRegion = kChunk * kRowStride > 2 * kChunk * kChunk ? kChunk * kRowStride : 2 * kChunk * kChunk;
+    static constexpr int kFloats = kChunk * kRowStride + kQRegion + kChunk * (kChunk + 1) + DK * CV + 2 * kChunk * CV + 3 * kChunk;
+    float* k;
+    float* q;
+    float* a;
+    float* t;
+    float* v_new;
+    float* p;
+    float* s;
+    float* o;
+    float* v;
+    float* cum;
+    float* beta;
+    float* tail;
+
+    __device__ explicit ChunkSmem(float* base)
+        : k(base), q(base + kChunk * kRowStride), a(q), t(q + kChunk * kChunk), v_new(q), p(q + kQRegion),
+          s(p + kChunk * (kChunk + 1)), o(s + DK * CV), v(o + kChunk * CV), cum(v + kChunk * CV), beta(cum + kChunk),
+          tail(beta + kChunk) {}
+};
+
+// Rows [pos, pos + length) of the sequence: q, k normalised, beta v of the block's columns, g -> cum, beta.
+// Rows past `length` are zeros (g = 0), which changes nothing in the chunk's products.
+template <int DK, int CV>
+__forceinline__ void load_chunk(const ChunkSmem<DK, CV>& sm, const DeltaRuleArgs& p, long long first_row, int length,
+                                int head, int key_head, int column0, float decay_rate, float bias) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, channels = p.conv_channels(DK);
+    for (int r = warp; r < kChunk; r += kChunkThreads / 32) {
+        const bool valid = r < length;
+        const long long row = first_row + r;
+        const bf16* qk = p.conv + row * channels + key_head * DK;
+        float qv[DK / 32], kv[DK / 32], qq = 0.0f, kk = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DK / 32; ++e) {
+            qv[e] = valid ? __bfloat162float(qk[lane + 32 * e]) : 0.0f;
+            kv[e] = valid ? __bfloat162float(qk[p.key_heads * DK + lane + 32 * e]) : 0.0f;
+            qq += qv[e] * qv[e];
+            kk += kv[e] * kv[e];
+        }
+        const float q_scale = rsqrtf(warp_sum(qq) + kL2NormEps) * rsqrtf((float)DK);
+        const float k_scale = rsqrtf(warp_sum(kk) + kL2NormEps);
+#pragma unroll
+        for (int e = 0; e < DK / 32; ++e) {
+            sm.q[r * (DK + 1) + lane + 32 * e] = qv[e] * q_scale;
+            sm.k[r * (DK + 1) + lane + 32 * e] = kv[e] * k_scale;
+        }
+        const bf16* v_row = p.conv + row * channels + 2 * p.key_heads * DK + head * p.value_dim + column0;
+        if (lane < CV) sm.v[r * CV + lane] = valid ? __bfloat162float(v_row[lane]) : 0.0f;
+        if (lane == 0) {
+            float beta = 0.0f, g = 0.0f;
+            if (valid) p.gating(row, head, decay_rate, bias, beta, g);
+            sm.cum[r] = g;
+            sm.beta[r] = beta;
+        }
+    }
+}
+
+// Inclusive prefix sum of cum[0..63] by warp 0 (two rows per lane).
+__forceinline__ void prefix_sum_64(float* cum) {
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    const float a = cum[2 * lane], b = cum[2 * lane + 1];
+    float inclusive = a + b;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        const float up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) inclusive += up;
+    }
+    const float before = inclusive - (a + b);
+    cum[2 * lane] = before + a;
+    cum[2 * lane + 1] = inclusive;
+}
+
+// t = (I + a)^-1 for strictly lower triangular a [64][64] by doubling the inverted diagonal blocks:
+// inv([[X, 0], [C, Y]]) = [[X^-1, 0], [-Y^-1 C X^-1, Y^-1]]. t starts as the identity. The lower-left
+// blocks of a are consumed (they are never read again: later levels read blocks below the merged ones).
+__forceinline__ void invert_unit_lower(float* a, float* t) {
+    for (int size = 1; size < kChunk; size <<= 1) {
+        const int items = (kChunk / (2 * size)) * size * size;
+        for (int phase = 0; phase < 3; ++phase) {
+            for (int idx = threadIdx.x; idx < items; idx += blockDim.x) {
+                const int pair = idx / (size * size), i = (idx / size) % size, j = idx % size;
+                const int c0 = pair * 2 * size, r0 = c0 + size;
+                float* out = &t[(r0 + i) * kChunk + c0 + j];
+                if (phase == 0) {  // C X^-1 into t's lower-left block (zero until now)
+                    float acc = 0.0f;
+                    for (int l = j; l < size; ++l) acc += a[(r0 + i) * kChunk + c0 + l] * t[(c0 + l) * kChunk + c0 + j];
+                    *out = acc;
+                } else if (phase == 1) {  // -Y^-1 (C X^-1) into a's consumed block
+                    float acc = 0.0f;
+                    for (int l = 0; l <= i; ++l) acc += t[(r0 + i) * kChunk + r0 + l] * t[(r0 + l) * kChunk + c0 + j];
+                    a[(r0 + i) * kChunk + c0 + j] = -acc;
+                } else {
+                    *out = a[(r0 + i) * kChunk + c0 + j];
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+template <int DK, int CV>
+__forceinline__ void store_state(const ChunkSmem<DK, CV>& sm, float* dst, int value_dim) {
+    for (int idx = threadIdx.x; idx < DK * CV; idx += blockDim.x) dst[(long long)(idx / CV) * value_dim + idx % CV] = sm.s[idx];
+}
+
+// One chunk of `length` rows starting at sequence row `pos`; S (sm.s) is the state before it, after it on return.
+template <int DK, int CV>
+__forceinline__ void chunk_step(const ChunkSmem<DK, CV>& sm, const DeltaRuleArgs& p, long long first_row, int length,
+                                int head, int key_head, int column0, float decay_rate, float bias) {
+    constexpr int kStride = DK + 1;
+    using Square = Tiling<kChunk, kChunk, 4, 4>;
+    using Narrow = Tiling<kChunk, CV, 4, CV / 16>;
+    using State = Tiling<DK, CV, DK / 32, CV / 8>;
+    load_chunk<DK, CV>(sm, p, first_row, length, head, key_head, column0, decay_rate, bias);
+    __syncthreads();
+    prefix_sum_64(sm.cum);
+    __syncthreads();
+    const float* cum = sm.cum;
+    // P = tril(q k^T D) and o = e^cum q S: the last reads of q
+    Square::each([&](int tm, int tn) {
+        float acc[4][4];
+        Square::product(acc, tm, tn, DK, [&](int m, int l) { return sm.q[m * kStride + l]; },
+                        [&](int l, int n) { return sm.k[n * kStride + l]; });
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) {
+                const int m = tm + i * Square::kRowStep, n = tn + j * Square::kColStep;
+                sm.p[m * (kChunk + 1) + n] = m >= n ? acc[i][j] * expf(cum[m] - cum[n]) : 0.0f;
+            }
+    });
+    Narrow::each([&](int tm, int tn) {
+        float acc[4][CV / 16];
+        Narrow::product(acc, tm, tn, DK, [&](int m, int l) { return sm.q[m * kStride + l]; },
+                        [&](int l, int n) { return sm.s[l * CV + n]; });
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < CV / 16; ++j) {
+                const int m = tm + i * Narrow::kRowStep, n = tn + j * Narrow::kColStep;
+                sm.o[m * CV + n] = acc[i][j] * expf(cum[m]);
+            }
+    });
+    __syncthreads();
+    // A = strict_tril(beta k k^T D), T = I, v <- beta (v - e^cum k S): q's region now holds A and T
+    Square::each([&](int tm, int tn) {
+        float acc[4][4];
+        Square::product(acc, tm, tn, DK, [&](int m, int l) { return sm.k[m * kStride + l]; },
+                        [&](int l, int n) { return sm.k[n * kStride + l]; });
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) {
+                const int m = tm + i * Square::kRowStep, n = tn + j * Square::kColStep;
+                sm.a[m * kChunk + n] = m > n ? sm.beta[m] * acc[i][j] * expf(cum[m] - cum[n]) : 0.0f;
+                sm.t[m * kChunk + n] = m == n ? 1.0f : 0.0f;
+            }
+    });
+    Narrow::each([&](int tm, int tn) {
+        float acc[4][CV / 16];
+        Narrow::product(acc, tm, tn, DK, [&](int m, int l) { return sm.k[m * kStride + l]; },
+                        [&](int l, int n) { return sm.s[l * CV + n]; });
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < CV / 16; ++j) {
+                const int m = tm + i * Narrow::kRowStep, n = tn + j * Narrow::kColStep;
+                sm.v[m * CV + n] = sm.beta[m] * (sm.v[m * CV + n] - expf(cum[m]) * acc[i][j]);
+            }
+    });
+    __syncthreads();
+    invert_unit_lower(sm.a, sm.t);
+    // v_new = T v (into A's place), and the tail decays of the state update
+    Narrow::each([&](int tm, int tn) {
+        float acc[4][CV / 16];
+        Narrow::product(acc, tm, tn, kChunk, [&](int m, int l) { return sm.t[m * kChunk + l]; },
+                        [&](int l, int n) { return sm.v[l * CV + n]; });
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < CV / 16; ++j) sm.v_new[(tm + i * Narrow::kRowStep) * CV + tn + j * Narrow::kColStep] = acc[i][j];
+    });
+    const float last = cum[kChunk - 1];  // padding rows have g = 0: the last row's cum
+    if (threadIdx.x < kChunk) sm.tail[threadIdx.x] = expf(last - cum[threadIdx.x]);
+    __syncthreads();
+    // o += P v_new (stored), S = e^last S + (k tail)^T v_new
+    Narrow::each([&](int tm, int tn) {
+        float acc[4][CV / 16];
+        Narrow::product(acc, tm, tn, kChunk, [&](int m, int l) { return sm.p[m * (kChunk + 1) + l]; },
+                        [&](int l, int n) { return sm.v_new[l * CV + n]; });
+        for (int i = 0; i < 4; ++i) {
+            const int m = tm + i * Narrow::kRowStep;
+            if (m >= length) continue;
+            float* out = p.out + ((first_row + m) * p.value_heads + head) * p.value_dim + column0;
+            for (int j = 0; j < CV / 16; ++j) {
+                const int n = tn + j * Narrow::kColStep;
+                out[n] = sm.o[m * CV + n] + acc[i][j];
+            }
+        }
+    });
+    const float total = expf(last);
+    State::each([&](int tm, int tn) {
+        float acc[DK / 32][CV / 8];
+        State::product(acc, tm, tn, kChunk, [&](int d, int l) { return sm.k[l * kStride + d] * sm.tail[l]; },
+                       [&](int l, int n) { return sm.v_new[l * CV + n]; });
+        for (int i = 0; i < DK / 32; ++i)
+            for (int j = 0; j < CV / 8; ++j) {
+                float& s = sm.s[(tm + i * State::kRowStep) * CV + tn + j * State::kColStep];
+                s = total * s + acc[i][j];
+            }
+    });
+    __syncthreads();
+}
+
+// The end of the chunk starting at `pos`: the next multiple of 64, cut earlier at any requested row count.
+__forceinline__ int chunk_end(const StateSlots& states, int seq, int pos, int length) {
+    int end = min(length, (pos / kChunk + 1) * kChunk);
+    for (int i = 0; i < states.num_targets; ++i) {
+        const int count = length - states.num_targets + 1 + i;
+        if (states.targets[seq * states.num_targets + i] >= 0 && count > pos && count < end) end = count;
+    }
+    return end;
+}
+
+template <int DK, int CV>
+__forceinline__ void chunked(const DeltaRuleArgs& p) {
+    extern __shared__ float chunk_smem[];
+    const ChunkSmem<DK, CV> sm(chunk_smem);
+    const int head = blockIdx.y, seq = blockIdx.z, column0 = blockIdx.x * CV;
+    const float decay_rate = expf(p.a_log[head]), bias = p.dt_bias[head];  // weights: before the wait
+    enter_dependent_kernel();
+    const SequenceRows rows = sequence_rows(p.query_start, seq);
+    if (rows.length <= kRecurrentMaxRows) return;  // the recurrent kernel's (uniform over the block)
+    const int key_head = head / (p.value_heads / p.key_heads);
+    const long long tile = (long long)head * DK * p.value_dim + column0;
+    const float* src = p.states.recurrent(p.states.slots[seq]) + tile;
+    for (int idx = threadIdx.x; idx < DK * CV; idx += blockDim.x) sm.s[idx] = src[(long long)(idx / CV) * p.value_dim + idx % CV];
+    __syncthreads();  // the whole tile is read before any target (maybe the source slot) is written
+    const int initial_target = p.states.target_after(seq, 0, rows.length);
+    if (initial_target >= 0) store_state(sm, p.states.recurrent(initial_target) + tile, p.value_dim);
+    for (int pos = 0; pos < rows.length;) {
+        const int end = chunk_end(p.states, seq, pos, rows.length);
+        chunk_step<DK, CV>(sm, p, rows.first + pos, end - pos, head, key_head, column0, decay_rate, bias);
+        const int target = p.states.target_after(seq, end, rows.length);
+        if (target >= 0) store_state(sm, p.states.recurrent(target) + tile, p.value_dim);
+        pos = end;
+    }
+}
+
+// -- gated output norm ------------------------------------------------------------------------------------
+
+// Grid (T), block 128: warp w normalises heads w, w + 4, ...; lanes stride over the head's dv values.
+extern "C" __global__ void __launch_bounds__(128) gdn_gated_norm(bf16* y, const float* o, const bf16* x, int x_stride,
+                                                                   int z_column, const float* weight, int value_heads,
+                                                                   int value_dim, float eps) {
+    enter_dependent_kernel();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long row = blockIdx.x;
+    for (int head = warp; head < value_heads; head += 4) {
+        const float* o_head = o + (row * value_heads + head) * value_dim;
+        float sum_squares = 0.0f;
+        for (int d = lane; d < value_dim; d += 32) sum_squares += o_head[d] * o_head[d];
+        const float inv_rms = rsqrtf(warp_sum(sum_squares) / value_dim + eps);
+        const bf16* z = x + row * x_stride + z_column + head * value_dim;
+        bf16* out = y + (row * value_heads + head) * value_dim;
+        for (int d = lane; d < value_dim; d += 32) {
+            const float gate = __bfloat162float(z[d]);
+            out[d] = __float2bfloat16(weight[d] * (o_head[d] * inv_rms) * (gate * gdn_sigmoid(gate)));
+        }
+    }
+}
+
+#define DELTA_RULE_PARAMS                                                                                      \
+    float *out, const bf16 *conv, const bf16 *x, int x_stride, int gate_column, const float *a_log,            \
+        const float *dt_bias, unsigned char *state_layer, long long slot_bytes, int conv_bytes,                 \
+        const int *state_slots, const int *state_targets, int num_targets, const int *query_start,             \
+        int key_heads, int value_heads, int value_dim
+#define DELTA_RULE_ARGS                                                                                        \
+    DeltaRuleArgs {                                                                                            \
+        out, conv, x, x_stride, gate_column, a_log, dt_bias,                                                   \
+            StateSlots{state_layer, slot_bytes, conv_bytes, state_slots, state_targets, num_targets},          \
+            query_start, key_heads, value_heads, value_dim                                                     \
+    }
+
+#define RECURRENT_KERNEL(DK)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(kRecurrentThreads) gdn_recurrent_d##DK(DELTA_RULE_PARAMS) {  \
+        recurrent<DK>(DELTA_RULE_ARGS);                                                                        \
+    }
+
+#define CHUNKED_KERNEL(DK, CV)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(kChunkThreads) gdn_chunked_d##DK##_c##CV(DELTA_RULE_PARAMS) { \
+        chunked<DK, CV>(DELTA_RULE_ARGS);                                                                      \
+    }
+
+RECURRENT_KERNEL(64)
+RECURRENT_KERNEL(128)
+CHUNKED_KERNEL(64, 16)
+CHUNKED_KERNEL(64, 32)
+CHUNKED_KERNEL(128, 16)
+CHUNKED_KERNEL(128, 32)

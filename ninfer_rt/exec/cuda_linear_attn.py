@@ -1,0 +1,132 @@
+"""LinearAttentionBackend: the CUDA executor's Gated DeltaNet op and its device scratch.
+
+A layer's linear attention is the causal conv + SiLU (gdn_conv.cu: from each sequence's window, the
+targets' windows written), the gated delta rule (gdn_delta_rule.cu: the recurrent kernel for sequences of
+at most 8 rows, the chunked one above, both over the whole step; the q/k norm and the gating fused in)
+and the gated output norm, over the projection rows [q | k | v | z | b | a] (cuda/linear_attn_ops.py).
+
+The state slots belong to the engine (kv/states.py's StateSlotPool, passed to each forward); `plan` runs
+once per step and keeps the step's published tables (query_start, state_slots, state_targets) and the host
+copies of its slots, from which the slot spans every launch declares are built once per pool. Scratch (the
+conv output bf16 [max_tokens, C] and the delta rule's f32 output [max_tokens, Hv dv], per geometry) is made
+at the geometry's first step, outside any capture, and kept: a captured step replays over the same
+addresses, and allocating while `capturing()` raises instead. The launches of a step depend only on its
+query lengths and target width, never on the state values, so decode and verify steps can be captured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ninfer_rt.cuda import linear_attn_ops
+from ninfer_rt.cuda.kernels import KernelLibrary
+from ninfer_rt.cuda.linear_attn_ops import DeltaRuleArgs, GdnHeads, GdnStep, StateLayer
+from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
+from ninfer_rt.cuda.streams import Stream, StreamSet
+from ninfer_rt.exec.layer_backend import CaptureGuard, PublishedStep
+from ninfer_rt.kv.states import CONV_DTYPE, STATE_DTYPE, StateSlotPool
+from ninfer_rt.model.executor import LinearAttentionParams, LinearAttentionShape
+
+STATE_INPUT_NAMES = ("query_start", "state_slots", "state_targets")
+MAX_STATE_TARGETS = linear_attn_ops.RECURRENT_MAX_ROWS  # a verify pass keeps the state after each of its rows
+
+
+def gdn_heads(shape: LinearAttentionShape) -> GdnHeads:
+    if shape.conv_kernel != linear_attn_ops.CONV_KERNEL:
+        raise ValueError(f"the CUDA conv kernel is instantiated for kernel {linear_attn_ops.CONV_KERNEL}, not {shape.conv_kernel}")
+    return GdnHeads(shape.num_key_heads, shape.num_value_heads, shape.key_head_dim, shape.value_head_dim, shape.norm_eps)
+
+
+@dataclass(frozen=True)
+class _Scratch:
+    conv: DeviceBuffer  # bf16 [max_tokens, C]
+    mixed: DeviceBuffer  # f32 [max_tokens, Hv dv]
+
+
+@dataclass(frozen=True)
+class _HostStep:
+    query_lens: tuple[int, ...]
+    slots: np.ndarray  # int32 [B]
+    targets: np.ndarray  # int32 [B, S]
+    inputs: tuple[Buffer, Buffer, Buffer]  # query_start, state_slots, state_targets (published)
+    lane: object
+
+
+class LinearAttentionBackend(CaptureGuard):
+    """The Gated DeltaNet layers of one executor's steps on its compute stream (exec/layer_backend.LayerBackend)."""
+
+    def __init__(self, library: KernelLibrary, streams: StreamSet, stream: Stream, *, max_tokens: int) -> None:
+        self.library = library
+        self.streams = streams
+        self.stream = stream
+        self.max_tokens = max_tokens
+        self._scratch: dict[GdnHeads, _Scratch] = {}
+        self._host: _HostStep | None = None
+        self._steps: dict[int, GdnStep] = {}  # this step's, by the id of the pool it runs over
+
+    def plan(self, step: PublishedStep) -> None:
+        self._steps = {}
+        if step.state_slots.size == 0:
+            self._host = None  # a model without linear attention, or a step that runs none
+            return
+        inputs = tuple(step.inputs[name] for name in STATE_INPUT_NAMES)
+        self._host = _HostStep(step.query_lens, step.state_slots.copy(), step.state_targets.copy(), inputs, step.lane)
+
+    def forward(self, projected: Buffer, out: Buffer, params: LinearAttentionParams, states: StateSlotPool, layer: int) -> None:
+        """out [T, Hv dv] bf16 (out_proj's input) = the layer over the step's rows of `projected`
+        [T, q | k | v | z | b | a], each sequence from its slot's state of linear layer `layer`, the
+        states after the rows its targets ask for written there."""
+        if self._host is None:
+            raise RuntimeError("linear_attention: the step has no state slots (StepBatch.state_slots is empty)")
+        heads = gdn_heads(params.shape)
+        _check_pool(states, params.shape)
+        lib, stream, step, scratch = self.library, self.stream, self._step_over(states), self._scratch_for(heads)
+        spec = states.spec
+        layer_states = StateLayer(states.buffer, spec.layer_offset(layer), spec.slot_bytes, spec.conv_bytes)
+        linear_attn_ops.conv_silu(lib, stream, step, heads, projected, params.conv_weight.buffer, scratch.conv, layer_states)
+        gating = DeltaRuleArgs(scratch.conv, projected, params.a_log.buffer, params.dt_bias.buffer, scratch.mixed)
+        columns = linear_attn_ops.chunk_columns(heads.key_dim, heads.value_dim, lib.device.max_shared_memory_per_block_optin)
+        linear_attn_ops.delta_rule(lib, stream, step, heads, gating, layer_states, columns)
+        linear_attn_ops.gated_norm(
+            lib, stream, heads, scratch.mixed, projected, params.norm.buffer, out, step.num_rows, lane=step.lane
+        )
+
+    def _step_over(self, states: StateSlotPool) -> GdnStep:
+        """The step's launch arguments over `states`, with its slots' spans (made once per step and pool)."""
+        key = id(states)
+        if key not in self._steps:
+            host = self._host
+            highest = max(int(host.slots.max()), int(host.targets.max()))
+            if highest >= states.total:
+                raise ValueError(f"linear_attention: state slot {highest} outside the pool's {states.total} slots")
+            written = sorted({int(t) for t in host.targets.reshape(-1) if t >= 0})
+            self._steps[key] = GdnStep(
+                *host.inputs, host.query_lens, int(host.targets.shape[1]),
+                slots_read=tuple(states.resource(int(s)) for s in sorted(set(host.slots.tolist()))),
+                slots_written=tuple(states.resource(t) for t in written), lane=host.lane,
+            )
+        return self._steps[key]
+
+    def _scratch_for(self, heads: GdnHeads) -> _Scratch:
+        if heads not in self._scratch:
+            if self._capturing:
+                raise RuntimeError("linear attention: scratch would be allocated inside a captured step; run the step eagerly first")
+            name = f"[{heads.value_heads}x{heads.value_dim}]"
+            self._scratch[heads] = _Scratch(
+                DeviceBuffer(self.streams, self.max_tokens * heads.conv_channels * 2, f"gdn.conv{name}"),
+                DeviceBuffer(self.streams, self.max_tokens * heads.value_size * 4, f"gdn.mixed{name}"),
+            )
+        return self._scratch[heads]
+
+
+def _check_pool(states: StateSlotPool, shape: LinearAttentionShape) -> None:
+    """The kernels read bf16 windows and f32 states of the layer's geometry."""
+    spec = states.spec
+    if (np.dtype(spec.conv_dtype), np.dtype(spec.state_dtype)) != (CONV_DTYPE, STATE_DTYPE):
+        raise ValueError(f"the CUDA kernels read bf16 conv windows and f32 states, not {spec.conv_dtype} / {spec.state_dtype}")
+    ours = (shape.num_key_heads, shape.num_value_heads, shape.key_head_dim, shape.value_head_dim, shape.conv_kernel)
+    theirs = (spec.key_heads, spec.value_heads, spec.key_head_dim, spec.value_head_dim, spec.conv_kernel)
+    if ours != theirs:
+        raise ValueError(f"state slots of geometry {theirs} for a layer of {ours}")

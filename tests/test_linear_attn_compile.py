@@ -1,0 +1,188 @@
+"""Gated DeltaNet families on the CPU: NVRTC compiles them for every target arch with every kernel the
+wrappers launch (the PDL contract is checked for every family by test_pdl_contract.py), and the wrappers'
+launch shapes, kernel choice and declared accesses are right (a recording library, no GPU)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ninfer_rt.cuda import linear_attn_ops as ops
+from ninfer_rt.cuda.compiler import compile_family
+from ninfer_rt.cuda.memory import DeviceBuffer
+from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.exec.cuda_exec import check_state_targets
+from ninfer_rt.exec.cuda_linear_attn import LinearAttentionBackend
+from ninfer_rt.exec.layer_backend import PublishedStep
+from ninfer_rt.kv.states import StateSlotPool, StateSpec
+from ninfer_rt.model.executor import LinearAttentionParams, LinearAttentionShape, StepBatch
+from ninfer_rt.ordering import Span
+from test_attention_compile import RecordingLibrary
+
+TARGET_ARCHS = ("sm_80", "sm_90a", "sm_120a")
+SM120_SMEM = 101_376  # opt-in shared memory per block: sm_120 (RTX 5090)
+SM90_SMEM = 232_448  # H100/H200
+HEADS_27B = ops.GdnHeads(key_heads=16, value_heads=48, key_dim=128, value_dim=128, norm_eps=1e-6)
+
+
+def kernel_names() -> dict[str, set[str]]:
+    delta = {ops.GATED_NORM.name} | {ops.recurrent_spec(d).name for d in ops.KEY_DIMS}
+    delta |= {ops.chunked_spec(d, c).name for d in ops.KEY_DIMS for c in ops.CHUNK_COLUMN_GROUPS}
+    return {"gdn_conv": {ops.CONV_SILU.name}, "gdn_delta_rule": delta}
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gdn_cubins")
+
+
+@pytest.mark.parametrize("arch", TARGET_ARCHS)
+@pytest.mark.parametrize("family", ["gdn_conv", "gdn_delta_rule"])
+def test_family_compiles_with_every_kernel_the_wrappers_launch(family: str, arch: str, cache_dir: Path) -> None:
+    cubin = compile_family(family, arch, cache=cache_dir).cubin
+    missing = sorted(name for name in kernel_names()[family] if name.encode() + b"\0" not in cubin)
+    assert not missing, f"{family} for {arch} lacks {missing}"
+
+
+def test_the_chunked_kernel_fits_sm120_with_narrow_column_groups_and_hopper_with_wide_ones() -> None:
+    assert ops.chunked_smem_bytes(128, 16) <= SM120_SMEM < ops.chunked_smem_bytes(128, 32) <= SM90_SMEM
+    assert ops.chunk_columns(128, 128, SM120_SMEM) == 16
+    assert ops.chunk_columns(128, 128, SM90_SMEM) == 32
+    with pytest.raises(ValueError, match="no column group"):
+        ops.chunk_columns(128, 128, 64 * 1024)
+
+
+def test_geometry_refuses_what_is_not_instantiated() -> None:
+    with pytest.raises(ValueError, match="key head dim 96"):
+        ops.GdnHeads(key_heads=2, value_heads=4, key_dim=96, value_dim=128, norm_eps=1e-6)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ops.GdnHeads(key_heads=2, value_heads=4, key_dim=64, value_dim=48, norm_eps=1e-6)
+    assert HEADS_27B.conv_channels == 10240 and HEADS_27B.projection_stride == 10240 + 6144 + 96
+
+
+# -- launches ---------------------------------------------------------------------------------------------
+
+
+class Fixture:
+    """Buffers of a logical step over the 27B layer shape, slots 0..3 of a four-slot pool."""
+
+    def __init__(self, query_lens: tuple[int, ...], num_targets: int = 1) -> None:
+        streams = StreamSet(verify=False)
+        self.stream = streams.create("compute")
+        rows, seqs = sum(query_lens), len(query_lens)
+
+        def buf(nbytes: int, name: str) -> DeviceBuffer:
+            return DeviceBuffer(streams, nbytes, name)
+
+        self.pool = buf(4 * 1024, "slots")
+        self.states = ops.StateLayer(self.pool, layer_offset=256, slot_bytes=1024, conv_bytes=256)
+        spans = tuple(Span(self.pool.resource, 1024 * s, 1024 * (s + 1)) for s in range(4))
+        self.step = ops.GdnStep(
+            buf(4 * (seqs + 1), "query_start"), buf(4 * seqs, "state_slots"), buf(4 * seqs * num_targets, "state_targets"),
+            query_lens, num_targets, slots_read=spans[:1], slots_written=spans[1:],
+        )
+        heads = HEADS_27B
+        self.x = buf(rows * heads.projection_stride * 2, "x")
+        self.conv = buf(rows * heads.conv_channels * 2, "conv")
+        self.weight = buf(heads.conv_channels * 4 * 4, "conv weight")
+        self.gating = ops.DeltaRuleArgs(self.conv, self.x, buf(48 * 4, "A_log"), buf(48 * 4, "dt_bias"), buf(rows * heads.value_size * 4, "o"))
+
+
+def test_conv_splits_long_sequences_and_declares_the_slots_it_reads_and_writes() -> None:
+    lib, f = RecordingLibrary(), Fixture((1, 130))
+    ops.conv_silu(lib, f.stream, f.step, HEADS_27B, f.x, f.weight, f.conv, f.states)
+    [launch] = lib.launches
+    assert launch.name == "gdn_conv_silu_k4" and launch.grid == (10240 // 128, 3, 2)
+    assert launch.args[4] == f.pool.ptr + 256 and launch.args[5] == 1024
+    assert set(f.step.slots_read) <= set(launch.reads) and set(f.step.slots_written) <= set(launch.writes)
+    assert f.conv.resource in launch.writes and f.x.resource in launch.reads
+
+
+@pytest.mark.parametrize(
+    ("query_lens", "kernels"),
+    [((1,), ["gdn_recurrent_d128"]), ((4, 8), ["gdn_recurrent_d128"]), ((531,), ["gdn_chunked_d128_c32"]),
+     ((1, 9), ["gdn_recurrent_d128", "gdn_chunked_d128_c32"])],
+)
+def test_delta_rule_runs_the_recurrent_form_up_to_eight_rows_and_the_chunked_form_above(
+    query_lens: tuple[int, ...], kernels: list[str]
+) -> None:
+    lib, f = RecordingLibrary(), Fixture(query_lens)
+    ops.delta_rule(lib, f.stream, f.step, HEADS_27B, f.gating, f.states, columns=32)
+    assert [launch.name for launch in lib.launches] == kernels
+    for launch in lib.launches:
+        columns = ops.RECURRENT_COLUMNS if "recurrent" in launch.name else 32
+        assert launch.grid == (128 // columns, 48, len(query_lens))
+        assert f.gating.out.resource in launch.writes and set(f.step.slots_written) <= set(launch.writes)
+    chunked = [launch for launch in lib.launches if "chunked" in launch.name]
+    assert all(launch.smem == ops.chunked_smem_bytes(128, 32) for launch in chunked)
+
+
+def test_delta_rule_refuses_short_buffers_before_launching() -> None:
+    lib, f = RecordingLibrary(), Fixture((3,), num_targets=3)
+    short = replace(f.gating, out=Fixture((1,)).gating.out)
+    with pytest.raises(ValueError, match="out"):
+        ops.delta_rule(lib, f.stream, f.step, HEADS_27B, short, f.states, 32)
+    assert not lib.launches
+
+
+# -- the executor's backend: one layer of a step (plan, then forward) ------------------------------------
+
+SHAPE_27B = LinearAttentionShape(16, 48, 128, 128, 4, 1e-6)
+
+
+def backend_run(query_lens: tuple[int, ...], slots: list[int], targets: list[list[int]], capturing: bool = False) -> tuple:
+    streams = StreamSet(verify=False)
+    lib = RecordingLibrary()
+    lib.device.max_shared_memory_per_block_optin = SM90_SMEM
+    pool = StateSlotPool(streams, StateSpec(2, 16, 48, 128, 128), num_slots=4)
+    backend = LinearAttentionBackend(lib, streams, streams.create("compute"), max_tokens=1024)
+    rows = sum(query_lens)
+
+    def buf(nbytes: int, name: str) -> SimpleNamespace:
+        return SimpleNamespace(buffer=DeviceBuffer(streams, nbytes, name))
+
+    inputs = {name: DeviceBuffer(streams, 256, name) for name in ("query_start", "state_slots", "state_targets")}
+    step = PublishedStep(inputs, query_lens, None, (), (), None, np.array(slots, np.int32), np.array(targets, np.int32))
+    params = LinearAttentionParams(SHAPE_27B, buf(10240 * 16, "conv"), buf(192, "A_log"), buf(192, "dt_bias"), buf(512, "norm"))
+    projected = DeviceBuffer(streams, rows * HEADS_27B.projection_stride * 2, "projected")
+    out = DeviceBuffer(streams, rows * 6144 * 2, "out")
+    backend.plan(step)
+    with backend.capturing() if capturing else nullcontext():
+        backend.forward(projected, out, params, pool, layer=1)
+    return lib, pool
+
+
+def test_a_layer_is_conv_then_delta_rule_then_gated_norm_over_the_layers_part_of_the_slots() -> None:
+    lib, pool = backend_run((1, 300), slots=[0, 2], targets=[[0], [3]])
+    assert [launch.name for launch in lib.launches] == [
+        "gdn_conv_silu_k4", "gdn_recurrent_d128", "gdn_chunked_d128_c32", "gdn_gated_norm",
+    ]
+    conv = lib.launches[0]
+    assert conv.args[4] == pool.buffer.ptr + pool.spec.layer_offset(1) and conv.args[5] == pool.spec.slot_bytes
+    for launch in lib.launches[:3]:
+        assert {pool.resource(0), pool.resource(2)} <= set(launch.reads)
+        assert {pool.resource(0), pool.resource(3)} <= set(launch.writes) and pool.resource(2) not in launch.writes
+
+
+def test_scratch_is_never_allocated_inside_a_captured_step() -> None:
+    with pytest.raises(RuntimeError, match="captured step"):
+        backend_run((1,), slots=[0], targets=[[0]], capturing=True)
+
+
+def test_targets_outside_the_pool_are_refused_before_launching() -> None:
+    with pytest.raises(ValueError, match="outside the pool"):
+        backend_run((1,), slots=[0], targets=[[7]])
+
+
+def test_the_executor_refuses_targets_asking_for_states_before_the_first_row() -> None:
+    batch = StepBatch(*(np.zeros(2, np.int32),) * 2, np.array([0, 2], np.int32), np.array([2], np.int32),
+                      np.zeros((1, 1), np.int32), np.zeros(2, np.int32), np.zeros(0, np.int32),
+                      state_slots=np.array([1], np.int32), state_targets=np.array([[2, 3, 1, 1]], np.int32))
+    with pytest.raises(ValueError, match="state after -1"):
+        check_state_targets(batch)
+    check_state_targets(replace(batch, state_targets=np.array([[-1, 3, 1]], np.int32)))
