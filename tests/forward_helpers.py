@@ -4,7 +4,7 @@ StreamSet, Hugging Face reference outputs, and the error metric the golden tests
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,7 @@ class SeqStep:
     tokens: Sequence[int]
     cached: int
     pages: Sequence[int]
-    state_slot: int = 0
+    state_slot: int | None = None  # a hybrid model's: its runtime's slot 0 when not given
 
 
 def step_batch(parts: Sequence[SeqStep], page_size: int = PAGE_SIZE) -> StepBatch:
@@ -50,9 +50,16 @@ def step_batch(parts: Sequence[SeqStep], page_size: int = PAGE_SIZE) -> StepBatc
         block_tables=block_tables,
         slot_mapping=(page_of_row * page_size + positions % page_size).astype(np.int32),
         logit_rows=np.arange(len(positions), dtype=np.int32),
-        state_slots=np.array([p.state_slot for p in parts], np.int32),
-        state_targets=np.array([[p.state_slot] for p in parts], np.int32),
+        **state_inputs(parts),
     )
+
+
+def state_inputs(parts: Sequence[SeqStep]) -> dict[str, np.ndarray]:
+    """StepBatch.state_slots / state_targets: each sequence's slot, updated in place; none for a dense model."""
+    if all(p.state_slot is None for p in parts):
+        return {}
+    slots = np.array([p.state_slot for p in parts], np.int32)
+    return {"state_slots": slots, "state_targets": slots[:, None].copy()}
 
 
 @dataclass
@@ -65,6 +72,7 @@ class Runtime:
 
     def step(self, parts: Sequence[SeqStep]) -> ForwardOutput:
         if self.states is not None:
+            parts = [part if part.state_slot is not None else replace(part, state_slot=0) for part in parts]
             for part in parts:
                 if part.cached == 0:  # a fresh sequence starts from the empty prefix's state
                     self.states.zero(part.state_slot, self.executor.compute)

@@ -500,8 +500,8 @@ def test_attention_op_mixed_step_matches_float64(gpu: Gpu, kv_dtype: str) -> Non
     params = AttentionParams(
         shape=shape_of(hq, hkv, d),
         rope=SimpleNamespace(buffer=gpu.upload(table)),
-        q_norm=SimpleNamespace(buffer=gpu.upload(norms[0])),
-        k_norm=SimpleNamespace(buffer=gpu.upload(norms[1])),
+        q_norm=SimpleNamespace(buffer=gpu.upload(norms[0]), dtype="bf16"),
+        k_norm=SimpleNamespace(buffer=gpu.upload(norms[1]), dtype="bf16"),
     )
     out = gpu.poisoned(t * hq * d * 2)
     read, written = pages_of(batch)

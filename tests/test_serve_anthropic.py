@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
 import pytest
+
+anthropic = pytest.importorskip("anthropic")  # a test dependency ([dev]); the GPU machine's image lacks it
 from test_serve_http import LONG_SYSTEM, MODEL, Server, running_server
 
 TOOL = {

@@ -246,10 +246,11 @@ def test_preserve_thinking_keeps_the_cache_hitting_after_a_new_user_turn(server:
 def test_without_preserve_thinking_a_new_user_turn_drops_old_reasoning_and_the_cache_misses(tiny_qwen3: Path) -> None:
     # Documents the cost of --no-preserve-thinking: the template removes reasoning before the last user
     # message, so the new prompt diverges from the cached one where that reasoning was: only the system
-    # prompt, tools and first user message (about 60% here) still hit.
+    # prompt, tools, first user message and the reply's opening before its reasoning (about 77% here: the
+    # match ends at the diverging token, inside its page) still hit.
     with running_server(tiny_qwen3, preserve_thinking=False) as plain:
         _, second = _agent_turns(plain, THINKING_HISTORY, {"role": "user", "content": "Thanks. Anything else?"})
-    assert second.usage.prompt_tokens_details.cached_tokens < 0.7 * second.usage.prompt_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens < 0.8 * second.usage.prompt_tokens
 
 
 def test_with_prefix_caching_off_nothing_is_cached_and_every_page_is_freed(tiny_qwen3: Path) -> None:
