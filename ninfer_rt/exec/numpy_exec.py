@@ -128,21 +128,34 @@ def rms_normalize(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return weight * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
 
 
+ATTENTION_QUERY_BLOCK = 256  # query rows per block: each block reads only the keys up to its last position
+
+
 def causal_gqa_attention(
     q: np.ndarray, keys: np.ndarray, values: np.ndarray, q_positions: np.ndarray, shape: AttentionShape
 ) -> np.ndarray:
     """q [n, H, D] at absolute positions q_positions over keys/values [L, KV, D] at positions 0..L-1."""
-    n, length = q.shape[0], keys.shape[0]
+    n = q.shape[0]
     group = shape.num_heads // shape.num_kv_heads
-    # [KV, n * group, D] @ [KV, D, L]: batched matmuls (BLAS), not einsum's loops
-    grouped = q.reshape(n, shape.num_kv_heads, group, shape.head_dim).transpose(1, 0, 2, 3).reshape(shape.num_kv_heads, n * group, -1)
-    scores = (grouped @ keys.transpose(1, 2, 0)).reshape(shape.num_kv_heads, n, group, length) * shape.scale
-    future = np.arange(length)[None, :] > q_positions[:, None]
-    scores = np.where(future[None, :, None, :], -np.inf, scores)
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    weights /= weights.sum(axis=-1, keepdims=True)
-    out = weights.reshape(shape.num_kv_heads, n * group, length) @ values.transpose(1, 0, 2)
-    return out.reshape(shape.num_kv_heads, n, group, shape.head_dim).transpose(1, 0, 2, 3).reshape(n, shape.q_size)
+    # [KV, n, group, D]: per kv head, batched matmuls (BLAS), not einsum's loops
+    grouped = q.reshape(n, shape.num_kv_heads, group, shape.head_dim).transpose(1, 0, 2, 3)
+    keys_t, values_t = keys.transpose(1, 2, 0), values.transpose(1, 0, 2)  # [KV, D, L], [KV, L, D]
+    out = np.empty((shape.num_kv_heads, n, group, shape.head_dim), dtype=np.result_type(q, values))
+    for start in range(0, n, ATTENTION_QUERY_BLOCK):
+        rows = slice(start, min(start + ATTENTION_QUERY_BLOCK, n))
+        positions = q_positions[rows]
+        length = min(int(positions.max()) + 1, keys.shape[0])  # keys past the block's last position are masked
+        block = grouped[:, rows].reshape(shape.num_kv_heads, -1, shape.head_dim)
+        scores = (block @ keys_t[..., :length]).reshape(shape.num_kv_heads, len(positions), group, length)
+        scores *= shape.scale
+        future = np.where(np.arange(length)[None, :] > positions[:, None], -np.inf, 0.0).astype(scores.dtype)
+        scores += future[None, :, None, :]
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        mixed = scores.reshape(shape.num_kv_heads, -1, length) @ values_t[:, :length]
+        out[:, rows] = mixed.reshape(shape.num_kv_heads, len(positions), group, shape.head_dim)
+    return out.transpose(1, 0, 2, 3).reshape(n, shape.q_size)
 
 
 class NumpyExecutor:
