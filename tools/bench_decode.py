@@ -238,11 +238,15 @@ def make_kv(streams: StreamSet, cfg: ModelConfig, context: int, dtype: str, exec
 
 
 def run_info(device: Device) -> dict[str, object]:
-    """Date, GPU and commit (NINFER_BENCH_COMMIT names it where the tree is an export without .git)."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = os.environ.get("NINFER_BENCH_COMMIT", "unknown")
+    """Date, GPU and commit (NINFER_BENCH_COMMIT names it where the tree is an export, or a copy whose .git
+    is not the tree's)."""
+    commit = os.environ.get("NINFER_BENCH_COMMIT")
+    if not commit:
+        try:
+            git = ["git", "rev-parse", "--short", "HEAD"]
+            commit = subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpu": device.name, "commit": commit}
 
 

@@ -154,7 +154,28 @@ REPLAY_TINY = Bench(
     provenance={"gpu": "NVIDIA H200", "date": "2026-11-30T00:49:46+00:00", "commit": "89cc649"},
 )
 
+GATED_DELTANET = Bench(
+    "Gated DeltaNet delta rule at the 27B layer shape (16 key / 48 value heads of 128, 48 layer states), fla-core beside",
+    "gdn.jsonl",
+    "python tools/bench_gdn.py --recurrent 1,4 --chunked 531,8192",
+    (GPU, C("kernel", "kernel"), C("T", "T", "{:,}"), C("states kept", "states_kept", "{}")),
+    (C("us", "us", "{:.1f}"), C("GB/s", "GB/s", "{:.0f}"), C("of copy bandwidth", "of_copy_bw", "{:.3f}")),
+)
+QUANTIZE_MEMORY = Bench(
+    "ninfer-rt quantize in bounded memory (27B layer shapes, fewer layers)",
+    "quantize_memory.jsonl",
+    "python tools/bench_quantize_memory.py",
+    (C("layers", "layers", "{}"), C("bits", "bits", "{}"), C("group", "group_size", "{}")),
+    (
+        C("checkpoint bytes", "checkpoint_bytes", "{:,}"),
+        C("largest tensor bytes", "largest_tensor_bytes", "{:,}"),
+        C("peak RSS bytes", "peak_rss_bytes", "{:,}"),
+        C("seconds", "seconds", "{:.0f}"),
+        C("seconds at 64 layers", "seconds_at_64_layers", "{:.0f}"),
+    ),
+)
+
 BENCHES = (
     DECODE, ENGINE, TORCH, PREFILL, DECODE_ATTENTION, PREFILL_ATTENTION, QUANT_GEMV, BF16_GEMV,
-    SPEC, SPEC_DEMO, QUANT_QUALITY, REPLAY, REPLAY_TINY,
+    SPEC, SPEC_DEMO, QUANT_QUALITY, REPLAY, REPLAY_TINY, GATED_DELTANET, QUANTIZE_MEMORY,
 )
