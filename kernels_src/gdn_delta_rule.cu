@@ -16,11 +16,13 @@
 // groups, one block each: grid (dv / group, Hv, B).
 //
 // gdn_recurrent_d{dk}: sequences of 1..8 rows (decode, k+1-row verification; others skipped). Block 128 =
-// 4 warps; group 32: lane = column, warp w holds rows [w dk/4, (w+1) dk/4) of the column in registers. The
-// state is read once and each requested state stored straight from registers. Each warp normalises q and k
-// itself; per row one cross-warp reduction (one block barrier) gives S^T k and S^T q together
-// (o = (e^g S)^T q + delta (k . q)). At the 27B shape (48 heads of
-// 128 x 128) one sequence is 192 blocks streaming 3 MiB in and 3 MiB out: bandwidth-bound by design.
+// 4 warps over a group of 16 columns: each thread holds one float4 of 4 columns in dk/32 rows (row slots of
+// 8 per warp, 32 per block), in registers. The state is read once, with 16-byte loads issued straight after
+// the step's tables (before the row prologue), and each requested state stored straight from registers.
+// Each warp normalises q and k itself (the thread's rows by shuffle); per row the column sums of S^T k and
+// S^T q are reduced by shuffles within a warp and through shared memory across the 4 warps (one block
+// barrier) and give o = (e^g S)^T q + delta (k . q). At the 27B shape (48 heads of 128 x 128) one sequence
+// is 384 blocks streaming 3 MiB in and 3 MiB out: bandwidth-bound by design.
 //
 // gdn_chunked_d{dk}_c{group}: sequences of more than 8 rows. Block 256, dynamic shared memory
 // (chunked_smem_floats below). Chunks of 64 rows from the sequence's first row, also cut at every requested
@@ -37,7 +39,7 @@
 
 constexpr int kRecurrentMaxRows = 8;  // numpy_delta_rule.RECURRENT_MAX_ROWS
 constexpr int kRecurrentThreads = 128;
-constexpr int kRecurrentColumns = 32;
+constexpr int kRecurrentColumns = 16;  // 4 lanes x float4
 constexpr int kChunk = 64;
 constexpr int kChunkThreads = 256;
 
@@ -66,18 +68,29 @@ struct DeltaRuleArgs {
 
 // -- recurrent ------------------------------------------------------------------------------------------
 
+// Thread (warp w, lane l) of a recurrent block owns value columns column0 + 4 (l % 4) .. + 3 (one float4)
+// of the state rows slot + 32 i, slot = 8 w + l / 4: a warp instruction moves 8 rows x 64 contiguous bytes.
+constexpr int kRecurrentRowSlots = kRecurrentThreads / 4;
+
 template <int DK>
-__forceinline__ void store_tile_rows(float* dst, const float (&s)[DK / 4], int value_dim) {
+__forceinline__ void store_tile_rows(float* dst, const float4 (&s)[DK / kRecurrentRowSlots], long long row_step) {
 #pragma unroll
-    for (int i = 0; i < DK / 4; ++i) dst[(long long)i * value_dim] = s[i];
+    for (int i = 0; i < DK / kRecurrentRowSlots; ++i) *reinterpret_cast<float4*>(dst + i * row_step) = s[i];
+}
+
+__forceinline__ float4 load_bf16x4(const bf16* src) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
 // Row `row`'s q and k of `key_head`, L2-normalised (q also scaled), computed by every warp on its own (no
-// block barrier): lane l holds dims l + 32 e; the warp's own state rows go to its slice of shared memory.
-// Returns k . q of the normalised vectors.
+// block barrier): lane l reads dims l + 32 e, and the thread's own state rows slot + 32 i come from lane
+// `slot` by shuffle. Returns k . q of the normalised vectors.
 template <int DK>
-__forceinline__ float normalised_qk(float* q_rows, float* k_rows, const bf16* qk, int key_stride, int warp, int lane) {
-    constexpr int kRows = DK / 4;
+__forceinline__ float normalised_qk(float (&q_rows)[DK / 32], float (&k_rows)[DK / 32], const bf16* qk, int key_stride,
+                                    int slot, int lane) {
     float qv[DK / 32], kv[DK / 32], qq = 0.0f, kk = 0.0f, qk_dot = 0.0f;
 #pragma unroll
     for (int e = 0; e < DK / 32; ++e) {
@@ -89,69 +102,93 @@ __forceinline__ float normalised_qk(float* q_rows, float* k_rows, const bf16* qk
     }
     const float q_scale = rsqrtf(warp_sum(qq) + kL2NormEps) * rsqrtf((float)DK);
     const float k_scale = rsqrtf(warp_sum(kk) + kL2NormEps);
-    const float kq = warp_sum(qk_dot) * q_scale * k_scale;
-    __syncwarp();  // the previous row's reads of this warp's slice are done
 #pragma unroll
     for (int e = 0; e < DK / 32; ++e) {
-        const int d = lane + 32 * e;
-        if (d / kRows == warp) {
-            q_rows[d - warp * kRows] = qv[e] * q_scale;
-            k_rows[d - warp * kRows] = kv[e] * k_scale;
-        }
+        q_rows[e] = __shfl_sync(0xffffffffu, qv[e], slot) * q_scale;
+        k_rows[e] = __shfl_sync(0xffffffffu, kv[e], slot) * k_scale;
     }
-    __syncwarp();
-    return kq;
+    return warp_sum(qk_dot) * q_scale * k_scale;
+}
+
+// The sum over the 8 row slots of a warp (lanes of one column quad: lane bits 2..4).
+__forceinline__ float4 quad_column_sum(float4 value) {
+#pragma unroll
+    for (int offset = 4; offset < 32; offset <<= 1) {
+        value.x += __shfl_xor_sync(0xffffffffu, value.x, offset);
+        value.y += __shfl_xor_sync(0xffffffffu, value.y, offset);
+        value.z += __shfl_xor_sync(0xffffffffu, value.z, offset);
+        value.w += __shfl_xor_sync(0xffffffffu, value.w, offset);
+    }
+    return value;
+}
+
+__forceinline__ float4 scaled(float4 a, float x) { return make_float4(a.x * x, a.y * x, a.z * x, a.w * x); }
+
+// a x + c, per component
+__forceinline__ float4 fma4(float4 a, float x, float4 c) {
+    return make_float4(fmaf(a.x, x, c.x), fmaf(a.y, x, c.y), fmaf(a.z, x, c.z), fmaf(a.w, x, c.w));
 }
 
 // One block barrier per row: the cross-warp sums of S^T k and S^T q, double-buffered by row parity (a
-// buffer is rewritten two rows later, after the next row's barrier).
+// buffer is rewritten two rows later, after the next row's barrier). The step's tables are read together
+// and the state right after them, before the row prologue, so the state's loads wait on one table latency.
 template <int DK>
 __forceinline__ void recurrent(const DeltaRuleArgs& p) {
-    constexpr int kRows = DK / 4;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int kRows = DK / kRecurrentRowSlots, kWarps = kRecurrentThreads / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slot = warp * 8 + (lane >> 2), quad = lane & 3;
     const int head = blockIdx.y, seq = blockIdx.z;
-    const int column = blockIdx.x * kRecurrentColumns + lane;
+    const int column = blockIdx.x * kRecurrentColumns + 4 * quad;
     const float decay_rate = expf(p.a_log[head]), bias = p.dt_bias[head];  // weights: before the wait
     enter_dependent_kernel();
-    const SequenceRows rows = sequence_rows(p.query_start, seq);
-    if (rows.length == 0 || rows.length > kRecurrentMaxRows) return;  // uniform over the block
-    const int key_head = head / (p.value_heads / p.key_heads), channels = p.conv_channels(DK);
-    const long long tile = ((long long)head * DK + warp * kRows) * p.value_dim + column;  // this thread's rows
-    float s[kRows];
-    const float* src = p.states.recurrent(p.states.slots[seq]) + tile;
+    const int first = p.query_start[seq], length = p.query_start[seq + 1] - first, source = p.states.slots[seq];
+    if (length == 0 || length > kRecurrentMaxRows) return;  // uniform over the block
+    const long long row_step = (long long)kRecurrentRowSlots * p.value_dim;
+    const long long tile = ((long long)head * DK + slot) * p.value_dim + column;  // this thread's first row
+    float4 s[kRows];
+    const float* src = p.states.recurrent(source) + tile;
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) s[i] = src[(long long)i * p.value_dim];
-    const int initial_target = p.states.target_after(seq, 0, rows.length);
-    if (initial_target >= 0) store_tile_rows<DK>(p.states.recurrent(initial_target) + tile, s, p.value_dim);
+    for (int i = 0; i < kRows; ++i) s[i] = *reinterpret_cast<const float4*>(src + i * row_step);
+    const int key_head = head / (p.value_heads / p.key_heads), channels = p.conv_channels(DK);
+    const int initial_target = p.states.target_after(seq, 0, length);
+    if (initial_target >= 0) store_tile_rows<DK>(p.states.recurrent(initial_target) + tile, s, row_step);
 
-    __shared__ float q_rows[4][kRows], k_rows[4][kRows], partial[2][2][4][32];
-    for (int t = 0; t < rows.length; ++t) {
-        const long long row = rows.first + t;
-        const bf16* qk = p.conv + row * channels + key_head * DK;
-        const float kq = normalised_qk<DK>(q_rows[warp], k_rows[warp], qk, p.key_heads * DK, warp, lane);
+    __shared__ float4 partial[2][2][kWarps][kRecurrentColumns / 4];
+    for (int t = 0; t < length; ++t) {
+        const long long row = first + t;
+        float q_rows[kRows], k_rows[kRows];
+        const float kq = normalised_qk<DK>(q_rows, k_rows, p.conv + row * channels + key_head * DK, p.key_heads * DK, slot, lane);
         float beta, g;
         p.gating(row, head, decay_rate, bias, beta, g);
         const float decay = expf(g);
-        const float v = __bfloat162float(p.conv[row * channels + 2 * p.key_heads * DK + head * p.value_dim + column]);
-        float pk = 0.0f, pq = 0.0f;
+        const float4 v = load_bf16x4(p.conv + row * channels + 2 * p.key_heads * DK + head * p.value_dim + column);
+        float4 pk = make_float4(0.0f, 0.0f, 0.0f, 0.0f), pq = pk;
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
-            s[i] *= decay;
-            pk += s[i] * k_rows[warp][i];
-            pq += s[i] * q_rows[warp][i];
+            s[i] = scaled(s[i], decay);
+            pk = fma4(s[i], k_rows[i], pk);
+            pq = fma4(s[i], q_rows[i], pq);
         }
-        float (&sums)[2][4][32] = partial[t & 1];
-        sums[0][warp][lane] = pk;
-        sums[1][warp][lane] = pq;
+        float4 (&sums)[2][kWarps][kRecurrentColumns / 4] = partial[t & 1];
+        pk = quad_column_sum(pk);
+        pq = quad_column_sum(pq);
+        if (lane < 4) {
+            sums[0][warp][quad] = pk;
+            sums[1][warp][quad] = pq;
+        }
         __syncthreads();
-        pk = sums[0][0][lane] + sums[0][1][lane] + sums[0][2][lane] + sums[0][3][lane];
-        pq = sums[1][0][lane] + sums[1][1][lane] + sums[1][2][lane] + sums[1][3][lane];
-        const float delta = beta * (v - pk);
+        float4 sk = sums[0][0][quad], sq = sums[1][0][quad];
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) s[i] += k_rows[warp][i] * delta;
-        if (warp == 0) p.out[(row * p.value_heads + head) * p.value_dim + column] = pq + delta * kq;
-        const int target = p.states.target_after(seq, t + 1, rows.length);
-        if (target >= 0) store_tile_rows<DK>(p.states.recurrent(target) + tile, s, p.value_dim);
+        for (int w = 1; w < kWarps; ++w) {
+            const float4 a = sums[0][w][quad], b = sums[1][w][quad];
+            sk = make_float4(sk.x + a.x, sk.y + a.y, sk.z + a.z, sk.w + a.w);
+            sq = make_float4(sq.x + b.x, sq.y + b.y, sq.z + b.z, sq.w + b.w);
+        }
+        const float4 delta = make_float4(beta * (v.x - sk.x), beta * (v.y - sk.y), beta * (v.z - sk.z), beta * (v.w - sk.w));
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) s[i] = fma4(delta, k_rows[i], s[i]);
+        if (threadIdx.x < 4) *reinterpret_cast<float4*>(p.out + (row * p.value_heads + head) * p.value_dim + column) = fma4(delta, kq, sq);
+        const int target = p.states.target_after(seq, t + 1, length);
+        if (target >= 0) store_tile_rows<DK>(p.states.recurrent(target) + tile, s, row_step);
     }
 }
 
