@@ -31,11 +31,15 @@
 //   P = tril(q k^T * D),  A = strict_tril(beta k k^T * D),  T = (I + A)^-1 (block doubling),
 //   v_new = T (beta v - beta e^cum (k S)),  o = e^cum q S + P v_new,
 //   S = e^cum_last S + (k e^(cum_last - cum))^T v_new.
-// fp32 FMA on register tiles (4x4 per thread) over fp32 operands in shared memory: a first version, about
-// 2 M multiply-adds per (chunk, column group); expected ~2-4 ms for 8,192 rows at the 27B shape on an
-// H200, several times fla's tensor-core kernels. The bf16 mma.sync version replaces the products.
+// Every product on the tensor cores in split bf16 (gdn_split_mma.cuh: f32 operands in shared memory, each
+// x = hi + lo, three mma.sync per 16-deep step, relative error ~2^-16), one 16-row warp tile per warp; the
+// squares skip their tiles above the diagonal; the inverse in f32 FMA. Per (chunk, 32-column block) at dk
+// 128 about 390 mma.sync per warp; two blocks per H200 SM (106 KiB of shared memory, <= 128 registers), so
+// the 27B shape's 192 blocks are one wave. Expected, not yet measured: ~5-7 us per chunk, ~60 us for 531
+// rows and ~0.8 ms for 8,192 on an H200.
 #include "attention_common.cuh"
 #include "gdn_common.cuh"
+#include "gdn_split_mma.cuh"
 
 constexpr int kRecurrentMaxRows = 8;  // numpy_delta_rule.RECURRENT_MAX_ROWS
 constexpr int kRecurrentThreads = 128;
@@ -194,48 +198,15 @@ __forceinline__ void recurrent(const DeltaRuleArgs& p) {
 
 // -- chunked --------------------------------------------------------------------------------------------
 
-// Register tiles over an M x N product: thread tile (tm, tn) owns elements (tm + i M/TM, tn + j N/TN), so
-// neighbouring threads read neighbouring shared-memory words.
-template <int M, int N, int TM, int TN>
-struct Tiling {
-    static constexpr int kRowStep = M / TM;
-    static constexpr int kColStep = N / TN;
-    static constexpr int kTiles = kRowStep * kColStep;
-
-    template <typename Body>
-    static __forceinline__ void each(Body body) {
-        for (int t = threadIdx.x; t < kTiles; t += blockDim.x) body(t / kColStep, t % kColStep);
-    }
-
-    // acc[i][j] = sum_{l < depth} a(row i, l) * b(l, column j)
-    template <typename A, typename B>
-    static __forceinline__ void product(float (&acc)[TM][TN], int tm, int tn, int depth, A a, B b) {
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-            for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
-        for (int l = 0; l < depth; ++l) {
-            float av[TM], bv[TN];
-#pragma unroll
-            for (int i = 0; i < TM; ++i) av[i] = a(tm + i * kRowStep, l);
-#pragma unroll
-            for (int j = 0; j < TN; ++j) bv[j] = b(l, tn + j * kColStep);
-#pragma unroll
-            for (int i = 0; i < TM; ++i)
-#pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] += av[i] * bv[j];
-        }
-    }
-};
-
 // Shared memory of gdn_chunked_d{DK}_c{CV}, in floats (linear_attn_ops.chunked_smem_bytes mirrors it):
 // k, q [64][DK+1] (q's region later holds A and T [64][64] and v_new [64][CV]), P [64][65], S [DK][CV],
-// o and v [64][CV], cum, beta, tail decay [64].
+// v [64][CV], cum, beta, tail decay [64]. The output's e^cum q S part stays in registers (the same warp
+// tile as P v_new), so at dk 128 a block of 32 columns takes 106 KiB and two blocks share an H200 SM.
 template <int DK, int CV>
 struct ChunkSmem {
     static constexpr int kRowStride = DK + 1;
     static constexpr int kQRegion = kChunk * kRowStride > 2 * kChunk * kChunk ? kChunk * kRowStride : 2 * kChunk * kChunk;
-    static constexpr int kFloats = kChunk * kRowStride + kQRegion + kChunk * (kChunk + 1) + DK * CV + 2 * kChunk * CV + 3 * kChunk;
+    static constexpr int kFloats = kChunk * kRowStride + kQRegion + kChunk * (kChunk + 1) + DK * CV + kChunk * CV + 3 * kChunk;
     float* k;
     float* q;
     float* a;
@@ -243,7 +214,6 @@ struct ChunkSmem {
     float* v_new;
     float* p;
     float* s;
-    float* o;
     float* v;
     float* cum;
     float* beta;
@@ -251,8 +221,7 @@ struct ChunkSmem {
 
     __device__ explicit ChunkSmem(float* base)
         : k(base), q(base + kChunk * kRowStride), a(q), t(q + kChunk * kChunk), v_new(q), p(q + kQRegion),
-          s(p + kChunk * (kChunk + 1)), o(s + DK * CV), v(o + kChunk * CV), cum(v + kChunk * CV), beta(cum + kChunk),
-          tail(beta + kChunk) {}
+          s(p + kChunk * (kChunk + 1)), v(s + DK * CV), cum(v + kChunk * CV), beta(cum + kChunk), tail(beta + kChunk) {}
 };
 
 // Rows [pos, pos + length) of the sequence: q, k normalised, beta v of the block's columns, g -> cum, beta.
@@ -340,102 +309,72 @@ __forceinline__ void store_state(const ChunkSmem<DK, CV>& sm, float* dst, int va
     for (int idx = threadIdx.x; idx < DK * CV; idx += blockDim.x) dst[(long long)(idx / CV) * value_dim + idx % CV] = sm.s[idx];
 }
 
-// One chunk of `length` rows starting at sequence row `pos`; S (sm.s) is the state before it, after it on return.
+// One chunk of `length` rows starting at sequence row `pos`; S (sm.s) is the state before it, after it on
+// return. Every product runs on the tensor cores (gdn_split_mma.cuh), one warp tile per warp: the 64 x 64
+// squares skip their tiles above the diagonal (and T v, P v_new the zero part of T, P); the inverse is f32.
 template <int DK, int CV>
 __forceinline__ void chunk_step(const ChunkSmem<DK, CV>& sm, const DeltaRuleArgs& p, long long first_row, int length,
                                 int head, int key_head, int column0, float decay_rate, float bias) {
     constexpr int kStride = DK + 1;
-    using Square = Tiling<kChunk, kChunk, 4, 4>;
-    using Narrow = Tiling<kChunk, CV, 4, CV / 16>;
-    using State = Tiling<DK, CV, DK / 32, CV / 8>;
+    using Square = WarpTile<kChunk, kChunk>;
+    using Narrow = WarpTile<kChunk, CV>;
+    using State = WarpTile<DK, CV>;
+    const int warp = threadIdx.x >> 5;
+    const Square square(warp);
+    const Narrow narrow(warp);
+    const int square_depth = square.n0 <= square.m0 + 15 ? DK : 0;  // 0: a tile above the diagonal
+    const int lower_depth = narrow.m0 + 16;                          // T and P are zero right of their diagonal
+    const auto q_at = [&](int m, int l) { return sm.q[m * kStride + l]; };
+    const auto k_at = [&](int m, int l) { return sm.k[m * kStride + l]; };
+    const auto k_rows = [&](int l, int n) { return sm.k[n * kStride + l]; };
+    const auto s_at = [&](int l, int n) { return sm.s[l * CV + n]; };
     load_chunk<DK, CV>(sm, p, first_row, length, head, key_head, column0, decay_rate, bias);
     __syncthreads();
     prefix_sum_64(sm.cum);
     __syncthreads();
     const float* cum = sm.cum;
-    // P = tril(q k^T D) and o = e^cum q S: the last reads of q
-    Square::each([&](int tm, int tn) {
-        float acc[4][4];
-        Square::product(acc, tm, tn, DK, [&](int m, int l) { return sm.q[m * kStride + l]; },
-                        [&](int l, int n) { return sm.k[n * kStride + l]; });
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) {
-                const int m = tm + i * Square::kRowStep, n = tn + j * Square::kColStep;
-                sm.p[m * (kChunk + 1) + n] = m >= n ? acc[i][j] * expf(cum[m] - cum[n]) : 0.0f;
-            }
-    });
-    Narrow::each([&](int tm, int tn) {
-        float acc[4][CV / 16];
-        Narrow::product(acc, tm, tn, DK, [&](int m, int l) { return sm.q[m * kStride + l]; },
-                        [&](int l, int n) { return sm.s[l * CV + n]; });
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < CV / 16; ++j) {
-                const int m = tm + i * Narrow::kRowStep, n = tn + j * Narrow::kColStep;
-                sm.o[m * CV + n] = acc[i][j] * expf(cum[m]);
-            }
-    });
+    // P = tril(q k^T D) and o = e^cum q S (kept in registers): the last reads of q
+    float sq[Square::NT][4], o[Narrow::NT][4];
+    split_mma(sq, square.m0, square.n0, square_depth, q_at, k_rows);
+    square.each(sq, [&](int m, int n, float x) { sm.p[m * (kChunk + 1) + n] = m >= n ? x * expf(cum[m] - cum[n]) : 0.0f; });
+    split_mma(o, narrow.m0, narrow.n0, DK, q_at, s_at);
+    narrow.scale_rows(o, [&](int m) { return expf(cum[m]); });
     __syncthreads();
     // A = strict_tril(beta k k^T D), T = I, v <- beta (v - e^cum k S): q's region now holds A and T
-    Square::each([&](int tm, int tn) {
-        float acc[4][4];
-        Square::product(acc, tm, tn, DK, [&](int m, int l) { return sm.k[m * kStride + l]; },
-                        [&](int l, int n) { return sm.k[n * kStride + l]; });
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) {
-                const int m = tm + i * Square::kRowStep, n = tn + j * Square::kColStep;
-                sm.a[m * kChunk + n] = m > n ? sm.beta[m] * acc[i][j] * expf(cum[m] - cum[n]) : 0.0f;
-                sm.t[m * kChunk + n] = m == n ? 1.0f : 0.0f;
-            }
+    split_mma(sq, square.m0, square.n0, square_depth, k_at, k_rows);
+    square.each(sq, [&](int m, int n, float x) {
+        sm.a[m * kChunk + n] = m > n ? sm.beta[m] * x * expf(cum[m] - cum[n]) : 0.0f;
+        sm.t[m * kChunk + n] = m == n ? 1.0f : 0.0f;
     });
-    Narrow::each([&](int tm, int tn) {
-        float acc[4][CV / 16];
-        Narrow::product(acc, tm, tn, DK, [&](int m, int l) { return sm.k[m * kStride + l]; },
-                        [&](int l, int n) { return sm.s[l * CV + n]; });
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < CV / 16; ++j) {
-                const int m = tm + i * Narrow::kRowStep, n = tn + j * Narrow::kColStep;
-                sm.v[m * CV + n] = sm.beta[m] * (sm.v[m * CV + n] - expf(cum[m]) * acc[i][j]);
-            }
-    });
+    float nv[Narrow::NT][4];
+    split_mma(nv, narrow.m0, narrow.n0, DK, k_at, s_at);
+    narrow.each(nv, [&](int m, int n, float x) { sm.v[m * CV + n] = sm.beta[m] * (sm.v[m * CV + n] - expf(cum[m]) * x); });
     __syncthreads();
     invert_unit_lower(sm.a, sm.t);
     // v_new = T v (into A's place), and the tail decays of the state update
-    Narrow::each([&](int tm, int tn) {
-        float acc[4][CV / 16];
-        Narrow::product(acc, tm, tn, kChunk, [&](int m, int l) { return sm.t[m * kChunk + l]; },
-                        [&](int l, int n) { return sm.v[l * CV + n]; });
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < CV / 16; ++j) sm.v_new[(tm + i * Narrow::kRowStep) * CV + tn + j * Narrow::kColStep] = acc[i][j];
-    });
+    split_mma(nv, narrow.m0, narrow.n0, lower_depth, [&](int m, int l) { return sm.t[m * kChunk + l]; },
+              [&](int l, int n) { return sm.v[l * CV + n]; });
+    narrow.each(nv, [&](int m, int n, float x) { sm.v_new[m * CV + n] = x; });
     const float last = cum[kChunk - 1];  // padding rows have g = 0: the last row's cum
     if (threadIdx.x < kChunk) sm.tail[threadIdx.x] = expf(last - cum[threadIdx.x]);
     __syncthreads();
     // o += P v_new (stored), S = e^last S + (k tail)^T v_new
-    Narrow::each([&](int tm, int tn) {
-        float acc[4][CV / 16];
-        Narrow::product(acc, tm, tn, kChunk, [&](int m, int l) { return sm.p[m * (kChunk + 1) + l]; },
-                        [&](int l, int n) { return sm.v_new[l * CV + n]; });
-        for (int i = 0; i < 4; ++i) {
-            const int m = tm + i * Narrow::kRowStep;
-            if (m >= length) continue;
-            float* out = p.out + ((first_row + m) * p.value_heads + head) * p.value_dim + column0;
-            for (int j = 0; j < CV / 16; ++j) {
-                const int n = tn + j * Narrow::kColStep;
-                out[n] = sm.o[m * CV + n] + acc[i][j];
-            }
-        }
+    const auto v_new_at = [&](int l, int n) { return sm.v_new[l * CV + n]; };
+    split_mma(nv, narrow.m0, narrow.n0, lower_depth, [&](int m, int l) { return sm.p[m * (kChunk + 1) + l]; }, v_new_at);
+    float* out = p.out + (first_row * p.value_heads + head) * p.value_dim + column0;
+    const long long out_row = (long long)p.value_heads * p.value_dim;
+#pragma unroll
+    for (int nt = 0; nt < Narrow::NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) nv[nt][r] += o[nt][r];
+    narrow.each(nv, [&](int m, int n, float x) {
+        if (m < length) out[m * out_row + n] = x;
     });
+    const State state(warp);
+    float update[State::NT][4];
+    split_mma(update, state.m0, state.n0, kChunk, [&](int d, int l) { return sm.k[l * kStride + d] * sm.tail[l]; }, v_new_at);
     const float total = expf(last);
-    State::each([&](int tm, int tn) {
-        float acc[DK / 32][CV / 8];
-        State::product(acc, tm, tn, kChunk, [&](int d, int l) { return sm.k[l * kStride + d] * sm.tail[l]; },
-                       [&](int l, int n) { return sm.v_new[l * CV + n]; });
-        for (int i = 0; i < DK / 32; ++i)
-            for (int j = 0; j < CV / 8; ++j) {
-                float& s = sm.s[(tm + i * State::kRowStep) * CV + tn + j * State::kColStep];
-                s = total * s + acc[i][j];
-            }
-    });
+    state.each(update, [&](int d, int n, float x) { sm.s[d * CV + n] = total * sm.s[d * CV + n] + x; });
     __syncthreads();
 }
 
@@ -515,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(128) gdn_gated_norm(bf16* y, const 
     }
 
 #define CHUNKED_KERNEL(DK, CV)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(kChunkThreads) gdn_chunked_d##DK##_c##CV(DELTA_RULE_PARAMS) { \
+    extern "C" __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunked_d##DK##_c##CV(DELTA_RULE_PARAMS) { \
         chunked<DK, CV>(DELTA_RULE_ARGS);                                                                      \
     }
 

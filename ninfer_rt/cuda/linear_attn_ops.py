@@ -55,10 +55,10 @@ def chunked_spec(key_dim: int, columns: int) -> KernelSpec:
 
 def chunked_smem_bytes(key_dim: int, columns: int) -> int:
     """gdn_delta_rule.cu's ChunkSmem<DK, CV>::kFloats, in bytes: k and q [64][dk+1] (q's region at least
-    A and T, 2 x 64 x 64), P [64][65], S [dk][cv], o and v [64][cv], three [64] vectors."""
+    A and T, 2 x 64 x 64), P [64][65], S [dk][cv], v [64][cv], three [64] vectors."""
     row_stride = key_dim + 1
     q_region = max(CHUNK * row_stride, 2 * CHUNK * CHUNK)
-    floats = CHUNK * row_stride + q_region + CHUNK * (CHUNK + 1) + key_dim * columns + 2 * CHUNK * columns + 3 * CHUNK
+    floats = CHUNK * row_stride + q_region + CHUNK * (CHUNK + 1) + key_dim * columns + CHUNK * columns + 3 * CHUNK
     return _F32 * floats
 
 
