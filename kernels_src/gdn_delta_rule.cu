@@ -16,11 +16,13 @@
 // groups, one block each: grid (dv / group, Hv, B).
 //
 // gdn_recurrent_d{dk}: sequences of 1..8 rows (decode, k+1-row verification; others skipped). Block 128 =
-// 4 warps; group 32: lane = column, warp w holds rows [w dk/4, (w+1) dk/4) of the column in registers. The
-// state is read once and each requested state stored straight from registers. Each warp normalises q and k
-// itself; per row one cross-warp reduction (one block barrier) gives S^T k and S^T q together
-// (o = (e^g S)^T q + delta (k . q)). At the 27B shape (48 heads of
-// 128 x 128) one sequence is 192 blocks streaming 3 MiB in and 3 MiB out: bandwidth-bound by design.
+// 4 warps over a group of 16 columns: each thread holds one float4 of 4 columns in dk/32 rows (row slots of
+// 8 per warp, 32 per block), in registers. The state is read once, with 16-byte loads issued straight after
+// the step's tables (before the row prologue), and each requested state stored straight from registers.
+// Each warp normalises q and k itself (the thread's rows by shuffle); per row the column sums of S^T k and
+// S^T q are reduced by shuffles within a warp and through shared memory across the 4 warps (one block
+// barrier) and give o = (e^g S)^T q + delta (k . q). At the 27B shape (48 heads of 128 x 128) one sequence
+// is 384 blocks streaming 3 MiB in and 3 MiB out: bandwidth-bound by design.
 //
 // gdn_chunked_d{dk}_c{group}: sequences of more than 8 rows. Block 256, dynamic shared memory
 // (chunked_smem_floats below). Chunks of 64 rows from the sequence's first row, also cut at every requested
@@ -29,15 +31,19 @@
 //   P = tril(q k^T * D),  A = strict_tril(beta k k^T * D),  T = (I + A)^-1 (block doubling),
 //   v_new = T (beta v - beta e^cum (k S)),  o = e^cum q S + P v_new,
 //   S = e^cum_last S + (k e^(cum_last - cum))^T v_new.
-// fp32 FMA on register tiles (4x4 per thread) over fp32 operands in shared memory: a first version, about
-// 2 M multiply-adds per (chunk, column group); expected ~2-4 ms for 8,192 rows at the 27B shape on an
-// H200, several times fla's tensor-core kernels. The bf16 mma.sync version replaces the products.
+// Every product on the tensor cores in split bf16 (gdn_split_mma.cuh: f32 operands in shared memory, each
+// x = hi + lo, three mma.sync per 16-deep step, relative error ~2^-16), one 16-row warp tile per warp; the
+// squares skip their tiles above the diagonal; the inverse in f32 FMA. Per (chunk, 32-column block) at dk
+// 128 about 390 mma.sync per warp; two blocks per H200 SM (106 KiB of shared memory, <= 128 registers), so
+// the 27B shape's 192 blocks are one wave. Expected, not yet measured: ~5-7 us per chunk, ~60 us for 531
+// rows and ~0.8 ms for 8,192 on an H200.
 #include "attention_common.cuh"
 #include "gdn_common.cuh"
+#include "gdn_split_mma.cuh"
 
 constexpr int kRecurrentMaxRows = 8;  // numpy_delta_rule.RECURRENT_MAX_ROWS
 constexpr int kRecurrentThreads = 128;
-constexpr int kRecurrentColumns = 32;
+constexpr int kRecurrentColumns = 16;  // 4 lanes x float4
 constexpr int kChunk = 64;
 constexpr int kChunkThreads = 256;
 
@@ -66,18 +72,29 @@ struct DeltaRuleArgs {
 
 // -- recurrent ------------------------------------------------------------------------------------------
 
+// Thread (warp w, lane l) of a recurrent block owns value columns column0 + 4 (l % 4) .. + 3 (one float4)
+// of the state rows slot + 32 i, slot = 8 w + l / 4: a warp instruction moves 8 rows x 64 contiguous bytes.
+constexpr int kRecurrentRowSlots = kRecurrentThreads / 4;
+
 template <int DK>
-__forceinline__ void store_tile_rows(float* dst, const float (&s)[DK / 4], int value_dim) {
+__forceinline__ void store_tile_rows(float* dst, const float4 (&s)[DK / kRecurrentRowSlots], long long row_step) {
 #pragma unroll
-    for (int i = 0; i < DK / 4; ++i) dst[(long long)i * value_dim] = s[i];
+    for (int i = 0; i < DK / kRecurrentRowSlots; ++i) *reinterpret_cast<float4*>(dst + i * row_step) = s[i];
+}
+
+__forceinline__ float4 load_bf16x4(const bf16* src) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
 // Row `row`'s q and k of `key_head`, L2-normalised (q also scaled), computed by every warp on its own (no
-// block barrier): lane l holds dims l + 32 e; the warp's own state rows go to its slice of shared memory.
-// Returns k . q of the normalised vectors.
+// block barrier): lane l reads dims l + 32 e, and the thread's own state rows slot + 32 i come from lane
+// `slot` by shuffle. Returns k . q of the normalised vectors.
 template <int DK>
-__forceinline__ float normalised_qk(float* q_rows, float* k_rows, const bf16* qk, int key_stride, int warp, int lane) {
-    constexpr int kRows = DK / 4;
+__forceinline__ float normalised_qk(float (&q_rows)[DK / 32], float (&k_rows)[DK / 32], const bf16* qk, int key_stride,
+                                    int slot, int lane) {
     float qv[DK / 32], kv[DK / 32], qq = 0.0f, kk = 0.0f, qk_dot = 0.0f;
 #pragma unroll
     for (int e = 0; e < DK / 32; ++e) {
@@ -89,116 +106,107 @@ __forceinline__ float normalised_qk(float* q_rows, float* k_rows, const bf16* qk
     }
     const float q_scale = rsqrtf(warp_sum(qq) + kL2NormEps) * rsqrtf((float)DK);
     const float k_scale = rsqrtf(warp_sum(kk) + kL2NormEps);
-    const float kq = warp_sum(qk_dot) * q_scale * k_scale;
-    __syncwarp();  // the previous row's reads of this warp's slice are done
 #pragma unroll
     for (int e = 0; e < DK / 32; ++e) {
-        const int d = lane + 32 * e;
-        if (d / kRows == warp) {
-            q_rows[d - warp * kRows] = qv[e] * q_scale;
-            k_rows[d - warp * kRows] = kv[e] * k_scale;
-        }
+        q_rows[e] = __shfl_sync(0xffffffffu, qv[e], slot) * q_scale;
+        k_rows[e] = __shfl_sync(0xffffffffu, kv[e], slot) * k_scale;
     }
-    __syncwarp();
-    return kq;
+    return warp_sum(qk_dot) * q_scale * k_scale;
+}
+
+// The sum over the 8 row slots of a warp (lanes of one column quad: lane bits 2..4).
+__forceinline__ float4 quad_column_sum(float4 value) {
+#pragma unroll
+    for (int offset = 4; offset < 32; offset <<= 1) {
+        value.x += __shfl_xor_sync(0xffffffffu, value.x, offset);
+        value.y += __shfl_xor_sync(0xffffffffu, value.y, offset);
+        value.z += __shfl_xor_sync(0xffffffffu, value.z, offset);
+        value.w += __shfl_xor_sync(0xffffffffu, value.w, offset);
+    }
+    return value;
+}
+
+__forceinline__ float4 scaled(float4 a, float x) { return make_float4(a.x * x, a.y * x, a.z * x, a.w * x); }
+
+// a x + c, per component
+__forceinline__ float4 fma4(float4 a, float x, float4 c) {
+    return make_float4(fmaf(a.x, x, c.x), fmaf(a.y, x, c.y), fmaf(a.z, x, c.z), fmaf(a.w, x, c.w));
 }
 
 // One block barrier per row: the cross-warp sums of S^T k and S^T q, double-buffered by row parity (a
-// buffer is rewritten two rows later, after the next row's barrier).
+// buffer is rewritten two rows later, after the next row's barrier). The step's tables are read together
+// and the state right after them, before the row prologue, so the state's loads wait on one table latency.
 template <int DK>
 __forceinline__ void recurrent(const DeltaRuleArgs& p) {
-    constexpr int kRows = DK / 4;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int kRows = DK / kRecurrentRowSlots, kWarps = kRecurrentThreads / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slot = warp * 8 + (lane >> 2), quad = lane & 3;
     const int head = blockIdx.y, seq = blockIdx.z;
-    const int column = blockIdx.x * kRecurrentColumns + lane;
+    const int column = blockIdx.x * kRecurrentColumns + 4 * quad;
     const float decay_rate = expf(p.a_log[head]), bias = p.dt_bias[head];  // weights: before the wait
     enter_dependent_kernel();
-    const SequenceRows rows = sequence_rows(p.query_start, seq);
-    if (rows.length == 0 || rows.length > kRecurrentMaxRows) return;  // uniform over the block
-    const int key_head = head / (p.value_heads / p.key_heads), channels = p.conv_channels(DK);
-    const long long tile = ((long long)head * DK + warp * kRows) * p.value_dim + column;  // this thread's rows
-    float s[kRows];
-    const float* src = p.states.recurrent(p.states.slots[seq]) + tile;
+    const int first = p.query_start[seq], length = p.query_start[seq + 1] - first, source = p.states.slots[seq];
+    if (length == 0 || length > kRecurrentMaxRows) return;  // uniform over the block
+    const long long row_step = (long long)kRecurrentRowSlots * p.value_dim;
+    const long long tile = ((long long)head * DK + slot) * p.value_dim + column;  // this thread's first row
+    float4 s[kRows];
+    const float* src = p.states.recurrent(source) + tile;
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) s[i] = src[(long long)i * p.value_dim];
-    const int initial_target = p.states.target_after(seq, 0, rows.length);
-    if (initial_target >= 0) store_tile_rows<DK>(p.states.recurrent(initial_target) + tile, s, p.value_dim);
+    for (int i = 0; i < kRows; ++i) s[i] = *reinterpret_cast<const float4*>(src + i * row_step);
+    const int key_head = head / (p.value_heads / p.key_heads), channels = p.conv_channels(DK);
+    const int initial_target = p.states.target_after(seq, 0, length);
+    if (initial_target >= 0) store_tile_rows<DK>(p.states.recurrent(initial_target) + tile, s, row_step);
 
-    __shared__ float q_rows[4][kRows], k_rows[4][kRows], partial[2][2][4][32];
-    for (int t = 0; t < rows.length; ++t) {
-        const long long row = rows.first + t;
-        const bf16* qk = p.conv + row * channels + key_head * DK;
-        const float kq = normalised_qk<DK>(q_rows[warp], k_rows[warp], qk, p.key_heads * DK, warp, lane);
+    __shared__ float4 partial[2][2][kWarps][kRecurrentColumns / 4];
+    for (int t = 0; t < length; ++t) {
+        const long long row = first + t;
+        float q_rows[kRows], k_rows[kRows];
+        const float kq = normalised_qk<DK>(q_rows, k_rows, p.conv + row * channels + key_head * DK, p.key_heads * DK, slot, lane);
         float beta, g;
         p.gating(row, head, decay_rate, bias, beta, g);
         const float decay = expf(g);
-        const float v = __bfloat162float(p.conv[row * channels + 2 * p.key_heads * DK + head * p.value_dim + column]);
-        float pk = 0.0f, pq = 0.0f;
+        const float4 v = load_bf16x4(p.conv + row * channels + 2 * p.key_heads * DK + head * p.value_dim + column);
+        float4 pk = make_float4(0.0f, 0.0f, 0.0f, 0.0f), pq = pk;
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
-            s[i] *= decay;
-            pk += s[i] * k_rows[warp][i];
-            pq += s[i] * q_rows[warp][i];
+            s[i] = scaled(s[i], decay);
+            pk = fma4(s[i], k_rows[i], pk);
+            pq = fma4(s[i], q_rows[i], pq);
         }
-        float (&sums)[2][4][32] = partial[t & 1];
-        sums[0][warp][lane] = pk;
-        sums[1][warp][lane] = pq;
+        float4 (&sums)[2][kWarps][kRecurrentColumns / 4] = partial[t & 1];
+        pk = quad_column_sum(pk);
+        pq = quad_column_sum(pq);
+        if (lane < 4) {
+            sums[0][warp][quad] = pk;
+            sums[1][warp][quad] = pq;
+        }
         __syncthreads();
-        pk = sums[0][0][lane] + sums[0][1][lane] + sums[0][2][lane] + sums[0][3][lane];
-        pq = sums[1][0][lane] + sums[1][1][lane] + sums[1][2][lane] + sums[1][3][lane];
-        const float delta = beta * (v - pk);
+        float4 sk = sums[0][0][quad], sq = sums[1][0][quad];
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) s[i] += k_rows[warp][i] * delta;
-        if (warp == 0) p.out[(row * p.value_heads + head) * p.value_dim + column] = pq + delta * kq;
-        const int target = p.states.target_after(seq, t + 1, rows.length);
-        if (target >= 0) store_tile_rows<DK>(p.states.recurrent(target) + tile, s, p.value_dim);
+        for (int w = 1; w < kWarps; ++w) {
+            const float4 a = sums[0][w][quad], b = sums[1][w][quad];
+            sk = make_float4(sk.x + a.x, sk.y + a.y, sk.z + a.z, sk.w + a.w);
+            sq = make_float4(sq.x + b.x, sq.y + b.y, sq.z + b.z, sq.w + b.w);
+        }
+        const float4 delta = make_float4(beta * (v.x - sk.x), beta * (v.y - sk.y), beta * (v.z - sk.z), beta * (v.w - sk.w));
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) s[i] = fma4(delta, k_rows[i], s[i]);
+        if (threadIdx.x < 4) *reinterpret_cast<float4*>(p.out + (row * p.value_heads + head) * p.value_dim + column) = fma4(delta, kq, sq);
+        const int target = p.states.target_after(seq, t + 1, length);
+        if (target >= 0) store_tile_rows<DK>(p.states.recurrent(target) + tile, s, row_step);
     }
 }
 
 // -- chunked --------------------------------------------------------------------------------------------
 
-// Register tiles over an M x N product: thread tile (tm, tn) owns elements (tm + i M/TM, tn + j N/TN), so
-// neighbouring threads read neighbouring shared-memory words.
-template <int M, int N, int TM, int TN>
-struct Tiling {
-    static constexpr int kRowStep = M / TM;
-    static constexpr int kColStep = N / TN;
-    static constexpr int kTiles = kRowStep * kColStep;
-
-    template <typename Body>
-    static __forceinline__ void each(Body body) {
-        for (int t = threadIdx.x; t < kTiles; t += blockDim.x) body(t / kColStep, t % kColStep);
-    }
-
-    // acc[i][j] = sum_{l < depth} a(row i, l) * b(l, column j)
-    template <typename A, typename B>
-    static __forceinline__ void product(float (&acc)[TM][TN], int tm, int tn, int depth, A a, B b) {
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-            for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
-        for (int l = 0; l < depth; ++l) {
-            float av[TM], bv[TN];
-#pragma unroll
-            for (int i = 0; i < TM; ++i) av[i] = a(tm + i * kRowStep, l);
-#pragma unroll
-            for (int j = 0; j < TN; ++j) bv[j] = b(l, tn + j * kColStep);
-#pragma unroll
-            for (int i = 0; i < TM; ++i)
-#pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] += av[i] * bv[j];
-        }
-    }
-};
-
 // Shared memory of gdn_chunked_d{DK}_c{CV}, in floats (linear_attn_ops.chunked_smem_bytes mirrors it):
 // k, q [64][DK+1] (q's region later holds A and T [64][64] and v_new [64][CV]), P [64][65], S [DK][CV],
-// o and v [64][CV], cum, beta, tail decay [64].
+// v [64][CV], cum, beta, tail decay [64]. The output's e^cum q S part stays in registers (the same warp
+// tile as P v_new), so at dk 128 a block of 32 columns takes 106 KiB and two blocks share an H200 SM.
 template <int DK, int CV>
 struct ChunkSmem {
     static constexpr int kRowStride = DK + 1;
     static constexpr int kQRegion = kChunk * kRowStride > 2 * kChunk * kChunk ? kChunk * kRowStride : 2 * kChunk * kChunk;
-    static constexpr int kFloats = kChunk * kRowStride + kQRegion + kChunk * (kChunk + 1) + DK * CV + 2 * kChunk * CV + 3 * kChunk;
+    static constexpr int kFloats = kChunk * kRowStride + kQRegion + kChunk * (kChunk + 1) + DK * CV + kChunk * CV + 3 * kChunk;
     float* k;
     float* q;
     float* a;
@@ -206,7 +214,6 @@ struct ChunkSmem {
     float* v_new;
     float* p;
     float* s;
-    float* o;
     float* v;
     float* cum;
     float* beta;
@@ -214,8 +221,7 @@ struct ChunkSmem {
 
     __device__ explicit ChunkSmem(float* base)
         : k(base), q(base + kChunk * kRowStride), a(q), t(q + kChunk * kChunk), v_new(q), p(q + kQRegion),
-          s(p + kChunk * (kChunk + 1)), o(s + DK * CV), v(o + kChunk * CV), cum(v + kChunk * CV), beta(cum + kChunk),
-          tail(beta + kChunk) {}
+          s(p + kChunk * (kChunk + 1)), v(s + DK * CV), cum(v + kChunk * CV), beta(cum + kChunk), tail(beta + kChunk) {}
 };
 
 // Rows [pos, pos + length) of the sequence: q, k normalised, beta v of the block's columns, g -> cum, beta.
@@ -303,102 +309,72 @@ __forceinline__ void store_state(const ChunkSmem<DK, CV>& sm, float* dst, int va
     for (int idx = threadIdx.x; idx < DK * CV; idx += blockDim.x) dst[(long long)(idx / CV) * value_dim + idx % CV] = sm.s[idx];
 }
 
-// One chunk of `length` rows starting at sequence row `pos`; S (sm.s) is the state before it, after it on return.
+// One chunk of `length` rows starting at sequence row `pos`; S (sm.s) is the state before it, after it on
+// return. Every product runs on the tensor cores (gdn_split_mma.cuh), one warp tile per warp: the 64 x 64
+// squares skip their tiles above the diagonal (and T v, P v_new the zero part of T, P); the inverse is f32.
 template <int DK, int CV>
 __forceinline__ void chunk_step(const ChunkSmem<DK, CV>& sm, const DeltaRuleArgs& p, long long first_row, int length,
                                 int head, int key_head, int column0, float decay_rate, float bias) {
     constexpr int kStride = DK + 1;
-    using Square = Tiling<kChunk, kChunk, 4, 4>;
-    using Narrow = Tiling<kChunk, CV, 4, CV / 16>;
-    using State = Tiling<DK, CV, DK / 32, CV / 8>;
+    using Square = WarpTile<kChunk, kChunk>;
+    using Narrow = WarpTile<kChunk, CV>;
+    using State = WarpTile<DK, CV>;
+    const int warp = threadIdx.x >> 5;
+    const Square square(warp);
+    const Narrow narrow(warp);
+    const int square_depth = square.n0 <= square.m0 + 15 ? DK : 0;  // 0: a tile above the diagonal
+    const int lower_depth = narrow.m0 + 16;                          // T and P are zero right of their diagonal
+    const auto q_at = [&](int m, int l) { return sm.q[m * kStride + l]; };
+    const auto k_at = [&](int m, int l) { return sm.k[m * kStride + l]; };
+    const auto k_rows = [&](int l, int n) { return sm.k[n * kStride + l]; };
+    const auto s_at = [&](int l, int n) { return sm.s[l * CV + n]; };
     load_chunk<DK, CV>(sm, p, first_row, length, head, key_head, column0, decay_rate, bias);
     __syncthreads();
     prefix_sum_64(sm.cum);
     __syncthreads();
     const float* cum = sm.cum;
-    // P = tril(q k^T D) and o = e^cum q S: the last reads of q
-    Square::each([&](int tm, int tn) {
-        float acc[4][4];
-        Square::product(acc, tm, tn, DK, [&](int m, int l) { return sm.q[m * kStride + l]; },
-                        [&](int l, int n) { return sm.k[n * kStride + l]; });
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) {
-                const int m = tm + i * Square::kRowStep, n = tn + j * Square::kColStep;
-                sm.p[m * (kChunk + 1) + n] = m >= n ? acc[i][j] * expf(cum[m] - cum[n]) : 0.0f;
-            }
-    });
-    Narrow::each([&](int tm, int tn) {
-        float acc[4][CV / 16];
-        Narrow::product(acc, tm, tn, DK, [&](int m, int l) { return sm.q[m * kStride + l]; },
-                        [&](int l, int n) { return sm.s[l * CV + n]; });
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < CV / 16; ++j) {
-                const int m = tm + i * Narrow::kRowStep, n = tn + j * Narrow::kColStep;
-                sm.o[m * CV + n] = acc[i][j] * expf(cum[m]);
-            }
-    });
+    // P = tril(q k^T D) and o = e^cum q S (kept in registers): the last reads of q
+    float sq[Square::NT][4], o[Narrow::NT][4];
+    split_mma(sq, square.m0, square.n0, square_depth, q_at, k_rows);
+    square.each(sq, [&](int m, int n, float x) { sm.p[m * (kChunk + 1) + n] = m >= n ? x * expf(cum[m] - cum[n]) : 0.0f; });
+    split_mma(o, narrow.m0, narrow.n0, DK, q_at, s_at);
+    narrow.scale_rows(o, [&](int m) { return expf(cum[m]); });
     __syncthreads();
     // A = strict_tril(beta k k^T D), T = I, v <- beta (v - e^cum k S): q's region now holds A and T
-    Square::each([&](int tm, int tn) {
-        float acc[4][4];
-        Square::product(acc, tm, tn, DK, [&](int m, int l) { return sm.k[m * kStride + l]; },
-                        [&](int l, int n) { return sm.k[n * kStride + l]; });
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) {
-                const int m = tm + i * Square::kRowStep, n = tn + j * Square::kColStep;
-                sm.a[m * kChunk + n] = m > n ? sm.beta[m] * acc[i][j] * expf(cum[m] - cum[n]) : 0.0f;
-                sm.t[m * kChunk + n] = m == n ? 1.0f : 0.0f;
-            }
+    split_mma(sq, square.m0, square.n0, square_depth, k_at, k_rows);
+    square.each(sq, [&](int m, int n, float x) {
+        sm.a[m * kChunk + n] = m > n ? sm.beta[m] * x * expf(cum[m] - cum[n]) : 0.0f;
+        sm.t[m * kChunk + n] = m == n ? 1.0f : 0.0f;
     });
-    Narrow::each([&](int tm, int tn) {
-        float acc[4][CV / 16];
-        Narrow::product(acc, tm, tn, DK, [&](int m, int l) { return sm.k[m * kStride + l]; },
-                        [&](int l, int n) { return sm.s[l * CV + n]; });
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < CV / 16; ++j) {
-                const int m = tm + i * Narrow::kRowStep, n = tn + j * Narrow::kColStep;
-                sm.v[m * CV + n] = sm.beta[m] * (sm.v[m * CV + n] - expf(cum[m]) * acc[i][j]);
-            }
-    });
+    float nv[Narrow::NT][4];
+    split_mma(nv, narrow.m0, narrow.n0, DK, k_at, s_at);
+    narrow.each(nv, [&](int m, int n, float x) { sm.v[m * CV + n] = sm.beta[m] * (sm.v[m * CV + n] - expf(cum[m]) * x); });
     __syncthreads();
     invert_unit_lower(sm.a, sm.t);
     // v_new = T v (into A's place), and the tail decays of the state update
-    Narrow::each([&](int tm, int tn) {
-        float acc[4][CV / 16];
-        Narrow::product(acc, tm, tn, kChunk, [&](int m, int l) { return sm.t[m * kChunk + l]; },
-                        [&](int l, int n) { return sm.v[l * CV + n]; });
-        for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < CV / 16; ++j) sm.v_new[(tm + i * Narrow::kRowStep) * CV + tn + j * Narrow::kColStep] = acc[i][j];
-    });
+    split_mma(nv, narrow.m0, narrow.n0, lower_depth, [&](int m, int l) { return sm.t[m * kChunk + l]; },
+              [&](int l, int n) { return sm.v[l * CV + n]; });
+    narrow.each(nv, [&](int m, int n, float x) { sm.v_new[m * CV + n] = x; });
     const float last = cum[kChunk - 1];  // padding rows have g = 0: the last row's cum
     if (threadIdx.x < kChunk) sm.tail[threadIdx.x] = expf(last - cum[threadIdx.x]);
     __syncthreads();
     // o += P v_new (stored), S = e^last S + (k tail)^T v_new
-    Narrow::each([&](int tm, int tn) {
-        float acc[4][CV / 16];
-        Narrow::product(acc, tm, tn, kChunk, [&](int m, int l) { return sm.p[m * (kChunk + 1) + l]; },
-                        [&](int l, int n) { return sm.v_new[l * CV + n]; });
-        for (int i = 0; i < 4; ++i) {
-            const int m = tm + i * Narrow::kRowStep;
-            if (m >= length) continue;
-            float* out = p.out + ((first_row + m) * p.value_heads + head) * p.value_dim + column0;
-            for (int j = 0; j < CV / 16; ++j) {
-                const int n = tn + j * Narrow::kColStep;
-                out[n] = sm.o[m * CV + n] + acc[i][j];
-            }
-        }
+    const auto v_new_at = [&](int l, int n) { return sm.v_new[l * CV + n]; };
+    split_mma(nv, narrow.m0, narrow.n0, lower_depth, [&](int m, int l) { return sm.p[m * (kChunk + 1) + l]; }, v_new_at);
+    float* out = p.out + (first_row * p.value_heads + head) * p.value_dim + column0;
+    const long long out_row = (long long)p.value_heads * p.value_dim;
+#pragma unroll
+    for (int nt = 0; nt < Narrow::NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) nv[nt][r] += o[nt][r];
+    narrow.each(nv, [&](int m, int n, float x) {
+        if (m < length) out[m * out_row + n] = x;
     });
+    const State state(warp);
+    float update[State::NT][4];
+    split_mma(update, state.m0, state.n0, kChunk, [&](int d, int l) { return sm.k[l * kStride + d] * sm.tail[l]; }, v_new_at);
     const float total = expf(last);
-    State::each([&](int tm, int tn) {
-        float acc[DK / 32][CV / 8];
-        State::product(acc, tm, tn, kChunk, [&](int d, int l) { return sm.k[l * kStride + d] * sm.tail[l]; },
-                       [&](int l, int n) { return sm.v_new[l * CV + n]; });
-        for (int i = 0; i < DK / 32; ++i)
-            for (int j = 0; j < CV / 8; ++j) {
-                float& s = sm.s[(tm + i * State::kRowStep) * CV + tn + j * State::kColStep];
-                s = total * s + acc[i][j];
-            }
-    });
+    state.each(update, [&](int d, int n, float x) { sm.s[d * CV + n] = total * sm.s[d * CV + n] + x; });
     __syncthreads();
 }
 
@@ -478,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(128) gdn_gated_norm(bf16* y, const 
     }
 
 #define CHUNKED_KERNEL(DK, CV)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(kChunkThreads) gdn_chunked_d##DK##_c##CV(DELTA_RULE_PARAMS) { \
+    extern "C" __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunked_d##DK##_c##CV(DELTA_RULE_PARAMS) { \
         chunked<DK, CV>(DELTA_RULE_ARGS);                                                                      \
     }
 

@@ -27,7 +27,8 @@ CONV_THREADS = 128  # kConvThreads
 CONV_ROWS_PER_SPLIT = 64  # rows of one sequence per conv block; at least CONV_KERNEL - 1
 RECURRENT_MAX_ROWS = 8  # kRecurrentMaxRows: decode and k+1-row verification; longer sequences are chunked
 RECURRENT_THREADS = 128
-RECURRENT_COLUMNS = 32  # kRecurrentColumns: value columns per recurrent block
+RECURRENT_COLUMNS = 16  # kRecurrentColumns: value columns per recurrent block
+VALUE_DIM_MULTIPLE = 32  # the value head dims every kernel's column groups divide
 CHUNK = 64
 CHUNK_THREADS = 256
 KEY_DIMS = (64, 128)  # key head dims instantiated
@@ -54,10 +55,10 @@ def chunked_spec(key_dim: int, columns: int) -> KernelSpec:
 
 def chunked_smem_bytes(key_dim: int, columns: int) -> int:
     """gdn_delta_rule.cu's ChunkSmem<DK, CV>::kFloats, in bytes: k and q [64][dk+1] (q's region at least
-    A and T, 2 x 64 x 64), P [64][65], S [dk][cv], o and v [64][cv], three [64] vectors."""
+    A and T, 2 x 64 x 64), P [64][65], S [dk][cv], v [64][cv], three [64] vectors."""
     row_stride = key_dim + 1
     q_region = max(CHUNK * row_stride, 2 * CHUNK * CHUNK)
-    floats = CHUNK * row_stride + q_region + CHUNK * (CHUNK + 1) + key_dim * columns + 2 * CHUNK * columns + 3 * CHUNK
+    floats = CHUNK * row_stride + q_region + CHUNK * (CHUNK + 1) + key_dim * columns + CHUNK * columns + 3 * CHUNK
     return _F32 * floats
 
 
@@ -83,8 +84,8 @@ class GdnHeads:
     def __post_init__(self) -> None:
         if self.key_dim not in KEY_DIMS:
             raise ValueError(f"gated delta rule: key head dim {self.key_dim} not instantiated (supported: {KEY_DIMS})")
-        if self.value_dim % RECURRENT_COLUMNS:
-            raise ValueError(f"gated delta rule: value head dim {self.value_dim} is not a multiple of {RECURRENT_COLUMNS}")
+        if self.value_dim % VALUE_DIM_MULTIPLE:
+            raise ValueError(f"gated delta rule: value head dim {self.value_dim} is not a multiple of {VALUE_DIM_MULTIPLE}")
         if self.value_heads % self.key_heads:
             raise ValueError(f"{self.value_heads} value heads are not a multiple of {self.key_heads} key heads")
 
