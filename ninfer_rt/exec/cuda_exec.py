@@ -147,8 +147,8 @@ class CudaExecutor:
 
     # -- capabilities ------------------------------------------------------------------------------------
 
-    def graphed_forward(self, model: PreparedModel, kv: KVCache) -> GraphedForward:
-        return GraphedForward(self, model, kv)
+    def graphed_forward(self, model: PreparedModel, kv: KVCache, states: StateSlotPool | None = None) -> GraphedForward:
+        return GraphedForward(self, model, kv, states)
 
     def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> GraphedMTPSteps:
         return GraphedMTPSteps(self, model, mtp, kv)
@@ -194,18 +194,28 @@ class CudaExecutor:
         for backend in self._backends:
             backend.plan(step)
 
-    def capture(self, enqueue: Callable[[], object]) -> Graph:
+    def capture(self, enqueue: Callable[[], object], states: StateSlotPool | None = None) -> Graph:
         """A graph of what `enqueue` puts on the compute stream, every backend told it is capturing (run the
-        step eagerly first: nothing may be allocated while capturing)."""
+        step eagerly first: nothing may be allocated while capturing). The spans of `states`' slots, like
+        KV pages, are declared by each replay for its own step (`step_accesses`)."""
+        per_step = () if states is None else (states.buffer.resource,)
         with ExitStack() as stack:
             for backend in self._backends:
                 stack.enter_context(backend.capturing())
-            return capture(self.compute, enqueue)
+            return capture(self.compute, enqueue, per_step)
 
     @property
     def step_pages(self) -> tuple[tuple[Resource, ...], tuple[Resource, ...]]:
-        """(read, written) KV pages of the current step: what a graph replay declares besides its capture."""
+        """(read, written) KV pages of the current step."""
         return self._pages_read, self._pages_written
+
+    def step_accesses(self, states: StateSlotPool | None = None) -> tuple[tuple[Resource, ...], tuple[Resource, ...]]:
+        """(read, written) resources of the current step that a graph replay declares besides its capture:
+        its KV pages and, over `states`, the spans of the slots it reads (live) and writes (targets)."""
+        if states is None:
+            return self.step_pages
+        slots_read, slots_written = self.linear_attention_backend.slot_spans(states)
+        return self._pages_read + slots_read, self._pages_written + slots_written
 
     def embed(self, table: DeviceTensor) -> DeviceTensor:
         rows = self._batch.num_tokens
