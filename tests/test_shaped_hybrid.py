@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forward_helpers import SeqStep, make_runtime, random_tokens
+from forward_helpers import make_runtime, random_tokens
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.shapes import SHAPES, hybrid_text_config
 from ninfer_rt.model.weights import load_model_weights
