@@ -16,7 +16,7 @@ from ninfer_rt.cuda import linear_attn_ops as ops
 from ninfer_rt.cuda.compiler import compile_family
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.cuda_exec import check_state_targets
+from ninfer_rt.exec.cuda_step_inputs import check_state_targets
 from ninfer_rt.exec.cuda_linear_attn import LinearAttentionBackend
 from ninfer_rt.exec.layer_backend import PublishedStep
 from ninfer_rt.kv.states import StateSlotPool, StateSpec

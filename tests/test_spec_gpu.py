@@ -19,9 +19,10 @@ from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.spec import DraftHead
 from ninfer_rt.engine.spec_vocab import REFRESH_TOKENS, DraftVocab
-from ninfer_rt.exec.cuda_exec import BF16, CudaExecutor
+from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.exec.cuda_graphs import GraphedMTPSteps, MTPGraphKey
 from ninfer_rt.exec.cuda_tensors import StepShape
+from ninfer_rt.exec.cuda_weights import BF16
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.model.executor import StepBatch, WeightRole
 from ninfer_rt.model.layers import PreparedModel, forward, prepare_model

@@ -6,7 +6,7 @@ import pytest
 
 from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView
 from ninfer_rt.cuda.streams import StreamSet
-from ninfer_rt.exec.cuda_exec import STEP_INPUTS, input_layout
+from ninfer_rt.exec.cuda_step_inputs import STEP_INPUTS, input_layout
 
 
 def test_regions_are_disjoint_aligned_and_sized_for_their_arrays() -> None:

@@ -11,9 +11,11 @@ their fixed device buffers by an ordinary copy on the same stream (outside the g
 cuGraphLaunch on that stream.
 
 Ordering: ops enqueued while capturing do not run, so their declarations are recorded instead of being
-sent to the verifier; a replay is declared as one op reading and writing the union of them. KV pages are
-the exception: a replay touches the pages of *its* step's block table, so the recorded page resources
-are dropped and the current step's pages declared instead.
+sent to the verifier; a replay is declared as one op reading and writing the union of them. What a
+step names through its published tables is the exception: a replay touches the KV pages of *its* step's
+block table and the state slots of *its* step's slot table, so the recorded page resources and the spans
+of the buffers given as `per_step` (a hybrid's state slot pool) are dropped, and the replayed step's own
+pages and slot spans declared instead.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from cuda.bindings import driver as cu
 
 from ninfer_rt.cuda.driver import check
 from ninfer_rt.cuda.streams import Stream, require_stream
-from ninfer_rt.ordering.verifier import Resource
+from ninfer_rt.ordering.verifier import Resource, Span
 
 
 def _is_page(resource: Resource) -> bool:
@@ -38,14 +40,18 @@ def _is_page(resource: Resource) -> bool:
 class CapturedAccesses:
     """The declarations made while capturing: replayed as one op."""
 
+    per_step: frozenset[Resource] = frozenset()  # keys whose spans each replay declares for itself
     labels: list[str] = field(default_factory=list)
     reads: set[Resource] = field(default_factory=set)
     writes: set[Resource] = field(default_factory=set)
 
     def note(self, label: str, reads: Iterable[Resource], writes: Iterable[Resource]) -> None:
         self.labels.append(label)
-        self.reads.update(r for r in reads if not _is_page(r))
-        self.writes.update(w for w in writes if not _is_page(w))
+        self.reads.update(r for r in reads if not self._replay_declares(r))
+        self.writes.update(w for w in writes if not self._replay_declares(w))
+
+    def _replay_declares(self, resource: Resource) -> bool:
+        return _is_page(resource) or (isinstance(resource, Span) and resource.key in self.per_step)
 
 
 @contextmanager
@@ -74,10 +80,12 @@ class Graph:
         self._reads = tuple(accesses.reads - accesses.writes)
         self._label = f"graph replay ({len(accesses.labels)} ops)"
 
-    def replay(self, pages_read: Iterable[Resource] = (), pages_written: Iterable[Resource] = (), lane: object = None) -> Any:
-        """Launch the graph after everything already enqueued on its stream; returns the capture's outputs."""
-        written = frozenset(pages_written)  # pages are never among the captured resources (see note())
-        reads = self._reads + tuple(page for page in pages_read if page not in written)
+    def replay(self, step_reads: Iterable[Resource] = (), step_writes: Iterable[Resource] = (), lane: object = None) -> Any:
+        """Launch the graph after everything already enqueued on its stream; returns the capture's outputs.
+        `step_reads` / `step_writes`: the replayed step's KV pages and per-step spans (never among the
+        captured resources, see note())."""
+        written = frozenset(step_writes)
+        reads = self._reads + tuple(resource for resource in step_reads if resource not in written)
         self.stream.declare(self._label, reads, self._writes + tuple(written), lane)
         check(cu.cuGraphLaunch(self._exec, self.stream.handle), "cuGraphLaunch")
         return self.outputs
@@ -87,13 +95,14 @@ class Graph:
         check(cu.cuGraphDestroy(self._graph), "cuGraphDestroy")
 
 
-def capture(stream: object, enqueue: Callable[[], Any]) -> Graph:
+def capture(stream: object, enqueue: Callable[[], Any], per_step: Iterable[Resource] = ()) -> Graph:
     """Capture everything `enqueue` puts on `stream` into a graph; `enqueue` must not allocate, load
-    modules, record events or synchronize (run it eagerly once before capturing)."""
+    modules, record events or synchronize (run it eagerly once before capturing). Spans of the `per_step`
+    keys are left to each replay to declare, as KV pages are."""
     stream = require_stream(stream)
     if stream.handle is None:
         raise TypeError(f"cannot capture on logical stream {stream.name!r}")
-    accesses = CapturedAccesses()
+    accesses = CapturedAccesses(frozenset(per_step))
     mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
     check(cu.cuStreamBeginCapture(stream.handle, mode), "cuStreamBeginCapture")
     try:

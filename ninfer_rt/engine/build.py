@@ -148,8 +148,8 @@ def build(
     ledger = KVLedger(kv_manager, executor.compute, streams.create("copy"), states)
     lookahead = spec_lookahead(config.draft_tokens) if config.spec == "mtp" else 0
     scheduler = Scheduler(SchedulerConfig(config.max_concurrency, config.token_budget, lookahead), ledger)
-    # None: steps run op by op. Graphed steps carry no state slots, so a hybrid's steps run op by op.
-    step_forward = executor.graphed_forward(model, kv) if states is None else None
+    # None: steps run op by op. A hybrid's graphed steps publish their state slots like their pages.
+    step_forward = executor.graphed_forward(model, kv, None if states is None else states.pool)
     runner = make_runner(executor, model, kv, ledger, drafter, step_forward)
     return EngineParts(device, streams, executor, kv, kv_manager, ledger, scheduler, runner, step_forward is not None)
 

@@ -12,12 +12,11 @@ attention is the AttentionBackend's (cuda_attention.py: rope_kv, then the decode
 sequence), which owns attention's device state and plans each step once in begin_step; linear attention
 (the hybrid's Gated DeltaNet) is the LinearAttentionBackend's (cuda_linear_attn.py) over the engine's state
 slots. Zero-centred norm gains are prepared as f32 1 + w, PARAMETER weights (conv taps, A_log, dt_bias,
-the gated norm's gain) as f32.
+the gated norm's gain) as f32 (exec/cuda_weights.py).
 
-Step inputs (rule 3) are published by `begin_step` through a StagingRing on the compute stream: all nine
-int32 arrays (the hybrid's state slots and targets among them) packed into one staging slot and one copy, at offsets that depend only on their lengths
-(so on the step's shape), which is what lets a captured step (exec/cuda_graphs.py) replay after a
-fresh publish into the same addresses.
+Step inputs (rule 3) are published by `begin_step` (exec/cuda_step_inputs.py): one staging slot and one
+copy on the compute stream, at offsets that depend only on the step's shape, so a captured step
+(exec/cuda_graphs.py) replays after a fresh publish into the same addresses.
 """
 
 from __future__ import annotations
@@ -26,25 +25,24 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
 
-import ml_dtypes
 import numpy as np
 
 from ninfer_rt.cuda import linear_ops, ops, quant_ops, sampling_ops
-from ninfer_rt.cuda.attention_plan import rope_table
 from ninfer_rt.cuda.blas import Blas, GemmShape
 from ninfer_rt.cuda.compiler import families
 from ninfer_rt.cuda.graphs import Graph, capture
 from ninfer_rt.cuda.kernels import KernelLibrary
 from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
-from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView, PinnedBuffer, StagingRing
+from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView, PinnedBuffer
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.cuda_attention import AttentionBackend
 from ninfer_rt.exec.cuda_graphs import GraphedForward, GraphedMTPSteps
-from ninfer_rt.exec.cuda_linear_attn import MAX_STATE_TARGETS, LinearAttentionBackend
-from ninfer_rt.exec.cuda_tensors import ITEMSIZE, ActivationPool, DeviceTensor, StepShape, step_shape
+from ninfer_rt.exec.cuda_linear_attn import LinearAttentionBackend
+from ninfer_rt.exec.cuda_step_inputs import StepInputs, StepLimits, check_step
+from ninfer_rt.exec.cuda_tensors import ActivationPool, DeviceTensor, StepShape, step_shape
+from ninfer_rt.exec.cuda_weights import BF16, W, DeviceWeights
 from ninfer_rt.exec.layer_backend import LayerBackend, PublishedStep
 from ninfer_rt.kv.cache import KVCache, KVDtype, page_resource
 from ninfer_rt.kv.states import StateSlotPool
@@ -58,20 +56,10 @@ from ninfer_rt.model.executor import (
 )
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import PreparedMTP
-from ninfer_rt.quantize.format import Linear, QuantizedWeight
-from ninfer_rt.quantize.layouts import concat_rows
+from ninfer_rt.quantize.format import Linear
 from ninfer_rt.ordering.verifier import Resource
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
 _HOST_DTYPE = {"bf16": BF16, "f32": np.dtype(np.float32), "i32": np.dtype(np.int32)}
-STEP_INPUTS = (
-    "token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "logit_rows", "state_slots",
-    "state_targets",
-)
-F32_ROLES = (WeightRole.ZERO_CENTRED_NORM, WeightRole.PARAMETER)  # read at f32 by their kernels
-UPLOAD_CHUNK_BYTES = 64 << 20
-MAX_INPUT_LAYOUTS = 1024
-W = TypeVar("W", DeviceTensor, QuantizedDeviceWeight)
 
 
 @dataclass(eq=False)
@@ -80,15 +68,6 @@ class DeferredSwiglu:
 
     x: DeviceTensor
     gate_up: DeviceTensor | QuantizedDeviceWeight
-
-
-@dataclass(frozen=True)
-class InputLayout:
-    """Where a step's input arrays (in STEP_INPUTS order) sit in the one step-input buffer, in int32s."""
-
-    offsets: tuple[int, ...]
-    size: int
-    views: dict[str, DeviceView]
 
 
 class CudaExecutor:
@@ -118,25 +97,20 @@ class CudaExecutor:
         self.max_positions = max_positions
         self.max_logit_rows = max_logit_rows or max_tokens
         self._pool = ActivationPool(streams)
-        self._input_buffer = DeviceBuffer(streams, self._input_bytes(), "step.inputs")
-        self._staging = StagingRing(streams, 3, self._input_bytes(), name="step_inputs")
-        self._input_layouts: dict[tuple[int, ...], InputLayout] = {}
-        self._inputs: dict[str, DeviceView] = {}  # this step's arrays, views of _input_buffer
+        self._limits = StepLimits(max_tokens, max_seqs, max_pages_per_seq, max_positions, self.max_logit_rows)
+        self._step_inputs = StepInputs(streams, self._limits)
+        self._inputs: dict[str, DeviceView] = {}  # this step's arrays, views of the step-input buffer
         self._host_out: PinnedBuffer | None = None
         self._feed = DeviceBuffer(streams, 4 * self.max_logit_rows, "step.feed")
         self._fed_rows = 0
         self._reads = [PinnedRead(PinnedBuffer(streams, 4 * self.max_logit_rows, f"read_later.{i}")) for i in range(2)]
-        self._upload_ring: StagingRing | None = None
         self._batch: StepBatch | None = None
         self._prepublished: StepBatch | None = None
         self.shape: StepShape | None = None
         self._lane: object = None
         self._pages_read: tuple[Resource, ...] = ()
         self._pages_written: tuple[Resource, ...] = ()
-        self._roles: dict[DeviceBuffer, WeightRole] = {}  # by the buffer naming each prepared weight
-        self._vocab = 0  # rows of the embedding table, for validating token ids
-        self._dequant_elements = 0  # of the largest quantized weight: the prefill scratch's size
-        self._dequant_scratch: DeviceBuffer | None = None
+        self.weights = DeviceWeights(streams, self.compute, self.library)
         self.attention_backend = AttentionBackend(
             self.library, streams, self.compute, max_tokens=max_tokens, max_seqs=max_seqs, max_pages_per_seq=max_pages_per_seq
         )
@@ -146,72 +120,26 @@ class CudaExecutor:
     # -- preparation -------------------------------------------------------------------------------------
 
     def prepare_weight(self, name: str, parts: Sequence[Linear], role: WeightRole) -> DeviceTensor | QuantizedDeviceWeight:
-        if isinstance(parts[0], QuantizedWeight):
-            return self._prepare_quantized(name, concat_rows(parts), role)
-        stacked = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0)
-        if role in F32_ROLES:
-            # 1 + w in f32, never rounded to bf16 (it would lose the small w's precision)
-            array = stacked.astype(np.float32) + (1.0 if role is WeightRole.ZERO_CENTRED_NORM else 0.0)
-        else:
-            array = stacked.astype(BF16)
-        dtype = "f32" if role in F32_ROLES else "bf16"
-        tensor = self.empty_weight(name, *array.shape, dtype, role=role)
-        self.upload(tensor.buffer, array, label=f"upload {name}")
-        return tensor
+        return self.weights.prepare(name, parts, role)
 
     def rewrite_weight(self, weight: DeviceTensor, parts: Sequence[np.ndarray]) -> None:
-        """New values into the weight's own buffer: a fresh buffer would leak the old one (buffers are freed
-        explicitly) and strand the graphs captured over its address."""
-        array = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0).astype(BF16)
-        if array.shape != (weight.rows, weight.cols) or weight.dtype != "bf16":
-            raise ValueError(f"rewrite_weight: {array.shape} values for a {weight.dtype} weight of {(weight.rows, weight.cols)}")
-        self.upload(weight.buffer, array, label=f"rewrite {weight.buffer.name}")
-
-    def _prepare_quantized(self, name: str, weight: QuantizedWeight, role: WeightRole) -> QuantizedDeviceWeight:
-        rows, cols = weight.shape
-        tensor = QuantizedDeviceWeight(
-            DeviceBuffer(self.streams, weight.qweight.nbytes, f"w.{name}"),
-            DeviceBuffer(self.streams, weight.scales.nbytes, f"w.{name}.scales"),
-            rows, cols, weight.bits, weight.group_size,
-        )
-        self.upload(tensor.qweight, weight.qweight, label=f"upload {name}")
-        self.upload(tensor.scales, weight.scales, label=f"upload {name}.scales")
-        return self.adopt_weight(tensor, role)
+        self.weights.rewrite(weight, parts)
 
     def empty_weight(self, name: str, rows: int, cols: int, dtype: str = "bf16", *, role: WeightRole) -> DeviceTensor:
         """An unpooled device tensor that lives as long as the model (benchmarks fill it on the device)."""
-        return self.adopt_weight(self._model_tensor(name, rows, cols, dtype), role)
+        return self.weights.empty(name, rows, cols, dtype, role=role)
 
     def adopt_weight(self, weight: W, role: WeightRole) -> W:
-        """Keep what the ops need to know of a weight's role (for weights made here, and for those a
-        benchmark builds itself): an embedding's rows bound the token ids checked before every publish; a
-        gate_up's decode GEMV is deferred into the SwiGLU that reads it."""
-        self._roles[weight.buffer] = role
-        if role is WeightRole.EMBEDDING:
-            self._vocab = weight.rows
-        if isinstance(weight, QuantizedDeviceWeight):
-            self._dequant_elements = max(self._dequant_elements, weight.rows * weight.cols)
-        return weight
-
-    def _model_tensor(self, name: str, rows: int, cols: int, dtype: str) -> DeviceTensor:
-        return DeviceTensor(DeviceBuffer(self.streams, rows * cols * ITEMSIZE[dtype], f"w.{name}"), rows, cols, dtype)
+        """Keep a weight's role for the ops (exec/cuda_weights.py DeviceWeights.adopt)."""
+        return self.weights.adopt(weight, role)
 
     def upload(self, buffer: DeviceBuffer, array: np.ndarray, *, label: str) -> None:
         """Host array -> device buffer through pinned staging, in chunks, ordered on the compute stream."""
-        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        if self._upload_ring is None:
-            # Two slots: the host fills one while the other's copy runs. publish() copies into the slot
-            # before returning, so `array` may be dropped as soon as this returns.
-            self._upload_ring = StagingRing(self.streams, 2, UPLOAD_CHUNK_BYTES, name="staging.weights")
-        for offset in range(0, raw.size, UPLOAD_CHUNK_BYTES):
-            self._upload_ring.publish(self.compute, buffer, raw[offset : offset + UPLOAD_CHUNK_BYTES], offset, label=label)
+        self.weights.upload(buffer, array, label=label)
 
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> DeviceTensor:
         """cos/sin table f32 [max_positions, 2, D/2], as rope_kv.cu reads it (row p: cos, then sin)."""
-        table = rope_table(inv_freq, attention_scaling, self.max_positions)
-        tensor = self._model_tensor("rope", self.max_positions, table.shape[1] * table.shape[2], "f32")
-        self.upload(tensor.buffer, table, label="upload rope")
-        return tensor
+        return self.weights.rope(inv_freq, attention_scaling, self.max_positions)
 
     def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
         """int8 KV's widening buffers, where long prefill steps widen (AttentionBackend.reserve)."""
@@ -219,8 +147,8 @@ class CudaExecutor:
 
     # -- capabilities ------------------------------------------------------------------------------------
 
-    def graphed_forward(self, model: PreparedModel, kv: KVCache) -> GraphedForward:
-        return GraphedForward(self, model, kv)
+    def graphed_forward(self, model: PreparedModel, kv: KVCache, states: StateSlotPool | None = None) -> GraphedForward:
+        return GraphedForward(self, model, kv, states)
 
     def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> GraphedMTPSteps:
         return GraphedMTPSteps(self, model, mtp, kv)
@@ -232,22 +160,8 @@ class CudaExecutor:
 
     def publish(self, batch: StepBatch, kv: KVCache) -> None:
         """Copy the step's inputs into their fixed device buffers, in the compute stream's order (rule 3)."""
-        self._check(batch)
-        lane = tuple(batch.lanes) or None
-        tables = np.full((batch.num_seqs, self.max_pages_per_seq), -1, np.int32)
-        tables[:, : batch.block_tables.shape[1]] = batch.block_tables
-        arrays = {name: getattr(batch, name) for name in STEP_INPUTS} | {"block_tables": tables}
-        lengths = tuple(int(np.size(arrays[name])) for name in STEP_INPUTS)
-        layout = self._input_layouts.get(lengths)
-        if layout is None:
-            if len(self._input_layouts) >= MAX_INPUT_LAYOUTS:  # prefill lengths vary: stay bounded (offsets
-                self._input_layouts.clear()  # are a function of the lengths, so a rebuilt layout is the same)
-            layout = self._input_layouts[lengths] = input_layout(self._input_buffer, dict(zip(STEP_INPUTS, lengths)))
-        packed = np.zeros(layout.size, np.int32)  # alignment gaps stay 0
-        for name, offset, length in zip(STEP_INPUTS, layout.offsets, lengths):
-            packed[offset : offset + length] = np.ravel(arrays[name])
-        self._staging.publish(self.compute, self._input_buffer, packed, label="publish step inputs", lane=lane)
-        self._inputs = layout.views
+        check_step(batch, self._limits, self.weights.vocab, self._fed_rows)
+        self._inputs = self._step_inputs.publish(self.compute, batch, tuple(batch.lanes) or None)
 
     @contextmanager
     def prepublished(self, batch: StepBatch, kv: KVCache) -> Iterator[None]:
@@ -280,18 +194,28 @@ class CudaExecutor:
         for backend in self._backends:
             backend.plan(step)
 
-    def capture(self, enqueue: Callable[[], object]) -> Graph:
+    def capture(self, enqueue: Callable[[], object], states: StateSlotPool | None = None) -> Graph:
         """A graph of what `enqueue` puts on the compute stream, every backend told it is capturing (run the
-        step eagerly first: nothing may be allocated while capturing)."""
+        step eagerly first: nothing may be allocated while capturing). The spans of `states`' slots, like
+        KV pages, are declared by each replay for its own step (`step_accesses`)."""
+        per_step = () if states is None else (states.buffer.resource,)
         with ExitStack() as stack:
             for backend in self._backends:
                 stack.enter_context(backend.capturing())
-            return capture(self.compute, enqueue)
+            return capture(self.compute, enqueue, per_step)
 
     @property
     def step_pages(self) -> tuple[tuple[Resource, ...], tuple[Resource, ...]]:
-        """(read, written) KV pages of the current step: what a graph replay declares besides its capture."""
+        """(read, written) KV pages of the current step."""
         return self._pages_read, self._pages_written
+
+    def step_accesses(self, states: StateSlotPool | None = None) -> tuple[tuple[Resource, ...], tuple[Resource, ...]]:
+        """(read, written) resources of the current step that a graph replay declares besides its capture:
+        its KV pages and, over `states`, the spans of the slots it reads (live) and writes (targets)."""
+        if states is None:
+            return self.step_pages
+        slots_read, slots_written = self.linear_attention_backend.slot_spans(states)
+        return self._pages_read + slots_read, self._pages_written + slots_written
 
     def embed(self, table: DeviceTensor) -> DeviceTensor:
         rows = self._batch.num_tokens
@@ -315,7 +239,7 @@ class CudaExecutor:
 
     def linear(self, x: DeviceTensor, weight: DeviceTensor) -> DeviceTensor | DeferredSwiglu:
         x = self._ready(x)
-        if self._roles.get(weight.buffer) is WeightRole.GATE_UP and x.rows <= linear_ops.GEMV_MAX_ROWS:
+        if self.weights.role(weight) is WeightRole.GATE_UP and x.rows <= linear_ops.GEMV_MAX_ROWS:
             return DeferredSwiglu(x, weight)
         return self._matmul(x, weight, "bf16")
 
@@ -421,7 +345,7 @@ class CudaExecutor:
             raise ValueError(f"feed: {rows} ids exceed the executor's {self.max_logit_rows} logit rows")
         if isinstance(ids, np.ndarray):
             host = np.ascontiguousarray(ids, np.int32).reshape(-1)
-            self._staging.publish(self.compute, self._feed, host, label="feed host ids", lane=self._lane)
+            self._step_inputs.staging.publish(self.compute, self._feed, host, label="feed host ids", lane=self._lane)
         else:
             self.compute.copy(self._feed, ids.buffer, 4 * rows, label="feed sampled ids", lane=self._lane)
         self._fed_rows = rows
@@ -439,7 +363,7 @@ class CudaExecutor:
             return out
         dense = weight.buffer
         if isinstance(weight, QuantizedDeviceWeight):
-            dense = self._dequantized(weight, label)
+            dense = self.weights.dequantized(weight, label, self._lane)
         self.blas.gemm(
             self.compute, x.buffer, dense, out.buffer, GemmShape(x.rows, weight.rows, x.cols, out_dtype),
             label=label, lane=self._lane,
@@ -457,14 +381,6 @@ class CudaExecutor:
             label=label, lane=self._lane,
         )
 
-    def _dequantized(self, weight: QuantizedDeviceWeight, label: str) -> DeviceBuffer:
-        """`weight` as bf16 in the scratch matrix, for cuBLASLt. One scratch serves every layer: it is
-        rewritten only by later ops of the same compute stream, ordered after the GEMM that read it."""
-        if self._dequant_scratch is None:
-            self._dequant_scratch = DeviceBuffer(self.streams, self._dequant_elements * 2, "dequant_scratch")
-        quant_ops.dequantize(self.library, self.compute, weight, self._dequant_scratch, label=f"dequantize {label}", lane=self._lane)
-        return self._dequant_scratch
-
     def _ready(self, x: DeviceTensor | DeferredSwiglu) -> DeviceTensor:
         """A deferred gate_up consumed by anything but silu_mul is computed as the plain product."""
         return self._matmul(x.x, x.gate_up, "bf16") if isinstance(x, DeferredSwiglu) else x
@@ -474,45 +390,6 @@ class CudaExecutor:
         if rows > capacity:
             raise ValueError(f"{rows} rows exceed the executor's capacity of {capacity} (max_tokens/max_logit_rows)")
         return DeviceTensor(self._pool.take(cols, dtype, capacity), rows, cols, dtype, (self._pool, capacity))
-
-    def _input_capacity(self, name: str) -> int:
-        return {
-            "query_start": self.max_seqs + 1,
-            "context_lens": self.max_seqs,
-            "block_tables": self.max_seqs * self.max_pages_per_seq,
-            "logit_rows": self.max_logit_rows,
-            "state_slots": self.max_seqs,
-            "state_targets": self.max_seqs * MAX_STATE_TARGETS,
-        }.get(name, self.max_tokens)
-
-    def _input_bytes(self) -> int:
-        return 4 * sum(-(-self._input_capacity(name) // 4) * 4 for name in STEP_INPUTS)
-
-    def _check(self, batch: StepBatch) -> None:
-        """Limits and token ids, before anything is published: a kernel never sees an id out of range."""
-        limits = {
-            "tokens": (batch.num_tokens, self.max_tokens),
-            "sequences": (batch.num_seqs, self.max_seqs),
-            "pages per sequence": (batch.block_tables.shape[1], self.max_pages_per_seq),
-            "logit rows": (len(batch.logit_rows), self.max_logit_rows),
-            "state targets per sequence": (batch.state_targets.shape[1] if batch.state_slots.size else 0, MAX_STATE_TARGETS),
-        }
-        for what, (value, limit) in limits.items():
-            if value > limit:
-                raise ValueError(f"step has {value} {what}, the executor was sized for {limit}")
-        ids = batch.token_ids
-        if self._vocab and ids.size and (ids.min() < -self._fed_rows or ids.max() >= self._vocab):
-            raise ValueError(
-                f"token id out of range [0, {self._vocab}) (or [-{self._fed_rows}, 0): fed rows): {int(ids.min())}..{int(ids.max())}"
-            )
-        if batch.positions.size and (batch.positions.min() < 0 or batch.positions.max() >= self.max_positions):
-            raise ValueError(
-                f"positions {int(batch.positions.min())}..{int(batch.positions.max())} outside the RoPE table [0, {self.max_positions})"
-            )
-        if len(batch.logit_rows) and (batch.logit_rows.min() < 0 or batch.logit_rows.max() >= batch.num_tokens):
-            raise ValueError("logit_rows must index the step's rows")
-        if batch.state_slots.size:
-            check_state_targets(batch)
 
 
 class PinnedRead:
@@ -534,29 +411,3 @@ class PinnedRead:
         self._event.synchronize()
         self.taken = True
         return self.buffer.read(np.dtype(np.int32), self._shape, label="read_later: read", lane=self._lane)
-
-
-def check_state_targets(batch: StepBatch) -> None:
-    """Slots [B] and targets [B, S] (-1 pads at the front), and no target asking for the state after a row
-    count below zero: a kernel then never reads or writes a slot the step did not name."""
-    slots, targets = batch.state_slots, batch.state_targets
-    if slots.shape != (batch.num_seqs,) or targets.ndim != 2 or targets.shape[0] != batch.num_seqs:
-        raise ValueError(f"state_slots {slots.shape} / state_targets {targets.shape} for {batch.num_seqs} sequences")
-    if slots.min() < 0 or targets.min() < -1:
-        raise ValueError("state slots must be >= 0 and state targets >= -1 (padding)")
-    lengths, width = np.diff(batch.query_start), targets.shape[1]
-    for seq, length in enumerate(lengths):
-        wanted = [int(length) - width + 1 + t for t in range(width) if targets[seq, t] >= 0]
-        if wanted and wanted[0] < 0:
-            raise ValueError(f"sequence {seq} has {int(length)} rows; its state targets ask for the state after {wanted[0]}")
-
-
-def input_layout(buffer: DeviceBuffer, lengths: dict[str, int]) -> InputLayout:
-    """Consecutive regions of `lengths` int32s in `buffer`, each 16-byte aligned (an empty one still gets
-    4 bytes: a kernel argument needs an address)."""
-    offsets, views, end = [], {}, 0
-    for name, length in lengths.items():
-        offsets.append(end)
-        views[name] = DeviceView(buffer, 4 * end, 4 * max(length, 1), f"step.{name}")
-        end += -(-max(length, 1) // 4) * 4
-    return InputLayout(tuple(offsets), end, views)

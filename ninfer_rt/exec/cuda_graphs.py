@@ -14,22 +14,31 @@ the catch-up replay: the verify graph's output address depends on its own shape)
 next draft step reads, written by the last op of every catch-up and draft graph. The argmax of the
 logits is captured too, so a greedy draft costs one replay and a 4-byte read per row.
 
+A hybrid's graphs carry its state slots as step inputs: the slot and target tables are published before
+each replay like the block tables, so one graph serves any slots, and each replay declares the slot spans
+of its own step (the live slots read, the targets written) beside its pages.
+
 Capture: inputs are published outside the graph, and an eager run first loads the kernels and fills the
 activation pool. The MTP's eager run does not write `state` (the draft step it warms up reads it), and
-every eager run writes the same K/V the replay that follows rewrites.
+every eager run writes the same K/V the replay that follows rewrites. A hybrid's eager run writes no
+state: its targets are all padding (-1), since a decode step updates its live slot in place and a second
+update by the replay would advance the state twice; the launches do not depend on the target values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
+
+import numpy as np
 
 from ninfer_rt.cuda.graphs import Graph
 from ninfer_rt.cuda.linear_ops import GEMV_MAX_ROWS
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.exec.cuda_tensors import DeviceTensor, StepShape, step_shape
 from ninfer_rt.kv.cache import KVCache
+from ninfer_rt.kv.states import StateSlotPool
 from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward
 from ninfer_rt.model.mtp import MTPOutput, PreparedMTP, mtp_forward, scored
@@ -42,32 +51,35 @@ Phase = Literal["catch-up", "draft"]
 
 class GraphedForward:
     """`layers.forward` with decode-width steps (<= 8 rows in total) replayed from CUDA graphs, one per
-    StepShape; wider steps (prefill) run eagerly."""
+    StepShape (batch, verify widths, state targets); wider steps (prefill) run eagerly. `states`: a
+    hybrid's state slots (None for a dense model)."""
 
-    def __init__(self, executor: CudaExecutor, model: PreparedModel, kv: KVCache) -> None:
+    def __init__(self, executor: CudaExecutor, model: PreparedModel, kv: KVCache, states: StateSlotPool | None = None) -> None:
         self.executor = executor
         self.model = model
         self.kv = kv
+        self.states = states
         self.graphs: dict[StepShape, Graph] = {}
 
     def __call__(self, batch: StepBatch) -> ForwardOutput:
         shape = step_shape(batch)
         if sum(shape.query_lens) > GEMV_MAX_ROWS:
-            return forward(self.executor, self.model, batch, self.kv)
+            return forward(self.executor, self.model, batch, self.kv, self.states)
+        graph = self.graphs.get(shape)
+        if graph is None:
+            graph = self.graphs[shape] = self._capture(batch)
         with self.executor.prepublished(batch, self.kv):  # outside the graph, on the stream it replays on
-            graph = self.graphs.get(shape)
-            if graph is None:
-                graph = self.graphs[shape] = self._capture(batch)
             self.executor.begin_step(batch, self.kv)  # host bookkeeping only
-        pages_read, pages_written = self.executor.step_pages
-        return graph.replay(pages_read, pages_written, lane=tuple(batch.lanes) or None)
+        step_reads, step_writes = self.executor.step_accesses(self.states)
+        return graph.replay(step_reads, step_writes, lane=tuple(batch.lanes) or None)
 
     def _capture(self, batch: StepBatch) -> Graph:
         # The eager run loads every kernel and fills the pool; its outputs are dropped before capturing so
         # the capture finds every buffer it needs free (no allocation while capturing). It writes this
-        # step's K/V, which the replay that follows rewrites with the same values.
-        forward(self.executor, self.model, batch, self.kv)
-        return self.executor.capture(lambda: forward(self.executor, self.model, batch, self.kv))
+        # step's K/V, which the replay that follows rewrites with the same values, and no state.
+        forward(self.executor, self.model, writing_no_state(batch), self.kv, self.states)
+        with self.executor.prepublished(batch, self.kv):  # the capture reads the inputs, never copies them
+            return self.executor.capture(lambda: forward(self.executor, self.model, batch, self.kv, self.states), self.states)
 
     def destroy(self) -> None:
         for graph in self.graphs.values():
@@ -159,6 +171,13 @@ class GraphedMTPSteps:
     def _carry(self, rows: DeviceTensor | None) -> None:
         if rows is not None:
             self.executor.compute.copy(self.state, rows.buffer, rows.nbytes, label="mtp: carry hidden rows")
+
+
+def writing_no_state(batch: StepBatch) -> StepBatch:
+    """`batch` with every state target padding: the same launches, reading the live slots, writing none."""
+    if not batch.state_slots.size:
+        return batch
+    return replace(batch, state_targets=np.full_like(batch.state_targets, -1))
 
 
 def _wide(batch: StepBatch) -> bool:

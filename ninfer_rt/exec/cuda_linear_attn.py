@@ -11,7 +11,8 @@ copies of its slots, from which the slot spans every launch declares are built o
 conv output bf16 [max_tokens, C] and the delta rule's f32 output [max_tokens, Hv dv], per geometry) is made
 at the geometry's first step, outside any capture, and kept: a captured step replays over the same
 addresses, and allocating while `capturing()` raises instead. The launches of a step depend only on its
-query lengths and target width, never on the state values, so decode and verify steps can be captured.
+query lengths and target width, never on the state values, so decode and verify steps can be captured;
+a replay declares the slot spans of its own step (`slot_spans`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.exec.layer_backend import CaptureGuard, PublishedStep
 from ninfer_rt.kv.states import CONV_DTYPE, STATE_DTYPE, StateSlotPool
 from ninfer_rt.model.executor import LinearAttentionParams, LinearAttentionShape
+from ninfer_rt.ordering.verifier import Resource
 
 STATE_INPUT_NAMES = ("query_start", "state_slots", "state_targets")
 MAX_STATE_TARGETS = linear_attn_ops.RECURRENT_MAX_ROWS  # a verify pass keeps the state after each of its rows
@@ -92,6 +94,14 @@ class LinearAttentionBackend(CaptureGuard):
         linear_attn_ops.gated_norm(
             lib, stream, heads, scratch.mixed, projected, params.norm.buffer, out, step.num_rows, lane=step.lane
         )
+
+    def slot_spans(self, states: StateSlotPool) -> tuple[tuple[Resource, ...], tuple[Resource, ...]]:
+        """(read, written) slot spans of the planned step over `states`: what a replay of a captured step
+        declares for its own slots (none for a step without state slots)."""
+        if self._host is None:
+            return (), ()
+        step = self._step_over(states)
+        return tuple(step.slots_read), tuple(step.slots_written)
 
     def _step_over(self, states: StateSlotPool) -> GdnStep:
         """The step's launch arguments over `states`, with its slots' spans (made once per step and pool)."""

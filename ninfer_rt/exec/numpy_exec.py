@@ -205,7 +205,7 @@ class NumpyExecutor:
 
     # -- capabilities: none; steps run op by op and tokens are sampled on the host ----------------------
 
-    def graphed_forward(self, model: PreparedModel, kv: KVCache) -> None:
+    def graphed_forward(self, model: PreparedModel, kv: KVCache, states: StateSlotPool | None = None) -> None:
         return None
 
     def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> None:

@@ -186,9 +186,10 @@ class Executor(Protocol):
     streams: StreamSet
     compute: Stream
 
-    def graphed_forward(self, model: PreparedModel, kv: PagedKV) -> StepForward | None:
+    def graphed_forward(self, model: PreparedModel, kv: PagedKV, states: RecurrentStates | None = None) -> StepForward | None:
         """The main forward with decode-width steps replayed from captured graphs, or None where steps
-        run op by op (layers.forward)."""
+        run op by op (layers.forward). `states`: a hybrid's linear-attention state slots, which every
+        step (graphed or not) reads and writes."""
 
     def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: PagedKV) -> MTPSteps | None:
         """MTP catch-up and drafting replayed from captured graphs, or None where they run op by op

@@ -1,0 +1,125 @@
+"""The CUDA executor's weights: uploaded once through pinned staging, their roles kept for the ops.
+
+Dense weights become bf16 device tensors; zero-centred norm gains are prepared as f32 1 + w and PARAMETER
+weights (conv taps, A_log, dt_bias, the gated norm's gain) as f32, read at that precision by their kernels.
+Groupwise-int weights keep their format on the device (QuantizedDeviceWeight); a prefill step wider than
+the decode GEMV dequantizes one into a single bf16 scratch matrix sized for the largest, for cuBLASLt.
+Benchmarks may build weights on the device themselves and `adopt_weight` them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+import ml_dtypes
+import numpy as np
+
+from ninfer_rt.cuda import quant_ops
+from ninfer_rt.cuda.attention_plan import rope_table
+from ninfer_rt.cuda.kernels import KernelLibrary
+from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
+from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
+from ninfer_rt.cuda.streams import Stream, StreamSet
+from ninfer_rt.exec.cuda_tensors import ITEMSIZE, DeviceTensor
+from ninfer_rt.model.executor import WeightRole
+from ninfer_rt.quantize.format import Linear, QuantizedWeight
+from ninfer_rt.quantize.layouts import concat_rows
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32_ROLES = (WeightRole.ZERO_CENTRED_NORM, WeightRole.PARAMETER)  # read at f32 by their kernels
+UPLOAD_CHUNK_BYTES = 64 << 20
+W = TypeVar("W", DeviceTensor, QuantizedDeviceWeight)
+
+
+class DeviceWeights:
+    """A model's weights on one device, uploaded in the compute stream's order."""
+
+    def __init__(self, streams: StreamSet, compute: Stream, library: KernelLibrary) -> None:
+        self.streams = streams
+        self.compute = compute
+        self.library = library
+        self.vocab = 0  # rows of the embedding table, for validating token ids
+        self._roles: dict[DeviceBuffer, WeightRole] = {}  # by the buffer naming each prepared weight
+        self._dequant_elements = 0  # of the largest quantized weight: the prefill scratch's size
+        self._dequant_scratch: DeviceBuffer | None = None
+        self._upload_ring: StagingRing | None = None
+
+    def role(self, weight: DeviceTensor | QuantizedDeviceWeight) -> WeightRole | None:
+        return self._roles.get(weight.buffer)
+
+    def prepare(self, name: str, parts: Sequence[Linear], role: WeightRole) -> DeviceTensor | QuantizedDeviceWeight:
+        if isinstance(parts[0], QuantizedWeight):
+            return self._prepare_quantized(name, concat_rows(parts), role)
+        stacked = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0)
+        if role in F32_ROLES:
+            # 1 + w in f32, never rounded to bf16 (it would lose the small w's precision)
+            array = stacked.astype(np.float32) + (1.0 if role is WeightRole.ZERO_CENTRED_NORM else 0.0)
+        else:
+            array = stacked.astype(BF16)
+        dtype = "f32" if role in F32_ROLES else "bf16"
+        tensor = self.empty(name, *array.shape, dtype, role=role)
+        self.upload(tensor.buffer, array, label=f"upload {name}")
+        return tensor
+
+    def rewrite(self, weight: DeviceTensor, parts: Sequence[np.ndarray]) -> None:
+        """New values into the weight's own buffer: a fresh buffer would leak the old one (buffers are freed
+        explicitly) and strand the graphs captured over its address."""
+        array = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0).astype(BF16)
+        if array.shape != (weight.rows, weight.cols) or weight.dtype != "bf16":
+            raise ValueError(f"rewrite_weight: {array.shape} values for a {weight.dtype} weight of {(weight.rows, weight.cols)}")
+        self.upload(weight.buffer, array, label=f"rewrite {weight.buffer.name}")
+
+    def _prepare_quantized(self, name: str, weight: QuantizedWeight, role: WeightRole) -> QuantizedDeviceWeight:
+        rows, cols = weight.shape
+        tensor = QuantizedDeviceWeight(
+            DeviceBuffer(self.streams, weight.qweight.nbytes, f"w.{name}"),
+            DeviceBuffer(self.streams, weight.scales.nbytes, f"w.{name}.scales"),
+            rows, cols, weight.bits, weight.group_size,
+        )
+        self.upload(tensor.qweight, weight.qweight, label=f"upload {name}")
+        self.upload(tensor.scales, weight.scales, label=f"upload {name}.scales")
+        return self.adopt(tensor, role)
+
+    def empty(self, name: str, rows: int, cols: int, dtype: str = "bf16", *, role: WeightRole) -> DeviceTensor:
+        """An unpooled device tensor that lives as long as the model (benchmarks fill it on the device)."""
+        return self.adopt(self.model_tensor(name, rows, cols, dtype), role)
+
+    def adopt(self, weight: W, role: WeightRole) -> W:
+        """Keep what the ops need to know of a weight's role (for weights made here, and for those a
+        benchmark builds itself): an embedding's rows bound the token ids checked before every publish; a
+        gate_up's decode GEMV is deferred into the SwiGLU that reads it."""
+        self._roles[weight.buffer] = role
+        if role is WeightRole.EMBEDDING:
+            self.vocab = weight.rows
+        if isinstance(weight, QuantizedDeviceWeight):
+            self._dequant_elements = max(self._dequant_elements, weight.rows * weight.cols)
+        return weight
+
+    def model_tensor(self, name: str, rows: int, cols: int, dtype: str) -> DeviceTensor:
+        return DeviceTensor(DeviceBuffer(self.streams, rows * cols * ITEMSIZE[dtype], f"w.{name}"), rows, cols, dtype)
+
+    def upload(self, buffer: DeviceBuffer, array: np.ndarray, *, label: str) -> None:
+        """Host array -> device buffer through pinned staging, in chunks, ordered on the compute stream."""
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        if self._upload_ring is None:
+            # Two slots: the host fills one while the other's copy runs. publish() copies into the slot
+            # before returning, so `array` may be dropped as soon as this returns.
+            self._upload_ring = StagingRing(self.streams, 2, UPLOAD_CHUNK_BYTES, name="staging.weights")
+        for offset in range(0, raw.size, UPLOAD_CHUNK_BYTES):
+            self._upload_ring.publish(self.compute, buffer, raw[offset : offset + UPLOAD_CHUNK_BYTES], offset, label=label)
+
+    def rope(self, inv_freq: np.ndarray, attention_scaling: float, max_positions: int) -> DeviceTensor:
+        """cos/sin table f32 [max_positions, 2, D/2], as rope_kv.cu reads it (row p: cos, then sin)."""
+        table = rope_table(inv_freq, attention_scaling, max_positions)
+        tensor = self.model_tensor("rope", max_positions, table.shape[1] * table.shape[2], "f32")
+        self.upload(tensor.buffer, table, label="upload rope")
+        return tensor
+
+    def dequantized(self, weight: QuantizedDeviceWeight, label: str, lane: object) -> DeviceBuffer:
+        """`weight` as bf16 in the scratch matrix, for cuBLASLt. One scratch serves every layer: it is
+        rewritten only by later ops of the same compute stream, ordered after the GEMM that read it."""
+        if self._dequant_scratch is None:
+            self._dequant_scratch = DeviceBuffer(self.streams, self._dequant_elements * 2, "dequant_scratch")
+        quant_ops.dequantize(self.library, self.compute, weight, self._dequant_scratch, label=f"dequantize {label}", lane=lane)
+        return self._dequant_scratch
