@@ -4,7 +4,8 @@ Text comes from --text-file, or by default from the held-out split of this machi
 same file-level split tools/train_tiny_model.py trains without, see tools/tiny_corpus.py). The token
 stream is cut into non-overlapping windows of --seq-len + 1 tokens; each window is one fresh sequence
 prefilled in a single step on the engine's executor and paged KV (so --kv-dtype int8 is measured through
-the KV cache's own quantization), scoring every next-token prediction. Prints one JSON object.
+the KV cache's own quantization), scoring every next-token prediction; a hybrid's window starts from the
+empty prefix's zero state in one of the engine's state slots. Prints one JSON object.
 
   python tools/eval_ppl.py                       # the shipped model, held-out sources, numpy executor
   python tools/eval_ppl.py --model DIR --kv-dtype int8 --max-tokens 65536
@@ -22,6 +23,7 @@ import numpy as np
 
 from ninfer_rt.engine.build import EngineConfig
 from ninfer_rt.engine.engine import Engine
+from ninfer_rt.kv.states import StateSlotPool
 from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import forward
 from ninfer_rt.model.tokenizer import Tokenizer
@@ -30,10 +32,12 @@ from ninfer_rt.testing.tiny import ENDOFTEXT
 from tiny_corpus import eval_windows, python_sources, read_texts, source_roots, split, token_stream
 
 
-def window_batch(tokens: np.ndarray, page_size: int) -> StepBatch:
-    """One sequence of len(tokens) starting at position 0 on pages 0, 1, ..., asking for every row's logits."""
+def window_batch(tokens: np.ndarray, page_size: int, state_slot: int | None) -> StepBatch:
+    """One sequence of len(tokens) starting at position 0 on pages 0, 1, ..., asking for every row's logits;
+    a hybrid's linear layers read and write `state_slot`."""
     count = len(tokens)
     positions = np.arange(count, dtype=np.int32)
+    slots = np.array([] if state_slot is None else [state_slot], np.int32)
     pages = np.arange(-(-count // page_size), dtype=np.int32)
     return StepBatch(
         token_ids=tokens.astype(np.int32),
@@ -44,22 +48,34 @@ def window_batch(tokens: np.ndarray, page_size: int) -> StepBatch:
         slot_mapping=positions,  # pages are consecutive from 0, so slot == position
         logit_rows=positions,
         lanes=("eval_ppl",),
+        state_slots=slots,
+        state_targets=slots[:, None],  # the state after the window's last row replaces the one read
     )
 
 
-def window_nll(engine: Engine, window: np.ndarray) -> float:
+def window_nll(engine: Engine, window: np.ndarray, states: StateSlotPool | None, state_slot: int | None) -> float:
     """Summed negative log-likelihood of window[1:] given its prefixes (float64 log-softmax)."""
-    batch = window_batch(window[:-1], engine.kv.spec.page_size)
-    output = forward(engine.executor, engine.runner.model, batch, engine.kv)
+    if states is not None:  # a fresh sequence: the empty prefix's state
+        states.zero(state_slot, engine.executor.compute)
+    batch = window_batch(window[:-1], engine.kv.spec.page_size, state_slot)
+    output = forward(engine.executor, engine.runner.model, batch, engine.kv, states)
     logits = engine.executor.to_host(output.logits).astype(np.float64)
     peak = logits.max(axis=-1, keepdims=True)
     log_norm = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=-1))
     return float((log_norm - logits[np.arange(len(logits)), window[1:]]).sum())
 
 
+def state_pool(engine: Engine) -> StateSlotPool | None:
+    """A hybrid's state slots (None: no linear-attention layers)."""
+    return None if engine.ledger.states is None else engine.ledger.states.pool
+
+
 def perplexity(engine: Engine, windows: np.ndarray) -> tuple[float, int]:
-    """(perplexity, scored tokens) over `windows` [N, seq_len + 1]; each window reuses the same pages."""
-    nll = sum(window_nll(engine, window) for window in windows)
+    """(perplexity, scored tokens) over `windows` [N, seq_len + 1]; each window reuses the same pages (and
+    state slot)."""
+    states = state_pool(engine)
+    slot = None if states is None else states.acquire(engine.executor.compute)
+    nll = sum(window_nll(engine, window, states, slot) for window in windows)
     scored = windows.shape[0] * (windows.shape[1] - 1)
     return math.exp(nll / scored), scored
 

@@ -1,4 +1,6 @@
-"""Trains ninfer-rt's shipped tiny model: a Qwen3 with one MTP layer, on the Python sources of this machine.
+"""Trains ninfer-rt's shipped tiny model: a Qwen3 with one MTP layer, on the Python sources of this machine;
+with --arch qwen3_5 the Qwen3.5 hybrid of the same size class (tools/tiny_hybrid_model.py: Gated DeltaNet and
+gated attention 3 : 1, an MTP layer of the hybrid class), through the same pipeline and evaluation.
 
 One time-boxed run does everything and writes a Hugging Face-layout checkpoint into --out:
   1. corpus: stdlib + site-packages .py files (tools/tiny_corpus.py), split by file into train / held-out;
@@ -7,13 +9,15 @@ One time-boxed run does everything and writes a Hugging Face-layout checkpoint i
      thread meanwhile, so data preparation costs little of the run's wall clock): loss = CE(next token) + 0.3 * CE(MTP's token p+2),
      the MTP module in the Qwen3-Next layout z = fc(cat(norm_e(embed(x[p+1])), norm_h(h[p]))) -> one decoder
      layer -> norm -> the tied lm_head, trained jointly with the main model;
-  4. model.safetensors (bf16, tensor names model.* / mtp.*), config.json, generation_config.json,
+  4. model.safetensors (bf16, tensor names model.* / mtp.*), config.json (qwen3, or qwen3_5_text with
+     layer_types and mtp_num_hidden_layers 1), generation_config.json,
      tokenizer.json, tokenizer_config.json, token_freq.json (per-id counts for --lm-head-draft);
   5. with the bf16 weights, in float32 math: held-out perplexity, and greedy MTP acceptance length for
      k = 1..4 drafts; train_summary.json holds every figure and timing, also printed as JSON.
 
-Run from the repository root: PYTHONPATH=. python tools/train_tiny_model.py --out DIR --minutes 6
-torch is needed here only; the runtime never imports it.
+Run from the repository root: PYTHONPATH=. python tools/train_tiny_model.py --out DIR --minutes 6 [--arch qwen3_5]
+torch (and for the hybrid transformers, with fla-core on a GPU for speed) is needed here only; the runtime
+never imports either.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,7 @@ from ninfer_rt.testing.tiny import (
     write_tokenizer_files,
 )
 from tiny_corpus import eval_windows, python_sources, read_texts, source_roots, split, token_stream
+from tiny_model_eval import acceptance_length, greedy_continue, heldout_perplexity
 
 MTP_LOSS_WEIGHT = 0.3
 ROPE_THETA = 1_000_000.0
@@ -219,14 +225,49 @@ class TinyQwen3(nn.Module):
         return self.cos[:length], self.sin[:length]
 
 
-def init_weights(model: TinyQwen3) -> None:
+@dataclass(frozen=True)
+class Architecture:
+    """What differs between the trained architectures; data, training, evaluation and files are shared."""
+
+    name: str
+    full_shape: Any
+    tiny_shape: Any
+    build: Callable[[Any], nn.Module]  # shape -> a model with hidden / mtp_hidden / logits and .shape
+    config_json: Callable[[Any, Tokenizer], dict]  # (model, tokenizer) -> config.json
+    exact_math: Callable[[], AbstractContextManager]  # evaluation's float32 math
+
+
+def dense_architecture() -> Architecture:
+    return Architecture("qwen3", FULL_SHAPE, TINY_SHAPE, TinyQwen3, lambda model, tok: config_json(model.shape, tok), nullcontext)
+
+
+def hybrid_architecture() -> Architecture:
+    import tiny_hybrid_model as hybrid  # transformers is needed for this architecture only
+
+    def config(model: Any, tokenizer: Tokenizer) -> dict:
+        return model.config_json(tokenizer.token_to_id(ENDOFTEXT), tokenizer.token_to_id(IM_END))
+
+    return Architecture(
+        "qwen3_5",
+        hybrid.FULL_HYBRID_SHAPE,
+        hybrid.TINY_HYBRID_SHAPE,
+        lambda shape: hybrid.TinyQwen3_5(shape, TINY_MAX_POSITIONS, RMS_EPS, INIT_STD),
+        config,
+        hybrid.float32_delta_rule,
+    )
+
+
+ARCHITECTURES = {"qwen3": dense_architecture, "qwen3_5": hybrid_architecture}
+
+
+def init_weights(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=INIT_STD)
     # GPT-2's residual scaling: each residual branch's output projection shrinks with depth
     depth = model.shape.layers + 1
     for name, param in model.named_parameters():
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
+        if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
             param.data.mul_(1.0 / math.sqrt(2 * depth))
 
 
@@ -313,7 +354,7 @@ class TrainingStream:
 # -- training ----------------------------------------------------------------------------------------------
 
 
-def losses(model: TinyQwen3, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def losses(model: nn.Module, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(next-token CE, MTP CE) over windows of T + 2 tokens: h[p] predicts x[p+1]; MTP(h[p], x[p+1]) -> x[p+2]."""
     t = windows.shape[1] - 2
     inputs, nexts, next_nexts = windows[:, :t], windows[:, 1 : t + 1], windows[:, 2:]
@@ -329,14 +370,14 @@ def lr_at(cfg: RunConfig, step: int, progress: float) -> float:
     return cfg.lr * warm * (0.1 + 0.45 * (1.0 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def make_optimizer(model: TinyQwen3, cfg: RunConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     vectors = [p for p in model.parameters() if p.dim() < 2]  # norm gains: no weight decay
     groups = [{"params": matrices, "weight_decay": 0.1}, {"params": vectors, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device == "cuda")
 
 
-def train(model: TinyQwen3, stream: TrainingStream, cfg: RunConfig, log: Callable[[str], None]) -> dict:
+def train(model: nn.Module, stream: TrainingStream, cfg: RunConfig, log: Callable[[str], None]) -> dict:
     step_fn = torch.compile(losses) if cfg.compile else losses
     optimizer = make_optimizer(model, cfg)
     offsets = torch.arange(cfg.seq_len + 2, device=cfg.device)
@@ -381,67 +422,7 @@ def train(model: TinyQwen3, stream: TrainingStream, cfg: RunConfig, log: Callabl
 # -- evaluation (bf16 weights, float32 math: what the numpy executor computes) ------------------------------
 
 
-@torch.no_grad()
-def heldout_perplexity(model: TinyQwen3, windows: torch.Tensor, batch: int) -> tuple[float, int]:
-    nll, count = 0.0, 0
-    for start in range(0, len(windows), batch):
-        w = windows[start : start + batch]
-        logits = model.logits(model.hidden(w[:, :-1]))
-        nll += F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten(), reduction="sum").item()
-        count += w[:, 1:].numel()
-    return math.exp(nll / count), count
-
-
-@torch.no_grad()
-def greedy_continue(model: TinyQwen3, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    seqs = prompts
-    for _ in range(new_tokens):  # full recompute per token: tiny model, short sequences
-        next_token = model.logits(model.hidden(seqs)[:, -1]).argmax(-1, keepdim=True)
-        seqs = torch.cat([seqs, next_token], dim=1)
-    return seqs
-
-
-@torch.no_grad()
-def draft(model: TinyQwen3, seqs: torch.Tensor, h: torch.Tensor, last: torch.Tensor, k: int) -> torch.Tensor:
-    """k greedy MTP drafts per row after seqs[:, :last+2]: the main model has run up to position `last`,
-    seqs[last+1] is the newest token. Draft j reuses the one MTP layer at position last+j with (g, d) of
-    draft j-1 in place of (h, x): the causal mask makes positions past it irrelevant, so each draft is one
-    full-length MTP pass (no cache) and rows at different positions share the batch."""
-    rows = torch.arange(len(seqs), device=seqs.device)
-    hidden = h.clone()
-    next_tokens = torch.cat([seqs[:, 1:], seqs[:, -1:]], dim=1)  # x[p+1] at p; the last column is never read
-    drafts = []
-    for j in range(k):
-        g = model.mtp_hidden(hidden, next_tokens)[rows, last + j]
-        d = model.logits(g).argmax(-1)
-        drafts.append(d)
-        if j + 1 < k:
-            hidden[rows, last + j + 1] = g
-            next_tokens[rows, last + j + 1] = d
-    return torch.stack(drafts, dim=1)
-
-
-@torch.no_grad()
-def acceptance_length(model: TinyQwen3, seqs: torch.Tensor, prompt_len: int, k: int) -> float:
-    """Mean tokens emitted per verification step (accepted drafts + the bonus token) when greedy decoding of
-    `seqs` (the greedy continuations of their prompts) is sped up with k MTP drafts. Greedy verification
-    emits exactly the greedy continuation, so each step's accepted count is the drafts' matching prefix."""
-    h = model.hidden(seqs)
-    length = seqs.shape[1]
-    last = torch.full((len(seqs),), prompt_len - 1, device=seqs.device)  # the prefill's last position
-    steps = emitted = 0
-    while (active := last + k + 2 <= length).any():
-        # finished rows draft at a clamped position (in range) and are left out of the counts
-        drafts = draft(model, seqs, h, last.clamp(max=length - k - 2), k)
-        positions = (last[:, None] + 2 + torch.arange(k, device=seqs.device)).clamp(max=length - 1)
-        accepted = (drafts == seqs.gather(1, positions)).int().cumprod(dim=1).sum(dim=1)
-        steps += int(active.sum())
-        emitted += int((accepted + 1)[active].sum())
-        last = last + accepted + 1
-    return emitted / max(steps, 1)
-
-
-def evaluate(model: TinyQwen3, heldout: np.ndarray, cfg: RunConfig) -> dict:
+def evaluate(model: nn.Module, heldout: np.ndarray, cfg: RunConfig) -> dict:
     model.eval()  # the parameters are float32 holding bf16-rounded values (write_weights): float32 math
     windows = torch.from_numpy(eval_windows(heldout, cfg.seq_len, cfg.eval_tokens)).to(cfg.device)
     ppl, tokens = heldout_perplexity(model, windows, batch=max(1, cfg.batch_size // 2))
@@ -488,14 +469,14 @@ def config_json(s: Shape, tokenizer: Tokenizer) -> dict:
     }
 
 
-def write_weights(out: Path, model: TinyQwen3, tokenizer: Tokenizer) -> None:
+def write_weights(out: Path, model: nn.Module, config: dict) -> None:
     """Rounds the weights to bf16 in place (evaluation then scores exactly what is shipped) and saves them."""
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).float())
     tensors = {name: t.detach().to(torch.bfloat16).cpu().contiguous() for name, t in model.state_dict().items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    write_json(out / "config.json", config_json(model.shape, tokenizer))
+    write_json(out / "config.json", config)
 
 
 def write_token_freq(out: Path, stream: np.ndarray, vocab: int) -> None:
@@ -546,13 +527,13 @@ def prepare_data(cfg: RunConfig, shape: Shape, timer: Timer) -> tuple[Tokenizer,
     return tokenizer, stream, heldout_stream, corpus
 
 
-def run(out: Path, shape: Shape, cfg: RunConfig) -> dict:
+def run(out: Path, arch: Architecture, shape: Any, cfg: RunConfig) -> dict:
     torch.manual_seed(cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     timer = Timer()
     tokenizer, stream, heldout_stream, corpus = prepare_data(cfg, shape, timer)
     write_tokenizer_files(out, tokenizer)
-    model = TinyQwen3(shape)
+    model = arch.build(shape)
     init_weights(model)
     model.to(cfg.device)
     log(f"{parameter_count(model):,} parameters ({parameter_count(model, 'mtp.'):,} in the MTP module) on {cfg.device}")
@@ -562,11 +543,13 @@ def run(out: Path, shape: Shape, cfg: RunConfig) -> dict:
     corpus["train_tokens"] = len(train_tokens)
     corpus["epochs"] = round(training["train_tokens"] / len(train_tokens), 2)
     write_token_freq(out, train_tokens, shape.vocab)
-    write_weights(out, model, tokenizer)
+    write_weights(out, model, arch.config_json(model, tokenizer))
     timer.mark("write_s")
-    evaluation = evaluate(model, heldout_stream, cfg)
+    with arch.exact_math():
+        evaluation = evaluate(model, heldout_stream, cfg)
     timer.mark("eval_s")
     summary = {
+        "arch": arch.name,
         "shape": asdict(shape),
         "parameters": parameter_count(model),
         "mtp_parameters": parameter_count(model, "mtp."),
@@ -595,6 +578,10 @@ TINY_DEFAULTS = {"seq_len": 64, "eval_tokens": 4096, "accept_prompts": 4, "accep
     "--minutes", default=6.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
     help="Wall-clock budget of the training loop alone.",
 )
+@click.option(
+    "--arch", "arch_name", type=click.Choice(sorted(ARCHITECTURES)), default="qwen3", show_default=True,
+    help="qwen3: the dense model; qwen3_5: the Gated DeltaNet hybrid of the same size class.",
+)
 @click.option("--tiny-shape", is_flag=True, help="A toy shape and evaluation, for CPU tests.")
 @click.option("--max-files", type=int, default=None, help="Use at most this many training files.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
@@ -614,7 +601,7 @@ TINY_DEFAULTS = {"seq_len": 64, "eval_tokens": 4096, "accept_prompts": 4, "accep
 @click.option("--accept-new-tokens", type=int, default=None, help="Greedy tokens per prompt [default: 128; 24 tiny].")
 @click.option("--compile", "use_compile", is_flag=True, help="torch.compile the loss (costs budget to compile).")
 @click.option("--seed", default=0, show_default=True)
-def main(out_dir: Path, tiny_shape: bool, device: str, use_compile: bool, **options: Any) -> None:
+def main(out_dir: Path, arch_name: str, tiny_shape: bool, device: str, use_compile: bool, **options: Any) -> None:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     preset = TINY_DEFAULTS if tiny_shape else FULL_DEFAULTS
@@ -622,7 +609,8 @@ def main(out_dir: Path, tiny_shape: bool, device: str, use_compile: bool, **opti
     if resolved["batch_size"] is None:
         resolved["batch_size"] = 128 if device == "cuda" else 8
     cfg = RunConfig(device=device, compile=use_compile, **resolved)
-    click.echo(json.dumps(run(out_dir, TINY_SHAPE if tiny_shape else FULL_SHAPE, cfg), indent=2))
+    arch = ARCHITECTURES[arch_name]()
+    click.echo(json.dumps(run(out_dir, arch, arch.tiny_shape if tiny_shape else arch.full_shape, cfg), indent=2))
 
 
 if __name__ == "__main__":

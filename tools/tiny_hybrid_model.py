@@ -1,0 +1,152 @@
+"""The Qwen3.5 hybrid that tools/train_tiny_model.py trains with --arch qwen3_5: Gated DeltaNet and gated
+attention layers 3 : 1, zero-centred norms, tied embeddings, and one MTP layer of the hybrid class.
+
+The main model is transformers' own Qwen3_5TextModel (what Qwen3_5ForCausalLM wraps): on a GPU where fla-core
+imports, transformers runs its Triton delta-rule kernels; elsewhere its torch implementation. The MTP module
+follows model/mtp.py's math with transformers' parts: z = fc(cat(norm_e(embed(x[p+1])), norm_h(h[p]))) -> one
+full-attention Qwen3_5DecoderLayer (gated attention) -> mtp.norm -> the tied lm_head, every norm zero-centred.
+Attribute names are the checkpoint's tensor names: model.* as Qwen3_5ForCausalLM saves them, mtp.* as vLLM's
+qwen3_5_mtp.py (and ninfer-rt) load them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import Qwen3_5TextConfig
+from transformers.masking_utils import create_causal_mask
+from transformers.models.qwen3_5 import modeling_qwen3_5
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm, Qwen3_5TextModel
+
+FULL_ATTENTION_INTERVAL = 4  # layers 3, 7, ... are gated attention; the others Gated DeltaNet
+ROPE_THETA = 10_000_000.0  # Qwen3.5's
+PARTIAL_ROTARY_FACTOR = 0.25  # Qwen3.5's: a quarter of each head's dims rotate
+CONV_KERNEL = 4
+
+
+@dataclass(frozen=True)
+class HybridShape:
+    hidden: int
+    layers: int
+    heads: int  # gated attention: q_proj rows are [q_h | gate_h] per head
+    kv_heads: int
+    head_dim: int
+    linear_key_heads: int
+    linear_value_heads: int  # 3 per key head, as Qwen3.5's 16 / 48
+    linear_head_dim: int  # keys and values alike
+    intermediate: int
+    vocab: int
+
+
+# 6,987,080 parameters (591,232 in the MTP module), -0.9% of the dense model's 7,050,624 = 14.0 MB in bf16. The
+# linear-attention head dim is 64 because the CUDA delta-rule kernels are instantiated for key dims 64 and 128;
+# the MLP width 256 keeps every projection's input a multiple of the int4 group size 128.
+FULL_HYBRID_SHAPE = HybridShape(
+    hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64,
+    linear_key_heads=2, linear_value_heads=6, linear_head_dim=64, intermediate=256, vocab=8192,
+)
+TINY_HYBRID_SHAPE = HybridShape(
+    hidden=64, layers=4, heads=4, kv_heads=2, head_dim=16,
+    linear_key_heads=1, linear_value_heads=3, linear_head_dim=16, intermediate=128, vocab=1024,
+)
+
+
+def text_config(s: HybridShape, max_positions: int, rms_eps: float, init_std: float) -> Qwen3_5TextConfig:
+    layer_types = ["full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention" for i in range(s.layers)]
+    config = Qwen3_5TextConfig(
+        vocab_size=s.vocab,
+        hidden_size=s.hidden,
+        intermediate_size=s.intermediate,
+        num_hidden_layers=s.layers,
+        layer_types=layer_types,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        linear_num_key_heads=s.linear_key_heads,
+        linear_num_value_heads=s.linear_value_heads,
+        linear_key_head_dim=s.linear_head_dim,
+        linear_value_head_dim=s.linear_head_dim,
+        linear_conv_kernel_dim=CONV_KERNEL,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=rms_eps,
+        initializer_range=init_std,
+        tie_word_embeddings=True,
+        use_cache=False,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA, "partial_rotary_factor": PARTIAL_ROTARY_FACTOR},
+    )
+    config._attn_implementation = "sdpa"
+    return config
+
+
+class HybridMTPHead(nn.Module):
+    """Tensor names mtp.fc, mtp.pre_fc_norm_{embedding,hidden}, mtp.layers.0 (a gated-attention layer), mtp.norm."""
+
+    def __init__(self, config: Qwen3_5TextConfig) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.pre_fc_norm_embedding = Qwen3_5RMSNorm(hidden, eps)
+        self.pre_fc_norm_hidden = Qwen3_5RMSNorm(hidden, eps)
+        # built as one of the main model's full-attention layers: the same class, names and shapes
+        self.layers = nn.ModuleList([Qwen3_5DecoderLayer(config, config.layer_types.index("full_attention"))])
+        self.norm = Qwen3_5RMSNorm(hidden, eps)
+
+
+class TinyQwen3_5(nn.Module):
+    def __init__(self, s: HybridShape, max_positions: int, rms_eps: float, init_std: float) -> None:
+        super().__init__()
+        self.shape = s
+        self.config = text_config(s, max_positions, rms_eps, init_std)
+        self.model = Qwen3_5TextModel(self.config)
+        self.mtp = HybridMTPHead(self.config)
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """h: the main model's final-normed hidden states [B, T, hidden]."""
+        return self.model(input_ids=tokens, use_cache=False).last_hidden_state
+
+    def mtp_hidden(self, h: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """The MTP module's normed output at every position p from h[p] and x[p+1] (embedding first)."""
+        embedded = self.mtp.pre_fc_norm_embedding(self.model.embed_tokens(next_tokens))
+        z = self.mtp.fc(torch.cat([embedded, self.mtp.pre_fc_norm_hidden(h)], dim=-1))
+        positions = torch.arange(z.shape[1], device=z.device)[None]
+        mask = create_causal_mask(config=self.config, inputs_embeds=z, attention_mask=None, cache=None, position_ids=positions)
+        z = self.mtp.layers[0](z, position_embeddings=self.model.rotary_emb(z, positions), attention_mask=mask, position_ids=positions)
+        return self.mtp.norm(z)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.model.embed_tokens.weight)  # tied lm_head
+
+    def config_json(self, bos_id: int, eos_id: int) -> dict[str, Any]:
+        """transformers' own config (what Qwen3_5ForCausalLM.save_pretrained writes) plus the MTP layer count."""
+        config = self.config.to_diff_dict()
+        config.update(
+            architectures=["Qwen3_5ForCausalLM"],
+            model_type="qwen3_5_text",
+            layer_types=list(self.config.layer_types),
+            tie_word_embeddings=True,
+            mtp_num_hidden_layers=1,
+            bos_token_id=bos_id,
+            eos_token_id=eos_id,
+            dtype="bfloat16",
+        )
+        config.pop("use_cache", None)  # a training setting, not the model's
+        return config
+
+
+@contextmanager
+def float32_delta_rule() -> Iterator[None]:
+    """transformers' torch delta rule for the span: fla-core's chunked kernel refuses float32 inputs, and
+    evaluation scores the bf16-rounded weights in float32 math, as the numpy executor does."""
+    chosen = modeling_qwen3_5.torch_chunk_gated_delta_rule
+    modeling_qwen3_5.torch_chunk_gated_delta_rule = inspect.unwrap(chosen)
+    try:
+        yield
+    finally:
+        modeling_qwen3_5.torch_chunk_gated_delta_rule = chosen
