@@ -116,7 +116,8 @@ class TinyQwen3_5(nn.Module):
         embedded = self.mtp.pre_fc_norm_embedding(self.model.embed_tokens(next_tokens))
         z = self.mtp.fc(torch.cat([embedded, self.mtp.pre_fc_norm_hidden(h)], dim=-1))
         positions = torch.arange(z.shape[1], device=z.device)[None]
-        mask = create_causal_mask(config=self.config, inputs_embeds=z, attention_mask=None, cache=None, position_ids=positions)
+        # positional: the cache argument is `cache` in newer transformers and `past_key_values` in older 5.x
+        mask = create_causal_mask(self.config, z, None, None, position_ids=positions)
         z = self.mtp.layers[0](z, position_embeddings=self.model.rotary_emb(z, positions), attention_mask=mask, position_ids=positions)
         return self.mtp.norm(z)
 
