@@ -118,7 +118,9 @@ class TinyQwen3_5(nn.Module):
         positions = torch.arange(z.shape[1], device=z.device)[None]
         # positional: the cache argument is `cache` in newer transformers and `past_key_values` in older 5.x
         mask = create_causal_mask(self.config, z, None, None, position_ids=positions)
-        z = self.mtp.layers[0](z, position_embeddings=self.model.rotary_emb(z, positions), attention_mask=mask, position_ids=positions)
+        # one row per mRoPE axis (text: all equal), the layout every transformers 5.x rotary embedding accepts
+        rotary = self.model.rotary_emb(z, positions[None].expand(3, -1, -1))
+        z = self.mtp.layers[0](z, position_embeddings=rotary, attention_mask=mask, position_ids=positions)
         return self.mtp.norm(z)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
