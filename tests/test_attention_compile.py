@@ -419,7 +419,7 @@ def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_
     # qwen3-8b: 32 q heads, 8 kv heads -> 32 chunk rows per 128-row tile; 2 blocks per SM on an H200 (255
     # registers, 69.5 KiB of shared memory; registers decide)
     capacity = plan.prefill_workspace_blocks(H200_SMS)
-    blocks = plan.prefill_grid_blocks(531, 1, 32, 8)
+    blocks = plan.prefill_grid_blocks(531, 1, 32, 8, 128)
     assert blocks == 17 * 8
     splits = plan.prefill_num_splits(blocks, H200_SMS, 2, 114_812, capacity)
     assert 4 <= splits and blocks * splits <= capacity
@@ -427,13 +427,13 @@ def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_
     assert waves / np.ceil(waves) > 0.85
     # the workspace: capacity blocks of 128 rows (138 MB at head_dim 128 on an H200)
     assert plan.prefill_workspace_bytes(capacity, 128) == (capacity * 128 * 128 * 4, capacity * 128 * 2 * 4)
-    long_chunk = plan.prefill_grid_blocks(4096, 1, 32, 8)
+    long_chunk = plan.prefill_grid_blocks(4096, 1, 32, 8, 128)
     assert plan.prefill_num_splits(long_chunk, H200_SMS, RESIDENT, 32768, capacity) == 1
     # a short context keeps 4 pages per split
     assert plan.prefill_num_splits(blocks, H200_SMS, RESIDENT, 531, capacity) <= 2
-    assert plan.prefill_tile_queries(40, 8) == 25  # GQA 5: 125 of 128 rows used
+    assert plan.prefill_tile_queries(40, 8, 128) == 25  # GQA 5: 125 of 128 rows used
     with pytest.raises(ValueError, match="exceeds"):
-        plan.prefill_tile_queries(256, 1)
+        plan.prefill_tile_queries(256, 1, 128)
 
 
 def test_the_scratch_of_a_shape_is_allocated_once_and_reused() -> None:

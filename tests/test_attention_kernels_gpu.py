@@ -290,7 +290,7 @@ def test_decode_attention_long_context_fills_many_splits(gpu: Gpu) -> None:
 
 def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, wgmma: bool | None = None) -> int:
     """The split count prefill_attention picks for this batch on this GPU (its default path)."""
-    blocks = plan.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv)
+    blocks = plan.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv, d)
     resident = attention_ops.prefill_blocks_per_sm(gpu.lib, plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kv_dtype), wgmma))
     sm_count = gpu.lib.device.sm_count
     return plan.prefill_num_splits(
@@ -314,7 +314,7 @@ def run_prefill(
     widened = plan.prefill_widens(gpu.lib.target_arch, d, KVVariant(kv_dtype), longest, wgmma) if widen is None else widen
     kind = "widened" if widened else kv_dtype
     splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kind, wgmma)
-    blocks = plan.prefill_grid_blocks(longest, len(batch.query_lens), hq, hkv) * splits
+    blocks = plan.prefill_grid_blocks(longest, len(batch.query_lens), hq, hkv, d) * splits
     workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in plan.prefill_workspace_bytes(blocks, d)))
     kernel = plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kind), wgmma)
     print(f"prefill: {'widen_int8_kv + ' if widened else ''}{kernel.spec.name}, {splits} split(s), {blocks} blocks")
