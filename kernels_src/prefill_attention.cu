@@ -17,22 +17,24 @@
 // context_lens int32 [B]; query_start int32 [B+1]; out bf16 [T, Hq, D]. Sequences with C <= decode_max_queries
 // are skipped (decode_attention's in a mixed step).
 //
-// Tiles (GQA sharing): a block owns one kv head and a tile of R = 128 M rows = Qt = R / G chunk rows
+// Tiles (GQA sharing): a block owns one kv head and a tile of R = 128 M rows (64 at D = 256) = Qt = R / G chunk rows
 // x the G q heads of that kv head (row r: chunk row q_begin + r / G, q head kv_head * G + r % G; when G does
 // not divide R the last R - Qt * G rows are padding). Each K/V page is staged (and int8-dequantized) once for
 // all G heads. G <= R.
 // Splits: the sequence's ceil(L / 64) pages are cut into num_splits ranges of pps = ceil(pages / num_splits)
 // pages; split s covers pages [s * pps, (s + 1) * pps) clipped to the pages its tile sees (empty splits exit
 // at once). num_splits == 1: the block normalizes and writes out. num_splits > 1: it writes its unnormalized
-// f32 partials to the workspace, and prefill_attention_combine_d{64,128} merges the non-empty splits:
+// f32 partials to the workspace, and prefill_attention_combine_d{64,128,256} merges the non-empty splits:
 //   partial_acc f32 [num_splits, B, tiles, Hkv, R, D], partial_ml f32 [num_splits, B, tiles, Hkv, R, 2]
 //   (m = running max of scale * log2(e) * s, -inf if the row saw no key in the split; l = sum of
 //   exp2(s - m)); out = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s, M = max_s m_s.
-// Launch: prefill_attention_d{64,128}_{bf16,int8}: grid (tiles * num_splits, Hkv, B) with tiles =
+// Launch: prefill_attention_d{64,128,256}_{bf16,int8}: grid (tiles * num_splits, Hkv, B) with tiles =
 // ceil(max_b C_b / Qt), blockIdx.x = split * tiles + (tiles - 1 - tile) (the longest causal tiles first);
-// block 128 (4 warps x 32 M rows, two m16 tiles each); dynamic shared memory FlashSmem<D, int8>::kBytes
-// (attention_ops.prefill_smem_bytes: 68 KiB bf16 / 69.5 KiB int8 at D = 128, 36 / 37.5 KiB at D = 64; the
-// kernel traps on less); blocks past their sequence's chunk exit at once. prefill_attention_combine_d{64,128}
+// block 128 (4 warps x 32 M rows, two m16 tiles each; at D = 256 4 warps x 16 M rows, one m16 tile each, so
+// that a thread's O accumulators are 128 registers); dynamic shared memory FlashSmem<D, int8>::kBytes
+// (attention_plan.prefill_smem_bytes: 68 KiB bf16 / 69.5 KiB int8 at D = 128, 36 / 37.5 KiB at D = 64,
+// 99 / 100.5 KiB at D = 256 (int8 KV at D = 256 exceeds the 99 KiB of sm_86/89/120 blocks); the kernel traps
+// on less); blocks past their sequence's chunk exit at once. prefill_attention_combine_d{64,128,256}
 // (only when num_splits > 1): grid (tiles * R / 16, Hkv, B), blockIdx.x = tile * R / 16 + row group; block 128
 // (M rows 16 g .. 16 g + 15 of the tile: warp w merges rows w, w + 4, ...; each lane D / 32 dims).
 // Pipeline (key tiles are pages of 64 keys; one K and one V tile in shared memory): top of page kt: wait for
@@ -44,12 +46,17 @@
 // -> two exact f16x2 words; Q's dims are permuted within each k step to match, once, when it is staged),
 // V is converted to an f16 tile by all threads after the middle barrier (then another barrier); both pages'
 // scales arrive with K. Rows of every 16-bit tile are padded by 16 bytes (int8 rows too), so ldmatrix, the
-// K words and the cp.async stores are conflict-free. D = 256 is not instantiated.
+// K words and the cp.async stores are conflict-free. sm_90a runs this kernel at D = 256 too (the wgmma
+// kernels are D = 128 only).
 #include "attention_common.cuh"
 #include "prefill_common.cuh"
 
 constexpr int kPrefillThreads = 128;
 constexpr int kCombineRows = 16;  // M rows per combine block (4 per warp): many blocks keep many loads in flight
+
+// M rows per block at head dim D: 4 warps x 32 (two m16 tiles each), or x 16 (one) at D = 256.
+template <int D>
+constexpr int kTileRows = D == 256 ? kFlashRowsD256 : kFlashRows;
 
 // D = A(16x16, row) . B(16x8, col) + C with 16-bit float inputs (bf16: bf16 KV; f16: int8 KV) and f32 accumulators.
 template <bool kF16>
@@ -71,7 +78,8 @@ __forceinline__ void int8x16_to_f16(unsigned short* dst, uint4 raw) {
     int8x16_to_f16x16(raw, out[0], out[1]);
 }
 
-// ---- The kernel: 128 M rows per block (4 warps x 32), Q in shared memory, every fragment through ldmatrix --
+// ---- The kernel: 128 M rows per block (4 warps x 32; 64 = 4 x 16 at D = 256), Q in shared memory, every
+// fragment through ldmatrix ----
 
 __forceinline__ void ldmatrix_x4_trans_at(unsigned (&frag)[4], unsigned address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -81,7 +89,7 @@ __forceinline__ void ldmatrix_x4_trans_at(unsigned (&frag)[4], unsigned address)
 }
 
 // The kernel's dynamic shared memory (byte offsets; attention_ops.prefill_smem_bytes mirrors kBytes):
-// Q [128][D + 8] 16-bit; bf16 KV: K and V [64][D + 8] bf16; int8 KV: V [64][D + 8] f16 (converted from its
+// Q [kTileRows<D>][D + 8] 16-bit; bf16 KV: K and V [64][D + 8] bf16; int8 KV: V [64][D + 8] f16 (converted from its
 // raw page), the raw K and V pages [64][D + 16] bytes each (cp.async targets; S reads K's int8 words
 // directly) and the 2 x 64 f32 scales.
 template <int D, bool kInt8>
@@ -89,7 +97,7 @@ struct FlashSmem {
     static constexpr int kStride = D + 8;      // 16-bit elements per row: +16 bytes, ldmatrix conflict-free
     static constexpr int kRawStride = D + 16;  // bytes per raw int8 row
     static constexpr int kQ = 0;
-    static constexpr int kK = kQ + kFlashRows * kStride * 2;
+    static constexpr int kK = kQ + kTileRows<D> * kStride * 2;
     static constexpr int kV = kK + (kInt8 ? 0 : kKeyTile * kStride * 2);
     static constexpr int kKRaw = kV + kKeyTile * kStride * 2;
     static constexpr int kVRaw = kKRaw + (kInt8 ? kKeyTile * kRawStride : 0);
@@ -151,6 +159,8 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
                                              const int* context_lens, const int* query_start, int decode_max_queries,
                                              int num_q_heads, int num_kv_heads, float scale, int num_splits) {
     using S = FlashSmem<D, kInt8>;
+    constexpr int kRows = kTileRows<D>;
+    constexpr int kMTiles = kRows / (16 * kPrefillThreads / 32);  // m16 tiles per warp
     constexpr int kStride = S::kStride;
     constexpr int kKSteps = D / 16;
     constexpr int kDimTiles = D / 8;
@@ -172,7 +182,7 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
 
     PrefillBlock b;
     if (!prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads,
-                       num_kv_heads, num_splits)) {
+                       num_kv_heads, num_splits, kRows)) {
         return;
     }
     const PrefillTile& t = b.t;
@@ -183,10 +193,10 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2;  // mma groupID: fragment row (A, C) or column (B)
     const int c = lane & 3;   // mma threadID_in_group
-    const int warp_row = warp * 32;
+    const int warp_row = warp * 16 * kMTiles;
 
     // Q tile (padding rows and rows past the chunk zero-filled), then K of the first page.
-    for (int i = threadIdx.x; i < kFlashRows * (D / 8); i += kPrefillThreads) {
+    for (int i = threadIdx.x; i < kRows * (D / 8); i += kPrefillThreads) {
         const int r = i / (D / 8);
         const int part = i % (D / 8);
         const int qi = tile_query(t, r);
@@ -210,7 +220,7 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
         // S then reads as its B fragment without a 16-bit copy of K (the dot product is the same sum).
         cp_async_wait<1>();
         __syncthreads();  // a k step's two 16-byte chunks were copied by two threads
-        for (int i = threadIdx.x; i < kFlashRows * kKSteps; i += kPrefillThreads) {
+        for (int i = threadIdx.x; i < kRows * kKSteps; i += kPrefillThreads) {
             uint4* step = reinterpret_cast<uint4*>(q_tile + (i / kKSteps) * kStride + (i % kKSteps) * 16);
             const uint4 lo = step[0], hi = step[1];
             const unsigned in[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -233,15 +243,15 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
     const unsigned v_lane = v_at + lane_offset;
     const unsigned char* k_raw_lane = k_raw + g * S::kRawStride + 4 * c;  // int8: this lane's K words (32-bit, conflict-free)
 
-    float o[2][kDimTiles][4];
+    float o[kMTiles][kDimTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
         for (int dt = 0; dt < kDimTiles; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
     }
-    float m[2][2], l[2][2];  // [m tile][rows g, g + 8]: running max (log2 domain, scaled) and this thread's share of the sum
+    float m[kMTiles][2], l[kMTiles][2];  // [m tile][rows g, g + 8]: running max (log2 domain, scaled) and this thread's share of the sum
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             m[mt][h] = neg_inf();
@@ -260,18 +270,18 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
         else load_page_async<2 * D>(v_at, 2 * kStride, v_cache, pages[kt], kv_head, num_kv_heads, keys);
         cp_async_commit();  // V(kt) flies during S and the softmax
 
-        // S = Q K^T: each K fragment feeds both m tiles.
-        float s[2][8][4];
+        // S = Q K^T: each K fragment feeds the warp's m tiles.
+        float s[kMTiles][8][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
         }
 #pragma unroll kSUnroll
         for (int ks = 0; ks < kKSteps; ++ks) {
-            unsigned qa[2][4];
+            unsigned qa[kMTiles][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) ldmatrix_x4_at(qa[mt], q_lane + (16 * mt * kStride + 16 * ks) * 2);
+            for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4_at(qa[mt], q_lane + (16 * mt * kStride + 16 * ks) * 2);
             if constexpr (kInt8) {
                 // B fragment of n tile nt: key 8 nt + g, int8 dims 16 ks + 4c .. 4c + 3 -> (b0, b1) (see the Q staging)
 #pragma unroll
@@ -279,7 +289,7 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
                     const unsigned word = *reinterpret_cast<const unsigned*>(k_raw_lane + nt * 8 * S::kRawStride + 16 * ks);
                     const unsigned b0 = int8x2_to_f16x2<false>(word), b1 = int8x2_to_f16x2<true>(word);
 #pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) mma16<true>(s[mt][nt], qa[mt], b0, b1);
+                    for (int mt = 0; mt < kMTiles; ++mt) mma16<true>(s[mt][nt], qa[mt], b0, b1);
                 }
             } else {
 #pragma unroll
@@ -287,7 +297,7 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
                     unsigned kb[4];
                     ldmatrix_x4_at(kb, k_lane + (16 * np * kStride + 16 * ks) * 2);
 #pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) {
+                    for (int mt = 0; mt < kMTiles; ++mt) {
                         mma16<false>(s[mt][2 * np], qa[mt], kb[0], kb[2]);
                         mma16<false>(s[mt][2 * np + 1], qa[mt], kb[1], kb[3]);
                     }
@@ -296,35 +306,35 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
         }
         if constexpr (kInt8) {
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) scale_key_columns(s[mt], k_scale_tile, c);
+            for (int mt = 0; mt < kMTiles; ++mt) scale_key_columns(s[mt], k_scale_tile, c);
         }
         // Causal mask, only on pages reaching past the tile's first position (earlier keys are visible to
         // every row and lie inside the context). Padding rows sit past the tile; zero Q keeps them finite,
         // and they are never stored.
         if (kt * kKeyTile + kKeyTile - 1 > min_pos) {
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
+            for (int mt = 0; mt < kMTiles; ++mt) {
                 const int row = warp_row + 16 * mt + g;
                 mask_causal(s[mt], kt, min_pos + row / group, min_pos + (row + 8) / group, c);
             }
         }
         // O and l rescaled only when a row's max grew (a warp-uniform test).
-        float alpha[2][2];
+        float alpha[kMTiles][2];
         bool grew = false;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) alpha[mt][h] = softmax_rows(s[mt], h, m[mt][h], l[mt][h], scale_log2, grew);
         }
         if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) rescale_rows(o[mt], alpha[mt]);
+            for (int mt = 0; mt < kMTiles; ++mt) rescale_rows(o[mt], alpha[mt]);
         }
         // P packed now so only half the registers stay live through the wait (int8: with V's scales, loaded
         // with K).
-        unsigned pa[2][kKeyTile / 16][4];
+        unsigned pa[kMTiles][kKeyTile / 16][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) pack_p<kInt8>(s[mt], pa[mt], v_scale_tile, c);
+        for (int mt = 0; mt < kMTiles; ++mt) pack_p<kInt8>(s[mt], pa[mt], v_scale_tile, c);
 
         cp_async_wait<0>();  // V(kt) landed; every warp is done with K(kt) and the scales of page kt
         __syncthreads();
@@ -352,7 +362,7 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
                 unsigned vb[4];
                 ldmatrix_x4_trans_at(vb, v_lane + (16 * kk * kStride + 16 * dp) * 2);
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
+                for (int mt = 0; mt < kMTiles; ++mt) {
                     mma16<kInt8>(o[mt][2 * dp], pa[mt][kk], vb[0], vb[1]);
                     mma16<kInt8>(o[mt][2 * dp + 1], pa[mt][kk], vb[2], vb[3]);
                 }
@@ -362,10 +372,18 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
 
     // The tile's geometry again (cheap loads), rather than registers held through the loop.
     prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,
-                  num_splits);
+                  num_splits, kRows);
     const PrefillOutput dst = prefill_output(b, out, partial_acc, partial_ml, num_q_heads, num_kv_heads, num_splits);
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) store_rows<D>(dst, t, o[mt], m[mt], l[mt], warp_row + 16 * mt, g, c);
+    for (int mt = 0; mt < kMTiles; ++mt) store_rows<D, kRows>(dst, t, o[mt], m[mt], l[mt], warp_row + 16 * mt, g, c);
+}
+
+// N bf16 pairs to `dst` in one store (N = 1, 2 or 4: 4, 8 or 16 bytes, aligned to their size).
+template <int N>
+__forceinline__ void store_words(bf16* dst, const unsigned (&words)[N]) {
+    if constexpr (N == 4) *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+    else if constexpr (N == 2) *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
+    else *reinterpret_cast<unsigned*>(dst) = words[0];
 }
 
 // Merges the non-empty splits of one (tile, kv head, sequence): see the header. Splits past
@@ -375,7 +393,8 @@ __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_a
                                                const int* context_lens, const int* query_start, int decode_max_queries,
                                                int num_q_heads, int num_kv_heads, int num_splits) {
     constexpr int kPerLane = D / 32;
-    static_assert(kPerLane == 2 || kPerLane == 4, "combine lanes hold 2 or 4 dims");
+    static_assert(kPerLane == 2 || kPerLane == 4 || kPerLane == 8, "combine lanes hold 2, 4 or 8 dims");
+    constexpr int kVec = kPerLane == 2 ? 2 : 4;  // floats per partial load
     static_assert(kRows % kCombineRows == 0, "whole row groups");
     constexpr int kRowGroups = kRows / kCombineRows;
     const int num_tiles = gridDim.x / kRowGroups;
@@ -406,25 +425,26 @@ __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_a
             const float w = exp2f(ml.x - m_use);  // 0 where the row saw no key of split s (its acc is 0)
             sum += w * ml.y;
             const float* src = partial_acc + prow * D + lane * kPerLane;
-            if constexpr (kPerLane == 4) {
-                const float4 a = *reinterpret_cast<const float4*>(src);
-                acc[0] += w * a.x;
-                acc[1] += w * a.y;
-                acc[2] += w * a.z;
-                acc[3] += w * a.w;
-            } else {
-                const float2 a = *reinterpret_cast<const float2*>(src);
-                acc[0] += w * a.x;
-                acc[1] += w * a.y;
+#pragma unroll
+            for (int v = 0; v < kPerLane; v += kVec) {
+                if constexpr (kVec == 4) {
+                    const float4 a = *reinterpret_cast<const float4*>(src + v);
+                    acc[v] += w * a.x;
+                    acc[v + 1] += w * a.y;
+                    acc[v + 2] += w * a.z;
+                    acc[v + 3] += w * a.w;
+                } else {
+                    const float2 a = *reinterpret_cast<const float2*>(src + v);
+                    acc[v] += w * a.x;
+                    acc[v + 1] += w * a.y;
+                }
             }
         }
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        bf16* dst = out + tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + lane * kPerLane;
-        if constexpr (kPerLane == 4) {
-            *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16x2(acc[0] * inv, acc[1] * inv), pack_bf16x2(acc[2] * inv, acc[3] * inv));
-        } else {
-            *reinterpret_cast<unsigned*>(dst) = pack_bf16x2(acc[0] * inv, acc[1] * inv);
-        }
+        unsigned words[kPerLane / 2];
+#pragma unroll
+        for (int p = 0; p < kPerLane / 2; ++p) words[p] = pack_bf16x2(acc[2 * p] * inv, acc[2 * p + 1] * inv);
+        store_words(out + tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + lane * kPerLane, words);
     }
 }
 
@@ -451,7 +471,10 @@ __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_a
 
 PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 64, bf16, false)
 PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 128, bf16, false)
+PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 256, bf16, false)
 PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 64, int8, true)
 PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 128, int8, true)
-PREFILL_COMBINE(prefill_attention_combine, 64, kFlashRows)
-PREFILL_COMBINE(prefill_attention_combine, 128, kFlashRows)
+PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 256, int8, true)
+PREFILL_COMBINE(prefill_attention_combine, 64, kTileRows<64>)
+PREFILL_COMBINE(prefill_attention_combine, 128, kTileRows<128>)
+PREFILL_COMBINE(prefill_attention_combine, 256, kTileRows<256>)

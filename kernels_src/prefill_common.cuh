@@ -9,6 +9,9 @@
 #include "attention_common.cuh"
 
 constexpr int kFlashRows = 128;  // M rows (chunk row, q head) per block
+// M rows per mma.sync block at D = 256: a warp's f32 accumulators of one m16 tile (16 x 256) already take
+// 128 registers, and the 16-bit Q, K and V tiles of 64 rows fill 99 KiB of shared memory
+constexpr int kFlashRowsD256 = 64;
 constexpr int kKeyTile = kPageSize;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -54,14 +57,14 @@ struct PrefillBlock {
 // combine never reads those).
 __forceinline__ bool prefill_block(PrefillBlock& b, const int* block_tables, int max_pages, const int* context_lens,
                                    const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads,
-                                   int num_splits) {
+                                   int num_splits, int tile_rows = kFlashRows) {
     b.num_tiles = gridDim.x / num_splits;
     b.tile = b.num_tiles - 1 - blockIdx.x % b.num_tiles;
     b.split = blockIdx.x / b.num_tiles;
     b.kv_head = blockIdx.y;
     b.seq = blockIdx.z;
     if (!prefill_tile(b.t, b.tile, b.seq, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,
-                      num_splits, kFlashRows)) {
+                      num_splits, tile_rows)) {
         return false;
     }
     b.kt_begin = b.split * b.t.pages_per_split;
@@ -243,9 +246,9 @@ __forceinline__ PrefillOutput prefill_output(const PrefillBlock& b, bf16* out, f
     return {out, partial_acc, partial_ml, b.split, b.seq, b.tile, b.num_tiles, b.kv_head, num_q_heads, num_kv_heads, num_splits};
 }
 
-// Rows row0 + g and row0 + 8 + g of a block's tile: O (D dims as D / 8 n8 tiles) normalized into out, or
-// with the running max m and the row sum into the workspace. l is this thread's share of the row sum.
-template <int D>
+// Rows row0 + g and row0 + 8 + g of a block's tile of kRows M rows: O (D dims as D / 8 n8 tiles) normalized
+// into out, or with the running max m and the row sum into the workspace. l is this thread's share of the row sum.
+template <int D, int kRows = kFlashRows>
 __forceinline__ void store_rows(const PrefillOutput& dst, const PrefillTile& t, const float (&o)[D / 8][4],
                                 const float (&m)[2], const float (&l)[2], int row0, int g, int c) {
 #pragma unroll
@@ -265,7 +268,7 @@ __forceinline__ void store_rows(const PrefillOutput& dst, const PrefillTile& t, 
             }
         } else {
             const long long prow = partial_row(dst.split, dst.seq, gridDim.z, dst.tile, dst.num_tiles, dst.kv_head,
-                                               dst.num_kv_heads, r, kFlashRows);
+                                               dst.num_kv_heads, r, kRows);
             float* acc = dst.partial_acc + prow * D + 2 * c;
 #pragma unroll
             for (int dt = 0; dt < D / 8; ++dt) {

@@ -323,7 +323,7 @@ class _PrefillCase:
         the widening buffers are made here, as graph capture must not allocate."""
         s, attn, d = self.s, self.attn, self.attn.head_dim
         kernel = attention_plan.prefill_kernel(s.lib.target_arch, d, KVVariant.WIDENED if widen else self.kv_dtype, wgmma)
-        blocks = attention_plan.prefill_grid_blocks(self.chunk, 1, attn.num_heads, attn.num_kv_heads)
+        blocks = attention_plan.prefill_grid_blocks(self.chunk, 1, attn.num_heads, attn.num_kv_heads, d)
         resident = attention_ops.prefill_blocks_per_sm(s.lib, kernel)
         splits = attention_plan.prefill_num_splits(
             blocks, s.device.sm_count, resident, self.context, attention_plan.prefill_workspace_blocks(s.device.sm_count)

@@ -183,9 +183,11 @@ class RecordingLibrary:
         return self.kernel(spec)
 
 
-def logical_step(query_lens: list[int], context_lens: list[int], kv_dtype: str = "bf16") -> SimpleNamespace:
+def logical_step(
+    query_lens: list[int], context_lens: list[int], kv_dtype: str = "bf16", heads: tuple[int, int, int] = (16, 4, 128)
+) -> SimpleNamespace:
     streams = StreamSet(verify=False)
-    hq, hkv, d = 16, 4, 128
+    hq, hkv, d = heads
     batch = make_batch(np.random.default_rng(0), query_lens, context_lens)
     kv = KVCache(streams, KVSpec(num_layers=1, num_pages=batch.num_pages, n_kv_heads=hkv, head_dim=d, dtype=KVDtype.parse(kv_dtype)))
     max_tokens = 512
@@ -408,6 +410,44 @@ def test_the_wgmma_prefill_kernel_is_chosen_only_where_it_applies() -> None:
         plan.prefill_kernel("sm_120a", 128, widened)
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_120a"])
+@pytest.mark.parametrize(("variant", "smem"), [(KVVariant.BF16, 101_376), (KVVariant.INT8, 102_912)])
+def test_head_dim_256_prefill_is_the_mma_sync_kernel_on_every_arch(arch: str, variant: KVVariant, smem: int) -> None:
+    # 64-row tiles: Q, K, V [64][264] 16-bit (int8: V f16, the raw pages [64][272] bytes and their scales); the
+    # wgmma kernels and the widening are head_dim 128 only
+    kernel = plan.prefill_kernel(arch, 256, variant)
+    assert (kernel.spec.name, kernel.threads, kernel.smem) == (f"prefill_attention_d256_{variant.value}", 128, smem)
+    assert plan.prefill_smem_bytes(256, variant) == smem
+    assert not plan.prefill_wgmma_applies(arch, 256) and not plan.prefill_widens(arch, 256, variant, 4096)
+    with pytest.raises(ValueError, match="need sm_90a and head_dim 128"):
+        plan.prefill_kernel(arch, 256, variant, wgmma=True)
+
+
+def test_head_dim_256_tiles_hold_64_rows_and_a_workspace_block_as_many_accumulators() -> None:
+    # the gated-attention layers of Qwen3.6-27B: 24 q heads over 4 kv heads, GQA 6 -> 10 chunk rows (60 of 64 used)
+    assert plan.prefill_tile_rows(256) == 64 and plan.prefill_tile_rows(128) == plan.prefill_tile_rows(64) == 128
+    assert plan.prefill_tile_queries(24, 4, 256) == 10 and plan.prefill_tile_queries(24, 4, 128) == 21
+    assert plan.prefill_grid_blocks(531, 2, 24, 4, 256) == 54 * 4 * 2
+    assert plan.prefill_workspace_bytes(7, 256) == (7 * 64 * 256 * 4, 7 * 64 * 2 * 4)
+    assert plan.prefill_workspace_bytes(7, 256)[0] == plan.prefill_workspace_bytes(7, 128)[0]
+    with pytest.raises(ValueError, match="exceeds the 64-row tile of head_dim 256"):
+        plan.prefill_tile_queries(65, 1, 256)
+
+
+@pytest.mark.parametrize(("context", "split"), [(300, False), (4000, True)])
+def test_a_head_dim_256_prefill_step_launches_64_row_tiles_and_combines_them(context: int, split: bool) -> None:
+    lib, step = RecordingLibrary(), logical_step([300], [context], heads=(24, 4, 256))
+    run_attention_op(lib, step)
+    names = [launch.name for launch in lib.launches]
+    assert names == ["rope_kv_d256_bf16", "prefill_attention_d256_bf16", *(["prefill_attention_combine_d256"] if split else [])]
+    prefill = lib.launches[1]
+    splits = prefill.grid[0] // 30  # 300 rows in tiles of 10 chunk rows
+    assert prefill.grid == (30 * splits, 4, 1) and (splits > 1) == split
+    assert (prefill.block, prefill.smem) == (128, 101_376) and lib.raised["prefill_attention_d256_bf16"] == 101_376
+    if split:
+        assert lib.launches[2].grid == (30 * 64 // 16, 4, 1)
+
+
 def test_int8_kv_is_widened_only_on_sm_90a_for_chunks_of_256_rows_or_more() -> None:
     widens, int8 = plan.prefill_widens, KVVariant.INT8
     assert widens("sm_90a", 128, int8, 256) and not widens("sm_90a", 128, int8, 255)
@@ -419,7 +459,7 @@ def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_
     # qwen3-8b: 32 q heads, 8 kv heads -> 32 chunk rows per 128-row tile; 2 blocks per SM on an H200 (255
     # registers, 69.5 KiB of shared memory; registers decide)
     capacity = plan.prefill_workspace_blocks(H200_SMS)
-    blocks = plan.prefill_grid_blocks(531, 1, 32, 8)
+    blocks = plan.prefill_grid_blocks(531, 1, 32, 8, 128)
     assert blocks == 17 * 8
     splits = plan.prefill_num_splits(blocks, H200_SMS, 2, 114_812, capacity)
     assert 4 <= splits and blocks * splits <= capacity
@@ -427,13 +467,13 @@ def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_
     assert waves / np.ceil(waves) > 0.85
     # the workspace: capacity blocks of 128 rows (138 MB at head_dim 128 on an H200)
     assert plan.prefill_workspace_bytes(capacity, 128) == (capacity * 128 * 128 * 4, capacity * 128 * 2 * 4)
-    long_chunk = plan.prefill_grid_blocks(4096, 1, 32, 8)
+    long_chunk = plan.prefill_grid_blocks(4096, 1, 32, 8, 128)
     assert plan.prefill_num_splits(long_chunk, H200_SMS, RESIDENT, 32768, capacity) == 1
     # a short context keeps 4 pages per split
     assert plan.prefill_num_splits(blocks, H200_SMS, RESIDENT, 531, capacity) <= 2
-    assert plan.prefill_tile_queries(40, 8) == 25  # GQA 5: 125 of 128 rows used
+    assert plan.prefill_tile_queries(40, 8, 128) == 25  # GQA 5: 125 of 128 rows used
     with pytest.raises(ValueError, match="exceeds"):
-        plan.prefill_tile_queries(256, 1)
+        plan.prefill_tile_queries(256, 1, 128)
 
 
 def test_the_scratch_of_a_shape_is_allocated_once_and_reused() -> None:
@@ -461,7 +501,7 @@ def test_wrappers_refuse_bad_geometry_before_launching() -> None:
     kv = PagedKV(layer.k, layer.v)
     one_split = plan.PrefillPlan(plan.prefill_kernel("sm_90a", 128, KVVariant.BF16), 4, 1, 2 * PAGE)
     prefill_step = attention_step(step, [100])
-    for heads, match in (((12, 8, 128), "multiple"), ((16, 4, 256), "head_dim 256")):
+    for heads, match in (((12, 8, 128), "multiple"), ((16, 4, 96), "head_dim 96")):
         with pytest.raises(ValueError, match=match):
             shape = AttentionShape(*heads, norm_eps=1e-6)
             attention_ops.prefill_attention(lib, step.stream, prefill_step, shape, step.qkv, step.out, kv, one_split)

@@ -290,7 +290,7 @@ def test_decode_attention_long_context_fills_many_splits(gpu: Gpu) -> None:
 
 def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, wgmma: bool | None = None) -> int:
     """The split count prefill_attention picks for this batch on this GPU (its default path)."""
-    blocks = plan.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv)
+    blocks = plan.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv, d)
     resident = attention_ops.prefill_blocks_per_sm(gpu.lib, plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kv_dtype), wgmma))
     sm_count = gpu.lib.device.sm_count
     return plan.prefill_num_splits(
@@ -314,7 +314,7 @@ def run_prefill(
     widened = plan.prefill_widens(gpu.lib.target_arch, d, KVVariant(kv_dtype), longest, wgmma) if widen is None else widen
     kind = "widened" if widened else kv_dtype
     splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kind, wgmma)
-    blocks = plan.prefill_grid_blocks(longest, len(batch.query_lens), hq, hkv) * splits
+    blocks = plan.prefill_grid_blocks(longest, len(batch.query_lens), hq, hkv, d) * splits
     workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in plan.prefill_workspace_bytes(blocks, d)))
     kernel = plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kind), wgmma)
     print(f"prefill: {'widen_int8_kv + ' if widened else ''}{kernel.spec.name}, {splits} split(s), {blocks} blocks")
@@ -406,6 +406,10 @@ def test_prefill_attention_bf16_is_exact_but_for_rounding_p_and_out(
     # 0.73 of the undoubled bound on these cases; a key added or dropped at each tile's first row exceeds it 13-60x.
     batch = make_batch(np.random.default_rng(chunk * 7 + context), [chunk], [context])
     out, expected, slack = run_prefill(gpu, batch, 16, 4, 128, "bf16", num_splits=num_splits, wgmma=wgmma)
+    assert_within_p_and_out_rounding(out, expected, slack)
+
+
+def assert_within_p_and_out_rounding(out: np.ndarray, expected: np.ndarray, slack: np.ndarray) -> None:
     error = np.abs(out.astype(np.float64) - expected)
     bound = 2 * (slack + 2.0**-8 * np.abs(expected)) + 2.0**-16
     bad = ~(error <= bound)
@@ -414,6 +418,51 @@ def test_prefill_attention_bf16_is_exact_but_for_rounding_p_and_out(
         f"{int(bad.sum())} elements past the rounding bound (rows {np.unique(np.argwhere(bad)[:, 0])[:10].tolist()}); "
         f"first {tuple(int(i) for i in first)}: got {float(out[first])}, expected {expected[first]}, bound {bound[first]:.3e}"
     )
+
+
+# -- head_dim 256: the gated-attention layers of Qwen3.6-27B (24 q heads over 4 kv heads) ------------------
+# GQA 6 puts 10 chunk rows in a 64-row tile (4 padding rows); chunks and contexts off the page and tile grids,
+# fresh and after a cached prefix; pages shuffled (make_batch)
+D256_CASES = [(9, 9), (100, 100), (65, 1000), (130, 4097), (257, 2113), (531, 1231)]
+
+
+def require_shared_memory(gpu: Gpu, d: int, kv_dtype: str) -> None:
+    smem = plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kv_dtype)).smem
+    if smem > gpu.lib.device.max_shared_memory_per_block_optin:
+        pytest.skip(f"prefill d{d} {kv_dtype}: {smem} bytes of shared memory, this GPU's blocks take {gpu.lib.device.max_shared_memory_per_block_optin}")
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize(("chunk", "context"), D256_CASES)
+def test_prefill_attention_head_dim_256_gated_attention_heads(gpu: Gpu, kv_dtype: str, chunk: int, context: int) -> None:
+    require_shared_memory(gpu, 256, kv_dtype)
+    batch = make_batch(np.random.default_rng(chunk * 11 + context), [chunk], [context])
+    out, expected, slack = run_prefill(gpu, batch, 24, 4, 256, kv_dtype)
+    assert_close(out, expected, f"prefill d=256 {kv_dtype} hq=24 hkv=4 C={chunk} L={context}", slack=slack)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 32])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_prefill_attention_head_dim_256_any_split_count_leaves_decode_rows_alone(gpu: Gpu, kv_dtype: str, num_splits: int) -> None:
+    # 32 splits of a 65-page context: 3 pages each, the last splits empty for the early tiles; the 3-row
+    # sequence is decode_attention's
+    require_shared_memory(gpu, 256, kv_dtype)
+    batch = make_batch(np.random.default_rng(256 + num_splits), [130, 3, 77], [4097, 40, 1300])
+    out, expected, slack = run_prefill(gpu, batch, 24, 4, 256, kv_dtype, num_splits=num_splits)
+    decode_rows = np.arange(130, 133)
+    prefill_rows = np.setdiff1d(np.arange(batch.num_rows), decode_rows)
+    assert_close(out[prefill_rows], expected[prefill_rows], f"prefill d=256 {kv_dtype} {num_splits} splits", slack=slack[prefill_rows])
+    assert (out[decode_rows].view(np.uint16) == 0xFFFF).all(), "prefill_attention wrote a decode sequence's rows"
+
+
+@pytest.mark.parametrize(("chunk", "context", "num_splits"), [(300, 1000, 1), (300, 1000, 3), (531, 1231, None)])
+def test_prefill_attention_head_dim_256_bf16_is_exact_but_for_rounding_p_and_out(
+    gpu: Gpu, chunk: int, context: int, num_splits: int | None
+) -> None:
+    # the bound of the head_dim 128 test above: each tile's first rows (few keys) held to what the arithmetic allows
+    batch = make_batch(np.random.default_rng(chunk * 13 + context), [chunk], [context])
+    out, expected, slack = run_prefill(gpu, batch, 24, 4, 256, "bf16", num_splits=num_splits)
+    assert_within_p_and_out_rounding(out, expected, slack)
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])

@@ -21,6 +21,7 @@ MIRRORED = [
     ("prefill_attention.cu", "kPrefillThreads", plan.THREADS),
     ("prefill_attention.cu", "kCombineRows", plan.PREFILL_COMBINE_ROWS),
     ("prefill_common.cuh", "kFlashRows", plan.PREFILL_TILE_ROWS),
+    ("prefill_common.cuh", "kFlashRowsD256", plan.PREFILL_TILE_ROWS_D256),
     ("prefill_attention_sm90.cu", "kBlockThreads", plan.PREFILL_SM90_BF16_THREADS),
     ("prefill_attention_sm90_int8.cu", "kBlockThreads", plan.PREFILL_SM90_INT8_THREADS),
     ("prefill_attention_sm90_int8.cu", "kStages", plan.PREFILL_SM90_INT8_STAGES),
@@ -51,6 +52,13 @@ def test_rope_kv_runs_a_warp_per_head_in_the_shared_block_size() -> None:
 def test_the_prefill_key_tile_is_one_page() -> None:
     text = (KERNELS / "prefill_common.cuh").read_text()
     assert re.search(r"^constexpr int kKeyTile = kPageSize;", text, flags=re.MULTILINE)
+
+
+def test_the_prefill_tile_rows_per_head_dim_are_the_kernels() -> None:
+    # prefill_attention.cu: kTileRows<D> is kFlashRowsD256 at D = 256, else kFlashRows; so is prefill_tile_rows
+    text = (KERNELS / "prefill_attention.cu").read_text()
+    assert re.search(r"^constexpr int kTileRows = D == 256 \? kFlashRowsD256 : kFlashRows;", text, flags=re.MULTILINE)
+    assert [plan.prefill_tile_rows(d) for d in plan.PREFILL_HEAD_DIMS] == [128, 128, 64]
 
 
 @pytest.mark.parametrize(

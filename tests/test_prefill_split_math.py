@@ -1,6 +1,7 @@
 """prefill_attention.cu's tiling, split and merge math emulated in float64 numpy, on the CPU.
 
-The emulation follows the kernel's index math (128-row tiles of chunk rows x GQA heads, pages per split,
+The emulation follows the kernel's index math (tiles of 128 M rows, 64 at head_dim 256, of chunk rows x GQA
+heads, pages per split,
 empty splits, the mask only on pages past the tile's first position) and its online softmax in the log2
 domain, then merges the splits as prefill_attention_combine does; the result must equal the unsplit
 reference for every split count. It checks the math the kernel implements, not the kernel (the GPU tests
@@ -17,13 +18,12 @@ import pytest
 from attention_refs import PAGE, make_batch, make_pages, paged_attention_ref
 from ninfer_rt.cuda import attention_plan
 
-TILE_ROWS = attention_plan.PREFILL_TILE_ROWS
 LOG2E = 1.4426950408889634
 
 
-def tile_geometry(chunk: int, ctx: int, group: int, tile: int, num_splits: int) -> dict[str, int] | None:
+def tile_geometry(chunk: int, ctx: int, group: int, tile: int, num_splits: int, tile_rows: int) -> dict[str, int] | None:
     """prefill_tile() of the kernel."""
-    tile_queries = TILE_ROWS // group
+    tile_queries = tile_rows // group
     q_begin = tile * tile_queries
     if q_begin >= chunk:
         return None
@@ -37,7 +37,7 @@ def tile_geometry(chunk: int, ctx: int, group: int, tile: int, num_splits: int) 
 
 
 def split_partials(q_rows, keys, values, t, split, scale):
-    """One split block's (acc, m, l) for its TILE_ROWS M rows (q_rows [TILE_ROWS, D], zero for padding), or None if empty."""
+    """One split block's (acc, m, l) for its tile's M rows (q_rows [rows, D], zero for padding), or None if empty."""
     begin = split * t["pages_per_split"]
     end = min(begin + t["pages_per_split"], t["num_key_tiles"])
     if begin >= end:
@@ -68,7 +68,7 @@ def split_partials(q_rows, keys, values, t, split, scale):
     return acc, m, l
 
 
-def emulate(q, k_pages, v_pages, batch, scale, num_splits):
+def emulate(q, k_pages, v_pages, batch, scale, num_splits, tile_rows):
     hq, d = q.shape[1], q.shape[2]
     hkv = k_pages.shape[2]
     group = hq // hkv
@@ -83,13 +83,13 @@ def emulate(q, k_pages, v_pages, batch, scale, num_splits):
         for kv_head in range(hkv):
             keys = k_pages[pages][:, :, kv_head].reshape(-1, d)[:ctx]
             values = v_pages[pages][:, :, kv_head].reshape(-1, d)[:ctx]
-            for tile in range(math.ceil(chunk / (TILE_ROWS // group))):
-                t = tile_geometry(chunk, int(ctx), group, tile, num_splits)
+            for tile in range(math.ceil(chunk / (tile_rows // group))):
+                t = tile_geometry(chunk, int(ctx), group, tile, num_splits, tile_rows)
                 assert t is not None
                 t["group"] = group
                 rows = []  # (M row, q row, head) of the valid rows
-                q_rows = np.zeros((TILE_ROWS, d))
-                for r in range(TILE_ROWS):
+                q_rows = np.zeros((tile_rows, d))
+                for r in range(tile_rows):
                     qi = r // group
                     if qi < t["tile_queries"] and t["q_begin"] + qi < chunk:
                         row, head = start + t["q_begin"] + qi, kv_head * group + r % group
@@ -110,8 +110,15 @@ def emulate(q, k_pages, v_pages, batch, scale, num_splits):
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 32])
-@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (8, 2), (10, 2), (16, 2)], ids=["gqa1", "gqa4", "gqa5", "gqa8"])
-def test_split_and_merge_equal_unsplit_attention(hq: int, hkv: int, num_splits: int) -> None:
+@pytest.mark.parametrize(
+    ("hq", "hkv", "head_dim"),
+    [(4, 4, 128), (8, 2, 128), (10, 2, 128), (16, 2, 128), (12, 2, 256)],
+    ids=["gqa1", "gqa4", "gqa5", "gqa8", "gqa6-d256"],
+)
+def test_split_and_merge_equal_unsplit_attention(hq: int, hkv: int, head_dim: int, num_splits: int) -> None:
+    # the kernel's tile rows at head_dim (64 at 256: GQA 6 fills 60 of them); the dims themselves are 32 here,
+    # the index math does not depend on them
+    tile_rows = attention_plan.prefill_tile_rows(head_dim)
     rng = np.random.default_rng(hq * 100 + num_splits)
     batch = make_batch(rng, [70, 3, 130, 20], [70, 500, 1100, 700])
     slots = batch.all_slots()
@@ -119,7 +126,7 @@ def test_split_and_merge_equal_unsplit_attention(hq: int, hkv: int, num_splits: 
     q = rng.standard_normal((batch.num_rows, hq, 32))
     scale = 32**-0.5
     expected = paged_attention_ref(q, k.values, v.values, batch.block_tables, batch.context_lens, batch.query_start, scale)
-    actual = emulate(q, k.values, v.values, batch, scale, num_splits)
+    actual = emulate(q, k.values, v.values, batch, scale, num_splits, tile_rows)
     prefill = np.concatenate([np.arange(batch.query_start[i], batch.query_start[i + 1]) for i in (0, 2, 3)])
     np.testing.assert_allclose(actual[prefill], expected[prefill], rtol=1e-10, atol=1e-12)
     assert np.isnan(actual[70:73]).all()  # the decode sequence's rows are not the prefill kernel's

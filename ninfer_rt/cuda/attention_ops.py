@@ -32,7 +32,6 @@ from ninfer_rt.cuda.attention_plan import (
     PREFILL_COMBINE_ROWS,
     PREFILL_HEAD_DIMS,
     PREFILL_MAX_SPLITS,
-    PREFILL_TILE_ROWS,
     ROPE_HEAD_DIMS,
     SMEM_DEFAULT_LIMIT,
     THREADS,
@@ -51,6 +50,7 @@ from ninfer_rt.cuda.attention_plan import (
     gqa_group,
     has_prefill,
     prefill_combine_spec,
+    prefill_tile_rows,
     prefill_workspace_bytes,
     rope_grid,
     rope_kv_spec,
@@ -163,7 +163,7 @@ class DecodeWorkspace:
 @dataclass(frozen=True)
 class PrefillWorkspace:
     """Split-prefill partials: acc f32 [blocks, R, D], (max, sum) f32 [blocks, R, 2], where a block is one
-    (split, sequence, tile, kv head) of prefill_attention.cu's split grid and R = PREFILL_TILE_ROWS."""
+    (split, sequence, tile, kv head) of prefill_attention.cu's split grid and R = prefill_tile_rows(D)."""
 
     acc: Buffer
     ml: Buffer
@@ -375,7 +375,7 @@ def prefill_attention(
         label="prefill_attention", reads=reads, writes=partials, lane=step.lane,
     )
     lib.kernel(prefill_combine_spec(d)).launch(
-        stream, (plan.tiles * PREFILL_TILE_ROWS // PREFILL_COMBINE_ROWS, *grid_rest), THREADS,
+        stream, (plan.tiles * prefill_tile_rows(d) // PREFILL_COMBINE_ROWS, *grid_rest), THREADS,
         out, workspace.acc, workspace.ml, inputs.context_lens, inputs.query_start, decode_max_queries(hq, hkv), hq, hkv,
         plan.num_splits,
         label="prefill_attention_combine",

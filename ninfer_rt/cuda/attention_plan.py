@@ -23,7 +23,7 @@ from ninfer_rt.cuda.ops import _require_positive
 PAGE_SIZE = 64  # kPageSize
 ROPE_HEAD_DIMS = (64, 128, 256)
 DECODE_HEAD_DIMS = (64, 128, 256)
-PREFILL_HEAD_DIMS = (64, 128)
+PREFILL_HEAD_DIMS = (64, 128, 256)
 THREADS = 128  # kDecodeThreads, kPrefillThreads and rope_kv's block: 4 warps
 ROPE_HEADS_PER_BLOCK = 4  # kRopeWarps: a warp per head
 DECODE_ROWS_PER_BLOCK = 8  # kRowsPerBlock: q rows (queries x GQA group) per block
@@ -33,6 +33,7 @@ MAX_SPLITS = 256  # kMaxSplits
 MIN_PAGES_PER_SPLIT = 2  # below this a split's fixed cost outweighs the parallelism it adds
 MAX_BLOCKS_PER_SM = 2048 // THREADS  # the hardware's resident-thread limit, for sizing scratch
 PREFILL_TILE_ROWS = 128  # kFlashRows: M rows (chunk rows x GQA group) per block
+PREFILL_TILE_ROWS_D256 = 64  # kFlashRowsD256: the mma.sync kernel's at head_dim 256 (one m16 tile per warp)
 PREFILL_MAX_SPLITS = 32  # key-range splits of one prefill tile, at most
 PREFILL_MIN_PAGES_PER_SPLIT = 4  # below this a split's Q load and partial write outweigh its keys
 PREFILL_COMBINE_ROWS = 16  # kCombineRows: M rows per combine block
@@ -249,8 +250,8 @@ class PrefillKernel:
 
 @dataclass(frozen=True)
 class PrefillPlan:
-    """A prefill launch's shape: its kernel, 128-row tiles per (kv head, sequence) of the longest chunk,
-    key-range splits per tile, and the context bound the splits (and a widening) cover."""
+    """A prefill launch's shape: its kernel, tiles (prefill_tile_rows M rows) per (kv head, sequence) of the
+    longest chunk, key-range splits per tile, and the context bound the splits (and a widening) cover."""
 
     kernel: PrefillKernel
     tiles: int
@@ -262,30 +263,37 @@ class PrefillPlan:
         return self.kernel.variant is KVVariant.WIDENED
 
 
-def prefill_tile_queries(n_q_heads: int, n_kv_heads: int) -> int:
+def prefill_tile_rows(head_dim: int) -> int:
+    """M rows per prefill block (kTileRows<D> of prefill_attention.cu; the sm_90a kernels, head_dim 128 only,
+    take PREFILL_TILE_ROWS too): 64 at head_dim 256, where a warp holds one m16 tile of 256 f32 dims."""
+    return PREFILL_TILE_ROWS_D256 if head_dim == 256 else PREFILL_TILE_ROWS
+
+
+def prefill_tile_queries(n_q_heads: int, n_kv_heads: int, head_dim: int) -> int:
     """Chunk rows per prefill tile: R M rows hold all G q heads of a kv head for R // G rows."""
-    group = gqa_group(n_q_heads, n_kv_heads)
-    if group > PREFILL_TILE_ROWS:
-        raise ValueError(f"prefill_attention: a GQA group of {group} q heads exceeds the {PREFILL_TILE_ROWS}-row tile")
-    return PREFILL_TILE_ROWS // group
+    group, rows = gqa_group(n_q_heads, n_kv_heads), prefill_tile_rows(head_dim)
+    if group > rows:
+        raise ValueError(f"prefill_attention: a GQA group of {group} q heads exceeds the {rows}-row tile of head_dim {head_dim}")
+    return rows // group
 
 
 def prefill_tiles(heads: Heads, query_lens: Sequence[int]) -> int:
-    return math.ceil(max(query_lens) / prefill_tile_queries(heads.num_heads, heads.num_kv_heads))
+    return math.ceil(max(query_lens) / prefill_tile_queries(heads.num_heads, heads.num_kv_heads, heads.head_dim))
 
 
-def prefill_grid_blocks(longest: int, num_seqs: int, n_q_heads: int, n_kv_heads: int) -> int:
+def prefill_grid_blocks(longest: int, num_seqs: int, n_q_heads: int, n_kv_heads: int, head_dim: int) -> int:
     """Blocks of one split of the prefill grid: tiles of the longest chunk x kv heads x sequences."""
-    return math.ceil(longest / prefill_tile_queries(n_q_heads, n_kv_heads)) * n_kv_heads * num_seqs
+    return math.ceil(longest / prefill_tile_queries(n_q_heads, n_kv_heads, head_dim)) * n_kv_heads * num_seqs
 
 
 def prefill_smem_bytes(head_dim: int, variant: KVVariant) -> int:
     """Dynamic shared memory of a prefill block (FlashSmem<D, int8>::kBytes in prefill_attention.cu): Q
-    [128][D + 8] and V [64][D + 8] 16-bit tiles, K [64][D + 8] bf16 (bf16 KV) or, for int8 KV, the raw K and
-    V pages [64][D + 16] bytes x 2 and 2 x 64 f32 scales."""
+    [R][D + 8] (R = prefill_tile_rows) and V [64][D + 8] 16-bit tiles, K [64][D + 8] bf16 (bf16 KV) or, for
+    int8 KV, the raw K and V pages [64][D + 16] bytes x 2 and 2 x 64 f32 scales."""
+    rows = prefill_tile_rows(head_dim)
     if variant is KVVariant.INT8:
-        return (PREFILL_TILE_ROWS + PAGE_SIZE) * (head_dim + 8) * BF16_BYTES + 2 * PAGE_SIZE * (head_dim + 16) + 2 * PAGE_SIZE * F32_BYTES
-    return (PREFILL_TILE_ROWS + 2 * PAGE_SIZE) * (head_dim + 8) * BF16_BYTES
+        return (rows + PAGE_SIZE) * (head_dim + 8) * BF16_BYTES + 2 * PAGE_SIZE * (head_dim + 16) + 2 * PAGE_SIZE * F32_BYTES
+    return (rows + 2 * PAGE_SIZE) * (head_dim + 8) * BF16_BYTES
 
 
 def prefill_sm90_smem(variant: KVVariant) -> int:
@@ -309,7 +317,8 @@ def prefill_wgmma_applies(arch: str, head_dim: int) -> bool:
 def prefill_kernel(arch: str, head_dim: int, variant: KVVariant, wgmma: bool | None = None) -> PrefillKernel:
     """The prefill attention kernel for `arch`: on sm_90a at head_dim 128 the warpgroup-MMA one of the pages'
     variant (prefill_attention_sm90{,_int8}.cu; WIDENED: int8 KV after kv_widen.cu), else, or with `wgmma`
-    False, the mma.sync one every arch runs."""
+    False, the mma.sync one every arch runs (sm_90a at head_dim 64 and 256 too: the wgmma kernels' Q, K and
+    V swizzle atoms are laid out for 128 dims)."""
     applies = prefill_wgmma_applies(arch, head_dim)
     widened = variant is KVVariant.WIDENED
     if (wgmma or widened) and not applies:
@@ -364,8 +373,9 @@ def prefill_workspace_blocks(sm_count: int) -> int:
 
 
 def prefill_workspace_bytes(blocks: int, head_dim: int) -> tuple[int, int]:
-    """(acc bytes, ml bytes) of a PrefillWorkspace of `blocks` split blocks."""
-    rows = blocks * PREFILL_TILE_ROWS
+    """(acc bytes, ml bytes) of a PrefillWorkspace of `blocks` split blocks (at head_dim 256 a block's 64 rows
+    hold as many accumulators as 128 rows of head_dim 128)."""
+    rows = blocks * prefill_tile_rows(head_dim)
     return rows * head_dim * F32_BYTES, rows * 2 * F32_BYTES
 
 
