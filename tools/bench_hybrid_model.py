@@ -2,12 +2,13 @@
 for tools/bench_decode.py: no checkpoint (the bf16 27B is ~54 GB), every matrix tiled from one random
 device buffer and the int4/int8 ones written in the device format (tools/random_weights.py).
 
-The plan (`model_plan`, pure: which weights, their formats and sizes) is the model_weights' layout after
-preparation (model/hybrid_layers.py): a gated-attention layer's qkv rows are [q | k | v | gate]; a Gated
-DeltaNet layer's input projection is one matrix [q | k | v | z | b | a] in bf16, or [q | k | v | z]
-quantized beside [b | a] in bf16 (as `ninfer-rt quantize` leaves in_proj_a/b); norm gains are zero-centred
-(f32 1 + w, w = 0) and conv taps, A_log, dt_bias and the gated norm's gain f32 parameters. Embedding and
-lm_head stay bf16. The MTP module is not built (a plain decode step does not run it).
+The plan (`model_plan`, pure: which weights, their formats and sizes) is the layout prepare_model gives a
+checkpoint's weights (model/hybrid_layers.py; tests/test_bench_hybrid_model.py compares the two): a
+gated-attention layer's qkv rows are [q | k | v | gate]; a Gated DeltaNet layer's input projection is one
+matrix [q | k | v | z | b | a] in bf16, or [q | k | v | z] quantized beside [b | a] in bf16 (as `ninfer-rt
+quantize` leaves in_proj_a/b); norm gains are zero-centred (f32 1 + w, w = 0) and conv taps, A_log,
+dt_bias and the gated norm's gain f32 parameters. Embedding and lm_head stay bf16. The MTP module is not
+built (a plain decode step does not run it).
 """
 
 from __future__ import annotations
