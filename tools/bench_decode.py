@@ -8,6 +8,12 @@ measures device copy bandwidth (cuMemcpyDtoDAsync of 2 GiB, bytes read + written
 Prints a table and appends one JSON line per measurement to bench/results/decode.jsonl.
 
     python tools/bench_decode.py --shape qwen3-8b --contexts 256,114812 --kv bf16,int8
+
+A hybrid shape (qwen3.6-27b) is built by tools/bench_hybrid_model.py, its state slot zeroed before each
+measurement, and its roofline bytes are tools/step_bytes.py's: the weights in their format, the K/V of the
+full-attention layers and the linear layers' states read and written.
+
+    python tools/bench_decode.py --shape qwen3.6-27b --contexts 256,7680 --kv int8 --weights int4
 """
 
 from __future__ import annotations
@@ -21,15 +27,16 @@ import pstats
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
+from bench_hybrid_model import build_hybrid_model, hybrid_config
+from random_weights import BENCH_SLOT, RandomModel, RandomWeights
+from step_bytes import kv_bytes, state_bytes
 from ninfer_rt.cuda.benchmark import copy_bandwidth
 from ninfer_rt.cuda.driver import Device, open_device
-from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.cuda_exec import CudaExecutor
@@ -41,12 +48,10 @@ from ninfer_rt.model.executor import AttentionParams, StepBatch, WeightRole
 from ninfer_rt.model.layers import PreparedLayer, PreparedModel
 from ninfer_rt.model.mixers import PreparedAttention, attention_shape
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
-from ninfer_rt.model.shapes import SHAPES
+from ninfer_rt.model.shapes import SHAPES, is_hybrid_shape
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 PAGE_SIZE = 64
-RANDOM_SOURCE_BYTES = 256 << 20
-QUANT_GROUP = 128
 
 
 def shape_config(name: str, layers: int | None = None) -> ModelConfig:
@@ -57,47 +62,23 @@ def shape_config(name: str, layers: int | None = None) -> ModelConfig:
     return ModelConfig.from_dict(raw)
 
 
-@dataclass
-class RandomModel:
-    executor: CudaExecutor
-    model: PreparedModel
-    weight_bytes_per_step: int  # every matrix once, plus one embedding row
-
-
 def build_random_model(executor: CudaExecutor, cfg: ModelConfig, seed: int = 0, weight_bits: int = 16) -> RandomModel:
-    """Weights ~ N(0, 0.02) tiled from one random device buffer (DtoD copies); norm gains 1. With
-    weight_bits 4 or 8 the decoder layers' projections are group-128 quantized (random codes, scale 1e-3;
-    embedding and lm_head stay bf16, as `ninfer-rt quantize` leaves them by default)."""
-    rng = np.random.default_rng(seed)
-    source = DeviceBuffer(executor.streams, RANDOM_SOURCE_BYTES, "random_source")
-    executor.upload(source, (rng.standard_normal(RANDOM_SOURCE_BYTES // 2) * 0.02).astype(ml_dtypes.bfloat16), label="random")
+    """Weights ~ N(0, 0.02) tiled from one random device buffer (tools/random_weights.py); norm gains 1.
+    With weight_bits 4 or 8 the decoder layers' projections are group-128 quantized (random codes, scale
+    1e-3; embedding and lm_head stay bf16, as `ninfer-rt quantize` leaves them by default)."""
+    random = RandomWeights(executor, seed)
     counted = [0]
-
-    def fill(buffer: DeviceBuffer, name: str) -> None:
-        for offset in range(0, buffer.nbytes, RANDOM_SOURCE_BYTES):
-            size = min(RANDOM_SOURCE_BYTES, buffer.nbytes - offset)
-            executor.compute.copy(buffer, source, size, dst_offset=offset, label=f"fill {name}")
 
     def matrix(
         name: str, rows: int, cols: int, role: WeightRole = WeightRole.LINEAR, counts: bool = True
     ) -> DeviceTensor | QuantizedDeviceWeight:
         if weight_bits < 16 and name.startswith("layers."):
-            return quantized(name, rows, cols, role)
-        tensor = executor.empty_weight(name, rows, cols, role=role)
-        fill(tensor.buffer, name)
+            weight = random.quantized(name, rows, cols, weight_bits, role)
+            counted[0] += weight.qweight.nbytes + weight.scales.nbytes
+            return weight
+        tensor = random.dense(name, rows, cols, role)
         counted[0] += tensor.buffer.nbytes if counts else 0
         return tensor
-
-    def quantized(name: str, rows: int, cols: int, role: WeightRole) -> QuantizedDeviceWeight:
-        groups = rows * cols // QUANT_GROUP
-        weight = QuantizedDeviceWeight(
-            DeviceBuffer(executor.streams, rows * cols * weight_bits // 8, f"w.{name}"),
-            DeviceBuffer(executor.streams, groups * 2, f"w.{name}.scales"), rows, cols, weight_bits, QUANT_GROUP,
-        )
-        fill(weight.qweight, name)
-        executor.upload(weight.scales, np.full(groups, 1e-3, ml_dtypes.bfloat16), label=f"scales {name}")
-        counted[0] += weight.qweight.nbytes + weight.scales.nbytes
-        return executor.adopt_weight(weight, role)
 
     def ones(name: str, size: int) -> DeviceTensor:
         counted[0] += 2 * size
@@ -123,27 +104,29 @@ def build_random_model(executor: CudaExecutor, cfg: ModelConfig, seed: int = 0, 
     ]
     embed = matrix("embed", cfg.vocab_size, h, WeightRole.EMBEDDING, counts=False)
     model = PreparedModel(cfg, embed, layers, ones("norm", h), matrix("lm_head", cfg.vocab_size, h), rope)
-    executor.compute.synchronize()
-    source.free()
+    random.close()
     return RandomModel(executor, model, counted[0] + 2 * h)
 
 
-def decode_batch(context: int, token: int = 1) -> StepBatch:
-    """One sequence, one new token at position context-1 (its KV: pages 0..)."""
+def decode_batch(context: int, token: int = 1, state_slot: int | None = None) -> StepBatch:
+    """One sequence, one new token at position context-1 (its KV: pages 0..); a hybrid's state read from
+    and written back to `state_slot`."""
     pages = -(-context // PAGE_SIZE)
     position = context - 1
+    states = {} if state_slot is None else {
+        "state_slots": np.array([state_slot], np.int32), "state_targets": np.array([[state_slot]], np.int32)
+    }
     return StepBatch(
         token_ids=np.array([token], np.int32), positions=np.array([position], np.int32),
         query_start=np.array([0, 1], np.int32), context_lens=np.array([context], np.int32),
         block_tables=np.arange(pages, dtype=np.int32)[None, :],
-        slot_mapping=np.array([position], np.int32), logit_rows=np.array([0], np.int32),
+        slot_mapping=np.array([position], np.int32), logit_rows=np.array([0], np.int32), **states,
     )
 
 
-def kv_bytes_read(cfg: ModelConfig, context: int, dtype: str) -> int:
-    element = 1 if dtype == "int8" else 2
-    per_token = 2 * cfg.num_key_value_heads * (cfg.head_dim * element + (4 if dtype == "int8" else 0))
-    return per_token * context * cfg.num_hidden_layers
+def bench_slot(graphed: GraphedForward) -> int | None:
+    """The slot a graphed benchmark step runs over: the one-slot pool's, or None for a dense model."""
+    return None if graphed.states is None else BENCH_SLOT
 
 
 def time_decode(
@@ -154,8 +137,8 @@ def time_decode(
     the host's time per step spent publishing and launching the graph; and the seconds per step with the
     engine's overlap."""
     executor = random.executor
-    graphed = GraphedForward(executor, random.model, kv)
-    batch = decode_batch(context)
+    graphed = GraphedForward(executor, random.model, kv, random.states)
+    batch = decode_batch(context, state_slot=bench_slot(graphed))
     for _ in range(3):  # capture + warm-up
         executor.to_host(executor.argmax(graphed(batch).logits))
     started = time.perf_counter()
@@ -186,8 +169,9 @@ class OverlappedLoop:
 
     def __init__(self, executor: CudaExecutor, graphed: GraphedForward, context: int) -> None:
         self.executor, self.graphed = executor, graphed
-        self.fed = decode_batch(context, token=-1)
-        ids = executor.argmax(graphed(decode_batch(context)).logits)
+        slot = bench_slot(graphed)
+        self.fed = decode_batch(context, token=-1, state_slot=slot)
+        ids = executor.argmax(graphed(decode_batch(context, state_slot=slot)).logits)
         executor.feed(ids)
         self.pending = executor.read_later(ids)
 
@@ -228,7 +212,8 @@ def profile_host_steps(step: Callable[[], object], steps: int) -> None:
 
 
 def make_kv(streams: StreamSet, cfg: ModelConfig, context: int, dtype: str, executor: CudaExecutor) -> KVCache:
-    spec = KVSpec(cfg.num_hidden_layers, -(-context // PAGE_SIZE) + 1, cfg.num_key_value_heads, cfg.head_dim, KVDtype.parse(dtype), PAGE_SIZE)
+    layers = len(cfg.full_attention_layers)  # a hybrid's linear layers keep no KV
+    spec = KVSpec(layers, -(-context // PAGE_SIZE) + 1, cfg.num_key_value_heads, cfg.head_dim, KVDtype.parse(dtype), PAGE_SIZE)
     kv = KVCache(streams, spec)
     for layer in kv.layers:  # zeros: finite scores; the speed of the step does not depend on the values
         for buffer in (layer.k, layer.v, layer.k_scale, layer.v_scale):
@@ -284,7 +269,9 @@ def main() -> None:
 
     device = open_device(0)
     streams = StreamSet(device, verify=False)  # benchmarks measure the runtime, not the verifier
-    cfg = shape_config(args.shape, args.layers)
+    hybrid = is_hybrid_shape(SHAPES[args.shape])
+    cfg = hybrid_config(args.shape, args.layers) if hybrid else shape_config(args.shape, args.layers)
+    build = build_hybrid_model if hybrid else build_random_model
     contexts = [int(c) for c in args.contexts.split(",")]
     executor = CudaExecutor(streams, max_tokens=8, max_seqs=1, max_pages_per_seq=-(-max(contexts) // PAGE_SIZE),
                             max_positions=max(contexts) + 1, max_logit_rows=8)
@@ -292,8 +279,8 @@ def main() -> None:
     info = run_info(device)
     rows = []
     for weights in args.weights.split(","):
-        random = build_random_model(executor, cfg, weight_bits=WEIGHT_BITS[weights])
-        rows += [info | {"weights": weights} | measure(random, args, context, dtype, bandwidth)
+        random = build(executor, cfg, weight_bits=WEIGHT_BITS[weights])
+        rows += [info | {"weights": weights, "embedding_lm_head": "bf16"} | measure(random, args, context, dtype, bandwidth)
                  for dtype in args.kv.split(",") for context in contexts]
     print_table(rows, ["shape", "weights", "context", "kv_dtype", "tok_s", "ms_per_step", "graph_ms", "enqueue_ms", "bytes_per_step", "copy_bw_TBs", "roofline_fraction", "overlap_tok_s", "overlap_fraction"])
     print(f"appended to {append_results('decode', rows)}")
@@ -305,11 +292,15 @@ WEIGHT_BITS = {"bf16": 16, "int8": 8, "int4": 4}
 def measure(random: RandomModel, args: argparse.Namespace, context: int, dtype: str, bandwidth: float) -> dict[str, object]:
     executor, cfg = random.executor, random.model.config
     kv = make_kv(executor.streams, cfg, context, dtype, executor)
+    if random.states is not None:  # the empty prefix's state; the steps advance it from there
+        random.states.zero(BENCH_SLOT, executor.compute)
     seconds, graph_seconds, enqueue_seconds, overlap_seconds = time_decode(random, kv, context, args.steps, args.profile_host)
     kv.free()
-    step_bytes = random.weight_bytes_per_step + kv_bytes_read(cfg, context, dtype)
+    step_kv, step_states = kv_bytes(cfg, context, dtype), state_bytes(cfg)
+    step_bytes = random.weight_bytes_per_step + step_kv + step_states
     return {
         "shape": args.shape, "layers": cfg.num_hidden_layers, "context": context, "kv_dtype": dtype,
+        "weight_bytes": random.weight_bytes_per_step, "kv_bytes": step_kv, "state_bytes": step_states,
         "tok_s": 1 / seconds, "ms_per_step": seconds * 1e3, "graph_ms": graph_seconds * 1e3,
         "enqueue_ms": enqueue_seconds * 1e3,
         "dependent_launch": executor.streams.dependent_launch, "bytes_per_step": step_bytes,

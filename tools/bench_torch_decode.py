@@ -25,7 +25,8 @@ import time
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM, StaticCache
 
-from bench_decode import append_results, kv_bytes_read, print_table, run_info, shape_config
+from bench_decode import append_results, print_table, run_info, shape_config
+from step_bytes import kv_bytes
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.model.shapes import SHAPES
 
@@ -202,7 +203,7 @@ def main() -> None:
         if weights != "bf16":
             quantize_layers(model, weights)
         for context in (int(c) for c in args.contexts.split(",")):
-            step_bytes = weight_bytes(model) + kv_bytes_read(shape_config(args.shape, args.layers), context, "bf16")
+            step_bytes = weight_bytes(model) + kv_bytes(shape_config(args.shape, args.layers), context, "bf16")
             for variant in args.variants.split(","):
                 seconds = timers[variant](model, context, args.steps)
                 rows.append(info | {

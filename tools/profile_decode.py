@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench_decode import (
-    PAGE_SIZE, QUANT_GROUP, WEIGHT_BITS, OverlappedLoop, append_results, build_random_model, decode_batch, make_kv,
-    print_table, run_info, shape_config,
+    PAGE_SIZE, WEIGHT_BITS, OverlappedLoop, append_results, build_random_model, decode_batch, make_kv, print_table,
+    run_info, shape_config,
 )
+from random_weights import QUANT_GROUP
 from ninfer_rt.cuda.benchmark import copy_bandwidth
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.linear_ops import Epilogue
