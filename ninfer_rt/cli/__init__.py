@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ninfer_rt import __version__
-from ninfer_rt.cli import check, generate, kernels, quantize, replay, serve
+from ninfer_rt.cli import check, generate, inspect, kernels, quantize, replay, serve
 
 
 @click.group()
@@ -16,6 +16,7 @@ def main() -> None:
 
 main.add_command(check.check)
 main.add_command(generate.generate)
+main.add_command(inspect.inspect)
 main.add_command(kernels.kernels)
 main.add_command(quantize.quantize_command)
 main.add_command(serve.serve)

@@ -1,0 +1,169 @@
+"""The registered numeric formats and storage layouts of `.ninfer` v1 tensors: encoded sizes and decoding.
+
+Direct formats (BF16, FP32, I32) are stored `contiguous-le-v1`, C order, little-endian words. Grouped formats
+(Q4/Q5/Q6 at group 64, W8 at group 32, one binary16 multiplier per group) are stored `row-split-k128-v1`:
+K padded to a multiple of 128, then a base-code plane (nibble pairs, or one byte per W8 code), an optional
+high-bit plane (Q5/Q6), and the scale plane, each plane starting on a 256-byte boundary. The registries are
+closed: a name that is not listed here is refused, never parsed into components.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+CONTIGUOUS = "contiguous-le-v1"
+ROW_SPLIT = "row-split-k128-v1"
+RAW_BYTES = "raw-bytes-v1"
+TENSOR_ALIGNMENT = 256
+RESOURCE_ALIGNMENT = 1
+MAX_DIRECT_RANK = 16
+K_PAD_MULTIPLE = 128
+PLANE_ALIGNMENT = 256
+
+
+class ArtifactError(ValueError):
+    """A `.ninfer` file that breaks the v1 specification; the message is one line."""
+
+
+@dataclass(frozen=True)
+class DirectFormat:
+    name: str
+    dtype: np.dtype  # the little-endian word as numpy stores it
+
+
+@dataclass(frozen=True)
+class GroupedFormat:
+    name: str
+    code_bits: int
+    group: int
+    base_bytes_per_group: int
+    high_bytes_per_group: int
+
+
+DIRECT_FORMATS = {
+    f.name: f
+    for f in (
+        DirectFormat("BF16", np.dtype("<u2")),
+        DirectFormat("FP32", np.dtype("<f4")),
+        DirectFormat("I32", np.dtype("<i4")),
+    )
+}
+GROUPED_FORMATS = {
+    f.name: f
+    for f in (
+        GroupedFormat("Q4G64_F16S", 4, 64, 32, 0),
+        GroupedFormat("Q5G64_F16S", 5, 64, 32, 8),
+        GroupedFormat("Q6G64_F16S", 6, 64, 32, 16),
+        GroupedFormat("W8G32_F16S", 8, 32, 32, 0),
+    )
+}
+LAYOUT_FORMATS = {CONTIGUOUS: DIRECT_FORMATS, ROW_SPLIT: GROUPED_FORMATS}
+
+
+def align_up(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+@dataclass(frozen=True)
+class RowSplitGeometry:
+    """Where each plane of a row-split-k128-v1 tensor lies inside its payload (storage-layouts.md 3.6)."""
+
+    fmt: GroupedFormat
+    rows: int
+    cols: int
+
+    @property
+    def groups_per_row(self) -> int:
+        return align_up(self.cols, K_PAD_MULTIPLE) // self.fmt.group
+
+    @property
+    def groups(self) -> int:
+        return self.rows * self.groups_per_row
+
+    @property
+    def high_offset(self) -> int:
+        return align_up(self.groups * self.fmt.base_bytes_per_group, PLANE_ALIGNMENT)
+
+    @property
+    def scale_offset(self) -> int:
+        return self.high_offset + align_up(self.groups * self.fmt.high_bytes_per_group, PLANE_ALIGNMENT)
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.scale_offset + self.groups * 2
+
+
+def check_format_layout(fmt: str, layout: str, shape: tuple[int, ...]) -> None:
+    """Refuses an unregistered layout or format, a format the layout does not take, or an illegal rank."""
+    if layout not in LAYOUT_FORMATS:
+        raise ArtifactError(f"unknown tensor layout {layout!r}")
+    if fmt not in DIRECT_FORMATS and fmt not in GROUPED_FORMATS:
+        raise ArtifactError(f"unknown tensor format {fmt!r}")
+    if fmt not in LAYOUT_FORMATS[layout]:
+        raise ArtifactError(f"format {fmt} cannot be stored in layout {layout}")
+    if layout == ROW_SPLIT and len(shape) != 2:
+        raise ArtifactError(f"layout {layout} takes a rank-2 [N, K] shape, not {list(shape)}")
+    if layout == CONTIGUOUS and len(shape) > MAX_DIRECT_RANK:
+        raise ArtifactError(f"layout {layout} takes rank 0..{MAX_DIRECT_RANK}, not {len(shape)}")
+
+
+def encoded_bytes(fmt: str, layout: str, shape: tuple[int, ...]) -> int:
+    """The exact payload length the layout gives this (format, shape); check_format_layout must pass first."""
+    if layout == ROW_SPLIT:
+        return RowSplitGeometry(GROUPED_FORMATS[fmt], shape[0], shape[1]).payload_bytes
+    return int(np.prod(shape, dtype=object)) * DIRECT_FORMATS[fmt].dtype.itemsize
+
+
+def direct_words(fmt: str, shape: tuple[int, ...], payload: memoryview) -> np.ndarray:
+    """The stored words, read-only and backed by the payload (no copy): uint16 bit patterns for BF16."""
+    return np.frombuffer(payload, dtype=DIRECT_FORMATS[fmt].dtype).reshape(shape)
+
+
+def bf16_words_to_float32(words: np.ndarray) -> np.ndarray:
+    """BF16 expands to binary32 exactly: the word becomes the high half, the low half is zero."""
+    return (words.astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16_float32(values: np.ndarray) -> np.ndarray:
+    """Rounds binary32 to the nearest bfloat16, ties to even, and returns it widened back to float32."""
+    bits = values.astype(np.float32).view(np.uint32)
+    rounded = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))
+    return (rounded & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def row_split_codes(geometry: RowSplitGeometry, payload: memoryview) -> np.ndarray:
+    """The signed codes [N, K_pad] as int8, rebuilt from the base plane and, for Q5/Q6, the high-bit plane."""
+    fmt, groups = geometry.fmt, geometry.groups
+    padded_cols = geometry.groups_per_row * fmt.group
+    base = np.frombuffer(payload, np.uint8, groups * fmt.base_bytes_per_group)
+    if fmt.code_bits == 8:
+        return base.view(np.int8).reshape(geometry.rows, padded_cols)
+    unsigned = np.empty(base.size * 2, np.uint8)
+    unsigned[0::2] = base & 0x0F
+    unsigned[1::2] = base >> 4
+    high_bits = fmt.code_bits - 4
+    if high_bits:
+        high = np.frombuffer(payload, np.uint8, groups * fmt.high_bytes_per_group, geometry.high_offset)
+        # The high-bit stream is lane-major, bit t in bit (t mod 8) of byte t // 8.
+        stream = np.unpackbits(high, bitorder="little").reshape(-1, high_bits)
+        weights = (1 << np.arange(high_bits, dtype=np.uint8)).astype(np.uint8)
+        unsigned |= (stream * weights).sum(axis=1, dtype=np.uint8) << 4
+    sign = np.uint8(1 << (fmt.code_bits - 1))
+    signed = unsigned.astype(np.int16) - ((unsigned & sign).astype(np.int16) << 1)
+    return signed.astype(np.int8).reshape(geometry.rows, padded_cols)
+
+
+def row_split_scales(geometry: RowSplitGeometry, payload: memoryview) -> np.ndarray:
+    """The binary16 multipliers [N, groups_per_row]."""
+    scales = np.frombuffer(payload, np.dtype("<f2"), geometry.groups, geometry.scale_offset)
+    return scales.reshape(geometry.rows, geometry.groups_per_row)
+
+
+def dequantize_row_split(fmt: str, shape: tuple[int, ...], payload: memoryview) -> np.ndarray:
+    """w = binary32(scale * code) for the logical columns, rounded to bfloat16 and returned as float32."""
+    geometry = RowSplitGeometry(GROUPED_FORMATS[fmt], shape[0], shape[1])
+    codes = row_split_codes(geometry, payload).astype(np.float32)
+    scales = np.repeat(row_split_scales(geometry, payload).astype(np.float32), geometry.fmt.group, axis=1)
+    return float32_to_bf16_float32(scales * codes)[:, : geometry.cols]
