@@ -1,7 +1,7 @@
 """`ninfer-rt quantize` streams: its peak memory does not grow with the checkpoint. The writer reads one
 memory-mapped tensor at a time, quantizes it in row chunks, writes it into a shard whose header was planned
 ahead, and releases the mapped pages; so quantizing 8 layers needs about the memory of quantizing 2: the
-checkpoint grows by 48 MB, the peak by a few MB of interpreter and allocator noise (a writer that held the
+checkpoint grows by ~140 MB, the peak by some MB of interpreter and allocator noise (a writer that held the
 checkpoint, or a shard of it, would grow by all of it). Measured as the VmHWM of a fresh child process."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import bench_quantize_memory as bench  # noqa: E402 -- lives in tools/
 
 MID_SIZE = {
-    "hidden_size": 512, "intermediate_size": 2048, "vocab_size": 4096, "num_attention_heads": 4,
+    "hidden_size": 768, "intermediate_size": 4096, "vocab_size": 4096, "num_attention_heads": 4,
     "num_key_value_heads": 2, "head_dim": 128, "linear_num_key_heads": 2, "linear_num_value_heads": 6,
     "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
 }
@@ -30,5 +30,6 @@ def test_peak_memory_does_not_grow_with_the_number_of_layers(tmp_path: Path) -> 
     large_peak, large = quantized_peak(tmp_path, 8)
     assert large["checkpoint_bytes"] - small["checkpoint_bytes"] > 10 * large["largest_tensor_bytes"]
     grown = large["checkpoint_bytes"] - small["checkpoint_bytes"]
-    assert large_peak - small_peak < grown / 4, (large_peak - small_peak, grown)
+    # a writer holding the input would grow by all of it, one holding the int4 output by over a quarter
+    assert large_peak - small_peak < grown / 5, (large_peak - small_peak, grown)
 
