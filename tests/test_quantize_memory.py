@@ -1,7 +1,7 @@
 """`ninfer-rt quantize` streams: its peak memory does not grow with the checkpoint. The writer reads one
 memory-mapped tensor at a time, quantizes it in row chunks, writes it into a shard whose header was planned
 ahead, and releases the mapped pages; so quantizing 8 layers needs about the memory of quantizing 2: the
-checkpoint grows by ~140 MB, the peak by some MB of interpreter and allocator noise (a writer that held the
+checkpoint grows by ~130 MB, the peak by about a tenth of that (a writer that held the
 checkpoint, or a shard of it, would grow by all of it). Measured as the VmHWM of a fresh child process."""
 
 from __future__ import annotations
