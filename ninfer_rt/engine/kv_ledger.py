@@ -39,12 +39,14 @@ class KVLedger:
         first_chunk = min(len(tokens) - match.num_tokens, token_budget)
         if not self.manager.can_admit(match, first_chunk) or (self.states is not None and not self.states.can_admit()):
             return None
+        if self.states is not None:
+            # restored before any page is taken: taking pages may evict the page the snapshot ends in, and
+            # the snapshot with it (its state is still good for this restore, whose copy holds the record)
+            self.states.admit(request, match.num_tokens, snapshot, full.num_tokens)
+            first_chunk = self.states.chunk_limit(request, match.num_tokens, first_chunk)
         self.sequences[request.request_id] = self.manager.admit(
             tokens, match, self.compute, self.copy, lane=request.request_id
         )
-        if self.states is not None:
-            self.states.admit(request, match.num_tokens, snapshot, full.num_tokens)
-            first_chunk = self.states.chunk_limit(request, match.num_tokens, first_chunk)
         if not self.reserve(request, match.num_tokens + first_chunk):
             raise RuntimeError(f"{request.request_id}: can_admit promised pages that grow could not find")
         return match.num_tokens
