@@ -1,0 +1,81 @@
+"""A qwen3_6_27b artifact bound to the hybrid model: a tiny one, written by the project's writer from a tiny
+checkpoint, reads back its quantized values, holds the inventory, and computes the logits of the same
+quantized weights loaded from safetensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ninfer_rt.artifact import Artifact, ArtifactError
+from ninfer_rt.artifact import qwen3_6_27b as inv
+from ninfer_rt.artifact.writer import dequantized
+from ninfer_rt.model.artifact_binding import load_artifact_model
+from ninfer_rt.model.tokenizer import Tokenizer
+from ninfer_rt.testing.tiny_artifact import write_dequantized_checkpoint, write_tiny_artifact
+
+pytest.importorskip("transformers")
+DRAFT_ROWS = 128
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list]:
+    from ninfer_rt.testing.tiny_hybrid import make_tiny_qwen3_5
+
+    root = tmp_path_factory.mktemp("tiny_artifact")
+    source = make_tiny_qwen3_5(root / "source", hidden=128, intermediate=256, layers=4)
+    tokens = Tokenizer(source).vocab_size
+    tensors = write_tiny_artifact(source, root / "tiny.ninfer", DRAFT_ROWS, tokens)
+    return root / "tiny.ninfer", write_dequantized_checkpoint(source, root / "dequantized"), tensors
+
+
+def test_the_artifact_holds_the_inventory_in_writer_order(tiny) -> None:
+    path, _, _ = tiny
+    with Artifact(path) as artifact:
+        names = list(artifact.objects)
+    resources = [inv.FRONTEND_PREFIX + name for name in inv.FRONTEND_RESOURCES]
+    assert names == resources + list(inv.inventory(4))
+    assert len(inv.inventory(64)) == 1118  # the 27B artifact's tensor count
+
+
+def test_every_tensor_reads_back_its_quantized_values(tiny) -> None:
+    path, _, tensors = tiny
+    with Artifact(path) as artifact:
+        for entry in tensors:
+            assert artifact.objects[entry.name].format == entry.format
+            np.testing.assert_array_equal(artifact.tensor_values(entry.name), dequantized(entry.format, entry.values))
+
+
+def test_logits_equal_those_of_the_same_weights_from_safetensors(tiny, tmp_path: Path) -> None:
+    from forward_helpers import runtime_for
+
+    from ninfer_rt.model.weights import load_model_weights
+
+    path, checkpoint, _ = tiny
+    bound = load_artifact_model(path, cache_root=tmp_path)
+    reference = load_model_weights(checkpoint)
+    assert bound.weights.config == reference.config.__class__(**{**reference.config.__dict__, **_artifact_facts(bound)})
+    tokens = np.random.default_rng(0).integers(0, 300, 40).tolist()
+    got = runtime_for(bound.weights).run_sequence(tokens, [23, 1, 16], list(range(8)))
+    want = runtime_for(reference).run_sequence(tokens, [23, 1, 16], list(range(8)))
+    np.testing.assert_array_equal(got, want)
+
+
+def _artifact_facts(bound) -> dict:
+    """The fields the artifact fixes that the tiny checkpoint's config.json states otherwise (its stop ids are
+    generation_config.json's, the artifact's only statement of them)."""
+    cfg = bound.weights.config
+    return {"max_position_embeddings": cfg.max_position_embeddings, "rope_scaling": cfg.rope_scaling,
+            "model_type": cfg.model_type, "torch_dtype": cfg.torch_dtype, "architecture": cfg.architecture,
+            "eos_token_ids": cfg.eos_token_ids}
+
+
+def test_the_tokenizer_and_template_come_from_the_resources(tiny, tmp_path: Path) -> None:
+    path, checkpoint, _ = tiny
+    bound = load_artifact_model(path, cache_root=tmp_path)
+    ours, theirs = Tokenizer(bound.frontend_dir), Tokenizer(checkpoint)
+    assert ours.encode("hello world") == theirs.encode("hello world")
+    assert ours.chat_template == theirs.chat_template and ours.eos_token_ids == theirs.eos_token_ids
+    assert sorted(bound.draft_token_ids.tolist()) == sorted(set(bound.draft_token_ids.tolist()))
