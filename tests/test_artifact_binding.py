@@ -79,3 +79,47 @@ def test_the_tokenizer_and_template_come_from_the_resources(tiny, tmp_path: Path
     assert ours.encode("hello world") == theirs.encode("hello world")
     assert ours.chat_template == theirs.chat_template and ours.eos_token_ids == theirs.eos_token_ids
     assert sorted(bound.draft_token_ids.tolist()) == sorted(set(bound.draft_token_ids.tolist()))
+
+
+SMALL_ENGINE = ["--kv-capacity", "16", "--max-context", "1024"]
+
+
+def _cli(*args: str):  # noqa: ANN202 -- click's Result
+    from click.testing import CliRunner
+
+    from ninfer_rt.cli import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+def test_generate_from_the_artifact_writes_the_checkpoints_greedy_text(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path, checkpoint, _ = tiny
+    greedy = ["--prompt", "hello world", "--max-tokens", "8", "--temperature", "0", *SMALL_ENGINE]
+    ours, theirs = _cli("generate", "--model", str(path), *greedy), _cli("generate", "--model", str(checkpoint), *greedy)
+    assert ours.exit_code == 0, ours.output
+    assert ours.stdout == theirs.stdout and ours.stdout != ""
+
+
+def _rewritten(source: Path, out: Path, edit) -> Path:  # noqa: ANN001 -- bytes -> bytes
+    out.write_bytes(edit(source.read_bytes()))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda data: data[: len(data) // 2], "past the"),
+        (lambda data: data.replace(b'"model_id":"qwen3_6_27b"', b'"model_id":"qwen3_6_28b"'), "model_id 'qwen3_6_28b'"),
+        (lambda data: data.replace(b'"text/final_norm"', b'"text/final_nurm"'), "missing ['text/final_norm']"),
+    ],
+)
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_bad_artifact_is_one_line_naming_it_and_exit_2(tiny, tmp_path: Path, monkeypatch, edit, named: str, command: str) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    bad = _rewritten(tiny[0], tmp_path / "bad.ninfer", edit)
+    extra = ["--prompt", "x"] if command == "generate" else []
+    result = _cli(command, "--model", str(bad), *extra)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and named in lines[0], result.output

@@ -61,6 +61,23 @@ def load_artifact_model(path: str | Path, cache_root: Path | None = None) -> Art
         raise ArtifactError(f"{path}: {exc}") from None
 
 
+def artifact_frontend(path: str | Path, cache_root: Path | None = None) -> Path:
+    """The checked artifact's frontend directory, reading only its directory and resources (no tensors)."""
+    try:
+        with Artifact(path) as artifact:
+            _check_inventory(artifact)
+            return materialise_frontend(artifact, cache_root or _cache_root())
+    except (ArtifactError, KeyError) as exc:
+        raise ArtifactError(f"{path}: {exc}") from None
+
+
+def draft_frequencies(model: ArtifactModel) -> np.ndarray:
+    """Counts that make the draft vocabulary (spec_vocab.DraftVocab) the draft head's token-id table."""
+    counts = np.zeros(model.weights.config.vocab_size, np.int64)
+    counts[model.draft_token_ids] = np.arange(len(model.draft_token_ids), 0, -1)
+    return counts
+
+
 def _frontend(name: str) -> str:
     return inv.FRONTEND_PREFIX + name
 
