@@ -29,9 +29,9 @@ def test_packing_the_fixtures_codes_and_scales_gives_ninfers_own_bytes(name: str
     with Artifact(FIXTURE) as artifact:
         obj = artifact.object(name)
         geometry = RowSplitGeometry(GROUPED_FORMATS[obj.format], *obj.shape)
-        payload = artifact.payload(name)
-        codes, scales = row_split_codes(geometry, payload), row_split_scales(geometry, payload)
-        assert pack_row_split(obj.format, codes, scales, obj.shape[1]) == bytes(payload)
+        payload = bytes(artifact.payload(name))  # a copy: the map closes with the artifact
+    codes, scales = row_split_codes(geometry, memoryview(payload)), row_split_scales(geometry, memoryview(payload))
+    assert pack_row_split(obj.format, codes, scales, obj.shape[1]) == payload
 
 
 def _profile_oracle(fmt: str, row: np.ndarray) -> tuple[list[int], list[float]]:
