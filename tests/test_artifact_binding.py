@@ -78,7 +78,26 @@ def test_the_tokenizer_and_template_come_from_the_resources(tiny, tmp_path: Path
     ours, theirs = Tokenizer(bound.frontend_dir), Tokenizer(checkpoint)
     assert ours.encode("hello world") == theirs.encode("hello world")
     assert ours.chat_template == theirs.chat_template and ours.eos_token_ids == theirs.eos_token_ids
-    assert sorted(bound.draft_token_ids.tolist()) == sorted(set(bound.draft_token_ids.tolist()))
+
+
+def test_the_draft_head_scores_its_token_id_table_with_its_own_rows(tiny, tmp_path: Path) -> None:
+    from ninfer_rt.engine.spec_vocab import DraftVocab
+    from ninfer_rt.model.artifact_binding import draft_frequencies
+
+    path, _, _ = tiny
+    bound = load_artifact_model(path, cache_root=tmp_path)
+    with Artifact(path) as artifact:
+        ids = artifact.tensor_values(inv.DRAFT_HEAD_TOKEN_IDS).tolist()
+        rows = artifact.tensor_values(inv.DRAFT_HEAD)
+    head = bound.weights.draft_head
+    assert head is not None
+    vocab = DraftVocab(DRAFT_ROWS, bound.weights.config.vocab_size, draft_frequencies(bound))
+    assert vocab.ids.tolist() == sorted(ids)
+    stored = head.rows_for(vocab.ids)
+    assert stored is not None
+    np.testing.assert_array_equal(stored.astype(np.float32), rows[[ids.index(t) for t in vocab.ids]])
+    outside = next(t for t in range(bound.weights.config.vocab_size) if t not in ids)
+    assert head.rows_for(np.array([ids[0], outside])) is None
 
 
 SMALL_ENGINE = ["--kv-capacity", "16", "--max-context", "1024"]
@@ -99,6 +118,14 @@ def test_generate_from_the_artifact_writes_the_checkpoints_greedy_text(tiny, tmp
     ours, theirs = _cli("generate", "--model", str(path), *greedy), _cli("generate", "--model", str(checkpoint), *greedy)
     assert ours.exit_code == 0, ours.output
     assert ours.stdout == theirs.stdout and ours.stdout != ""
+
+
+def test_mtp_speculation_over_the_draft_head_keeps_the_greedy_text(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    greedy = ["--model", str(tiny[0]), "--prompt", "hello world", "--max-tokens", "8", "--temperature", "0", *SMALL_ENGINE]
+    plain, drafted = _cli("generate", *greedy), _cli("generate", *greedy, "--spec", "mtp", "--lm-head-draft", str(DRAFT_ROWS))
+    assert drafted.exit_code == 0, drafted.output
+    assert drafted.stdout == plain.stdout
 
 
 def _rewritten(source: Path, out: Path, edit) -> Path:  # noqa: ANN001 -- bytes -> bytes

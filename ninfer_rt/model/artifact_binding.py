@@ -28,7 +28,7 @@ from ninfer_rt.artifact import qwen3_6_27b as inv
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.hybrid_config import FULL_ATTENTION
 from ninfer_rt.model.hybrid_weights import GatedAttentionWeights, LinearAttentionWeights
-from ninfer_rt.model.weights import HybridLayerWeights, ModelWeights, MTPWeights
+from ninfer_rt.model.weights import DraftHeadWeights, HybridLayerWeights, ModelWeights, MTPWeights
 
 ARTIFACT_SUFFIX = ".ninfer"
 
@@ -37,7 +37,6 @@ ARTIFACT_SUFFIX = ".ninfer"
 class ArtifactModel:
     weights: ModelWeights
     frontend_dir: Path  # tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json, ...
-    draft_token_ids: np.ndarray  # the reduced-vocabulary draft head's rows, as full-vocabulary token ids
 
 
 def is_artifact_path(path: str | Path) -> bool:
@@ -55,7 +54,6 @@ def load_artifact_model(path: str | Path, cache_root: Path | None = None) -> Art
             return ArtifactModel(
                 weights=artifact_weights(artifact, config),
                 frontend_dir=frontend_dir,
-                draft_token_ids=np.array(artifact.tensor_values(inv.DRAFT_HEAD_TOKEN_IDS), np.int64),
             )
     except (ArtifactError, ValueError, KeyError) as exc:
         raise ArtifactError(f"{path}: {exc}") from None
@@ -73,8 +71,10 @@ def artifact_frontend(path: str | Path, cache_root: Path | None = None) -> Path:
 
 def draft_frequencies(model: ArtifactModel) -> np.ndarray:
     """Counts that make the draft vocabulary (spec_vocab.DraftVocab) the draft head's token-id table."""
+    assert model.weights.draft_head is not None
+    ids = model.weights.draft_head.token_ids
     counts = np.zeros(model.weights.config.vocab_size, np.int64)
-    counts[model.draft_token_ids] = np.arange(len(model.draft_token_ids), 0, -1)
+    counts[ids] = np.arange(len(ids), 0, -1)  # row order is the table's rank order
     return counts
 
 
@@ -214,9 +214,10 @@ def artifact_weights(artifact: Artifact, cfg: ModelConfig) -> ModelWeights:
         fc=values("mtp/input_projection"), norm_embedding=values("mtp/embedding_norm"),
         norm_hidden=values("mtp/hidden_norm"), layer=mtp_layer, norm=values("mtp/final_norm"),
     )
+    draft_head = DraftHeadWeights(np.array(artifact.tensor_values(inv.DRAFT_HEAD_TOKEN_IDS), np.int64), values(inv.DRAFT_HEAD))
     return ModelWeights(
         config=cfg, embed=values(inv.EMBEDDING), layers=layers, norm=values(inv.FINAL_NORM),
-        lm_head=values(inv.OUTPUT_HEAD), mtp=mtp,
+        lm_head=values(inv.OUTPUT_HEAD), mtp=mtp, draft_head=draft_head,
     )
 
 
