@@ -150,3 +150,32 @@ def test_a_bad_artifact_is_one_line_naming_it_and_exit_2(tiny, tmp_path: Path, m
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and named in lines[0], result.output
+
+
+def test_serve_answers_chat_from_the_artifact_under_its_file_stem(tiny, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+    from server_helpers import free_port, wait_healthy
+
+    port = free_port()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": os.getcwd()}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ninfer_rt.serve", "--model", str(tiny[0]), "--device", "cpu", "--port", str(port),
+         "--kv-capacity", "64", "--max-context", "1024"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["tiny"]
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": True}
+        reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == 4
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
