@@ -90,7 +90,10 @@ class Runtime:
 
 
 def make_runtime(model_dir: Path, kv_dtype: str = "f32", num_pages: int = 16, dtype: type = np.float32) -> Runtime:
-    weights = load_model_weights(model_dir)
+    return runtime_for(load_model_weights(model_dir), kv_dtype, num_pages, dtype)
+
+
+def runtime_for(weights: ModelWeights, kv_dtype: str = "f32", num_pages: int = 16, dtype: type = np.float32) -> Runtime:
     cfg = weights.config
     streams = StreamSet()
     executor = NumpyExecutor(streams, dtype=dtype)

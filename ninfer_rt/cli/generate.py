@@ -17,6 +17,7 @@ from ninfer_rt.cli.options import engine_config, engine_options
 from ninfer_rt.engine.build import EngineError
 from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.output import RequestStats
+from ninfer_rt.cli.model_path import model_frontend
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.serve.chat import ChatTemplate
 from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
@@ -24,7 +25,7 @@ from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
 
 @click.command("generate", cls=OneLineErrors)
 @click.option(
-    "--model", "model_dir", default=None, help="Model directory (Hugging Face layout) [default: the shipped tiny model]."
+    "--model", "model_dir", default=None, help="Model directory (Hugging Face layout) or .ninfer artifact [default: the shipped tiny model]."
 )
 @click.option("--prompt", default=None, help="The prompt text.")
 @click.option("--prompt-file", type=click.File("r"), default=None, help="Read the prompt from a file ('-' = stdin).")
@@ -42,8 +43,7 @@ def generate(model_dir: str | None, prompt: str | None, prompt_file: Any, chat: 
             model_dir = str(default_model_dir())
         except DefaultModelMissing as err:
             raise BadUsage(str(err)) from None
-    if not (Path(model_dir) / "config.json").is_file():
-        raise BadUsage(f"--model {model_dir}: not a model directory (no config.json)")
+    model_frontend(Path(model_dir))
     if sum(x is not None and x is not False for x in (prompt, prompt_file, chat or None)) != 1:
         raise BadUsage("give exactly one of --prompt, --prompt-file or --chat")
     try:

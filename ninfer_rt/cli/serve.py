@@ -19,12 +19,13 @@ from ninfer_rt.cli.options import engine_config, engine_options
 from ninfer_rt.serve.intake import default_max_body_bytes
 from ninfer_rt.serve.server import START_UP_FAILED, Listen, run_server
 from ninfer_rt.serve.state import ServeConfig, sampling_defaults
+from ninfer_rt.cli.model_path import model_frontend
 from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
 
 
 @click.command("serve", cls=OneLineErrors)
 @click.option(
-    "--model", "model_dir", default=None, help="Model directory (Hugging Face layout) [default: the shipped tiny model]."
+    "--model", "model_dir", default=None, help="Model directory (Hugging Face layout) or .ninfer artifact [default: the shipped tiny model]."
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
@@ -48,8 +49,7 @@ def serve(model_dir: str | None, **options: Any) -> None:
         model_path = Path(model_dir) if model_dir is not None else default_model_dir()
     except DefaultModelMissing as exc:
         raise click.UsageError(str(exc)) from None
-    if not (model_path / "config.json").is_file():
-        raise click.UsageError(f"--model {model_path}: not a model directory (no config.json)")
+    frontend = model_frontend(model_path)
     try:
         config = engine_config(options)
     except ValueError as exc:
@@ -57,7 +57,7 @@ def serve(model_dir: str | None, **options: Any) -> None:
     _check_port_free(options["host"], options["port"])
     logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     listen = Listen(host=options["host"], port=options["port"], log_level=options["log_level"])
-    status = run_server(model_path, config, _serve_config(model_path, options), listen)
+    status = run_server(model_path, config, _serve_config(model_path, frontend, options), listen)
     if status == START_UP_FAILED:  # the log has the reason; a supervisor's one line says where it stopped
         raise click.UsageError(f"--model {model_path}: the model failed to load")
     sys.exit(status)
@@ -73,15 +73,15 @@ def _check_port_free(host: str, port: int) -> None:
             raise click.UsageError(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
 
 
-def _serve_config(model_path: Path, options: dict[str, Any]) -> ServeConfig:
+def _serve_config(model_path: Path, frontend: Path, options: dict[str, Any]) -> ServeConfig:
     return ServeConfig(
-        served_model_name=options["served_model_name"] or model_path.resolve().name,
+        served_model_name=options["served_model_name"] or model_path.resolve().name.removesuffix(".ninfer"),
         api_key=options["api_key"],
         preserve_thinking=options["preserve_thinking"],
         max_concurrency=options["max_concurrency"],
         max_queue=options["max_queue"],
         verify_ordering=options["verify_ordering"],
-        sampling_defaults=sampling_defaults(model_path),
+        sampling_defaults=sampling_defaults(frontend),
         max_body_bytes=options["max_body_bytes"] or default_max_body_bytes(options["max_context"]),
         intake_workers=options["intake_workers"],
     )

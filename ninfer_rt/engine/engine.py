@@ -46,6 +46,7 @@ from ninfer_rt.kv.pages import PoolStats
 from ninfer_rt.kv.snapshots import SnapshotStats
 from ninfer_rt.kv.states import SlotStats
 from ninfer_rt.model.tokenizer import Tokenizer
+from ninfer_rt.model.artifact_binding import draft_frequencies, is_artifact_path, load_artifact_model
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 
 
@@ -88,10 +89,15 @@ class Engine:
     @classmethod
     def load(cls, model_dir: str | Path, config: EngineConfig = EngineConfig()) -> Engine:
         clock = time.perf_counter()
-        weights = load_model_weights(model_dir)
-        frequencies = load_token_frequencies(model_dir, weights.config.vocab_size) if config.lm_head_draft else None
+        if is_artifact_path(model_dir):
+            bound = load_artifact_model(model_dir)
+            weights, tokenizer_dir = bound.weights, bound.frontend_dir
+            frequencies = draft_frequencies(bound) if config.lm_head_draft else None
+        else:
+            weights, tokenizer_dir = load_model_weights(model_dir), Path(model_dir)
+            frequencies = load_token_frequencies(model_dir, weights.config.vocab_size) if config.lm_head_draft else None
         read_weights = time.perf_counter() - clock
-        engine = cls(weights, Tokenizer(model_dir), config, frequencies)
+        engine = cls(weights, Tokenizer(tokenizer_dir), config, frequencies)
         engine.startup.read_weights = read_weights
         print(f"ninfer-rt: {engine.startup.describe()}", file=sys.stderr)
         return engine

@@ -146,7 +146,8 @@ class DraftHead:
         return self.executor.prepare_weight("mtp.lm_head_draft", [self._rows()], WeightRole.LINEAR)
 
     def _rows(self) -> np.ndarray:
-        return np.asarray(self.weights.lm_head)[self.vocab.ids]
+        stored = self.weights.draft_head.rows_for(self.vocab.ids) if self.weights.draft_head is not None else None
+        return stored if stored is not None else np.asarray(self.weights.lm_head)[self.vocab.ids]
 
 
 @dataclass(frozen=True)

@@ -309,6 +309,22 @@ class MTPWeights:
 
 
 @dataclass(frozen=True)
+class DraftHeadWeights:
+    """A reduced-vocabulary output head stored apart from lm_head (a `.ninfer` artifact's, quantized on its
+    own): row i scores token token_ids[i]."""
+
+    token_ids: np.ndarray  # distinct full-vocabulary ids
+    rows: np.ndarray  # [len(token_ids), hidden]
+
+    def rows_for(self, ids: np.ndarray) -> np.ndarray | None:
+        """The stored rows of `ids`, in that order, or None when some id has no stored row."""
+        order = np.argsort(self.token_ids, kind="stable")
+        at = np.minimum(np.searchsorted(self.token_ids[order], ids), len(order) - 1)
+        found = order[at]
+        return self.rows[found] if np.array_equal(self.token_ids[found], ids) else None
+
+
+@dataclass(frozen=True)
 class ModelWeights:
     """Structured view of a checkpoint; arrays are the checkpoint's own (bf16, memory-mapped)."""
 
@@ -318,6 +334,7 @@ class ModelWeights:
     norm: np.ndarray
     lm_head: Linear  # the embedding array itself when tie_word_embeddings
     mtp: MTPWeights | None
+    draft_head: DraftHeadWeights | None = None  # what `--lm-head-draft` scores, when the model ships one
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint) -> ModelWeights:
