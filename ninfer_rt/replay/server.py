@@ -41,8 +41,9 @@ class StateSlots:
 
     @property
     def idle(self) -> bool:
-        """No slot held or waiting on a fence, every slot free, and snapshots holding bytes iff they exist."""
-        return (self.in_use == 0 and self.fenced == 0 and self.free == self.total
+        """No slot held by a request, every slot free or released behind a fence (reclaimed at the engine's
+        next step, like a fenced KV page), and snapshots holding bytes iff they exist."""
+        return (self.in_use == 0 and self.free + self.fenced == self.total
                 and (self.snapshots == 0) == (self.snapshot_bytes == 0))
 
 
