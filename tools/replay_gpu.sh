@@ -23,7 +23,12 @@
 #     memory and the server's host RSS are sampled every SAMPLE_S (5) seconds into OUT_DIR/memory.tsv.
 #     tools/soak_report.py totals the rounds (OUT_DIR/soak.json) and fails on an error, fewer than
 #     MIN_REQUESTS requests or memory growing by more than GROWTH (5%) from the first tenth to the last.
-# DEVICE=cpu runs replay and soak on the numpy executor (the harness's own check, on a tiny model).
+#   tools/replay_gpu.sh fault OUT_DIR
+#     The fault drill (rule 6): the tiny hybrid served with the agent flags and --debug-fault-after
+#     FAULT_AFTER (400) ops (NINFER_ALLOW_FAULT_DRILL=1), a short agent replay into the fault; passes when
+#     requests failed with a 500 (an error event, once streaming) naming a crash-context file (copied to OUT_DIR/crash-context.json), /health
+#     stopped answering 200, the server exited non-zero, and a fresh process can still use the device.
+# DEVICE=cpu runs replay, soak and fault on the numpy executor (the harness's own check, on a tiny model).
 #
 # OUT_DIR gets replay.txt (this output: phases with elapsed seconds, the replay's table), server.log,
 # trace.jsonl, requests.jsonl and replay_summary.json. NINFER_BENCH_COMMIT=<sha> names the commit in the
@@ -36,9 +41,9 @@ tail_s=30  # after the time limit: the turns in flight, the idle wait, stopping 
 hybrid_shape=qwen3.6-27b
 # The agent workload's serve flags, for the hybrid and its tiny stand-in (each with one MTP layer).
 agent_flags=(--kv-capacity auto --spec mtp --draft-tokens 3 --lm-head-draft --preserve-thinking)
-case "$mode" in replay|memcheck|racecheck|soak) ;; *) mode=; esac
+case "$mode" in replay|memcheck|racecheck|soak|fault) ;; *) mode=; esac
 [ -n "$out" ] && [ -n "$mode" ] \
-  || { echo "usage: tools/replay_gpu.sh replay|memcheck|racecheck|soak OUT_DIR [SHAPE|MODEL_DIR]" >&2; exit 2; }
+  || { echo "usage: tools/replay_gpu.sh replay|memcheck|racecheck|soak|fault OUT_DIR [SHAPE|MODEL_DIR]" >&2; exit 2; }
 extra_flags=()
 mkdir -p "$out/results"
 
@@ -169,6 +174,38 @@ soak_mode() {
   wait "$sampler"
   python3 tools/soak_report.py "$out" --max-growth "${GROWTH:-0.05}" --min-requests "$min_requests" || return 1
   return "$code"
+}
+
+fault_mode() {
+  tiny_hybrid || return 1
+  extra_flags=("${agent_flags[@]}" --debug-fault-after "${FAULT_AFTER:-400}")
+  python3 tools/traces.py "$profile" --scale 0.02 -o "$out/trace.jsonl" || return 1
+  export NINFER_ALLOW_FAULT_DRILL=1 NINFER_CRASH_DIR="$out/crash"
+  serve "$model" 32768 8003 300 || return 1
+  ninfer replay "$out/trace.jsonl" --url http://127.0.0.1:8003 --timeout 120 --out "$out/requests.jsonl" \
+    --summary-json "$out/replay_summary.json" --no-progress
+  log "replay exit $? (expected non-zero)"
+  healthy 8003 && { log "/health still 200 after the fault"; stop; return 1; }
+  for _ in $(seq 30); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
+  kill -0 "$server" 2>/dev/null && { log "the server did not exit after the fault"; stop; return 1; }
+  wait "$server"; local status=$?
+  log "server exit $status (expected non-zero)"
+  python3 - "$out" <<'PY' || return 1
+import json, pathlib, re, shutil, sys
+out = pathlib.Path(sys.argv[1])
+summary = json.loads((out / "replay_summary.json").read_text())
+named = summary["crash_files"]
+# a 500, or a streamed request's error event (its 200 was already sent), naming the crash-context file
+assert summary["errors"] and named and named[0] in summary["first_error"], summary["first_error"]
+doc = json.loads(pathlib.Path(named[0]).read_text())
+assert "ILLEGAL_ADDRESS" in doc["error"], doc["error"]
+shutil.copy(named[0], out / "crash-context.json")
+print(f"{summary['errors']} request(s) failed naming {named[0]}; error: {doc['error']}")
+PY
+  [ "$status" != 0 ] || return 1
+  python3 -c "from ninfer_rt.cli import main; main()" generate --model "$model" --device "$device" \
+    --prompt "after the fault" --max-tokens 8 > "$out/after.txt" 2>&1 || { log "the device is unusable after the fault"; return 1; }
+  log "a fresh process generated on the device after the fault"
 }
 
 "${mode}_mode" 2>&1 | tee "$out/replay.txt"
