@@ -1,33 +1,35 @@
 #!/usr/bin/env bash
-# The replay harness on a GPU, in four modes; each fits one 10-minute device command.
+# The replay harness on a GPU, in five modes; each fits one 10-minute device command.
 #
 #   tools/replay_gpu.sh replay OUT_DIR [SHAPE|MODEL_DIR]     (default qwen3-8b)
-#     SHAPE qwen3.6-27b (the hybrid) is written int4 g128 (--bits 4); a hybrid (a qwen3_5 config) is served
-#     with the agent workload's own flags: --max-context 262144 (MAX_CONTEXT) --kv-capacity auto --spec mtp --draft-tokens 3 --lm-head-draft
-#     --preserve-thinking (plus the two lanes, int8 KV and --verify-ordering every mode has); the replay
-#     must also skip MIN_SKIPPED (0.99) of the ideal prefix tokens from turn 2, no turn recomputing more
-#     than its new tokens + 64, and leave state slots and snapshots idle.
 #     Writes a random-weight checkpoint of SHAPE to /tmp/ninfer-shaped/SHAPE (tools/make_shaped_model.py;
 #     reused while the machine stays warm), starts `serve --device cuda --kv-dtype int8 --max-concurrency 2
 #     --verify-ordering`, replays PROFILE (agent) at SCALE (1) with a time limit that ends the whole command
 #     within BUDGET_S seconds, and appends the results line to OUT_DIR/results/replay.jsonl, to be copied
 #     into bench/results/replay.jsonl. Exits non-zero unless at least MIN_REQUESTS requests went through
-#     with no error, the server alive, no ordering violation and its KV pages idle at the end.
+#     with no error, the server alive, no ordering violation, its KV pages idle at the end and its exit
+#     status 0 after SIGTERM.
+#     SHAPE qwen3.6-27b (the hybrid) is written int4 g128 (--bits 4). A hybrid (a qwen3_5 config) is served
+#     with the agent workload's own flags, --max-context 262144 (MAX_CONTEXT) --kv-capacity auto --spec mtp
+#     --draft-tokens 3 --lm-head-draft --preserve-thinking, and the replay must also skip MIN_SKIPPED (0.99)
+#     of the ideal prefix tokens from turn 2, no turn recomputing more than its new tokens + 64, and leave
+#     the state slots and snapshots idle.
 #   tools/replay_gpu.sh memcheck|racecheck OUT_DIR
 #     A short agent replay (scale 0.02) against a tiny hybrid (head_dim 64, linear heads of 64, one MTP
 #     layer: the smallest the CUDA kernels take) served with the agent flags under compute-sanitizer
 #     --tool memcheck or racecheck (10-100x slower, hence tiny); OUT_DIR/replay.txt ends with its ERROR SUMMARY.
 #   tools/replay_gpu.sh soak OUT_DIR [SHAPE|MODEL_DIR]       (default: the tiny hybrid)
 #     All seven profiles mixed (tools/traces.py mixed), replayed round after round over both lanes against a
-#     server with the agent flags until BUDGET_S runs out (the last round stops at its time limit); the device
-#     memory and the server's host RSS are sampled every SAMPLE_S (5) seconds into OUT_DIR/memory.tsv.
+#     server with the agent flags until BUDGET_S runs out (the last round stops at its time limit); the
+#     device memory and the server's host RSS are sampled every SAMPLE_S (5) seconds into OUT_DIR/memory.tsv.
 #     tools/soak_report.py totals the rounds (OUT_DIR/soak.json) and fails on an error, fewer than
 #     MIN_REQUESTS requests or memory growing by more than GROWTH (5%) from the first tenth to the last.
 #   tools/replay_gpu.sh fault OUT_DIR
 #     The fault drill (rule 6): the tiny hybrid served with the agent flags and --debug-fault-after
-#     FAULT_AFTER (400) ops (NINFER_ALLOW_FAULT_DRILL=1), a short agent replay into the fault; passes when
-#     requests failed with a 500 (an error event, once streaming) naming a crash-context file (copied to OUT_DIR/crash-context.json), /health
-#     stopped answering 200, the server exited non-zero, and a fresh process can still use the device.
+#     FAULT_AFTER (400) ops (NINFER_ALLOW_FAULT_DRILL=1), a short agent replay into the fault. Passes when
+#     requests failed with a 500 (an error event, once streaming) naming a crash-context file (copied to
+#     OUT_DIR/crash-context.json), /health stopped answering 200, the server exited non-zero, and a fresh
+#     process can still generate on the device.
 # DEVICE=cpu runs replay, soak and fault on the numpy executor (the harness's own check, on a tiny model).
 #
 # OUT_DIR gets replay.txt (this output: phases with elapsed seconds, the replay's table), server.log,
@@ -44,7 +46,7 @@ agent_flags=(--kv-capacity auto --spec mtp --draft-tokens 3 --lm-head-draft --pr
 case "$mode" in replay|memcheck|racecheck|soak|fault) ;; *) mode=; esac
 [ -n "$out" ] && [ -n "$mode" ] \
   || { echo "usage: tools/replay_gpu.sh replay|memcheck|racecheck|soak|fault OUT_DIR [SHAPE|MODEL_DIR]" >&2; exit 2; }
-extra_flags=()
+extra_flags=() server_exit=
 mkdir -p "$out/results"
 
 log() { echo "[${SECONDS}s] $*"; }
@@ -78,7 +80,7 @@ stop() {
   if [ "${1:-}" = wrapped ]; then pkill -TERM -P "$server"; else kill -TERM "$server"; fi
   for _ in $(seq 30); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
   kill -0 "$server" 2>/dev/null && { log "server still up after 30 s: KILL"; kill -KILL "$server"; }
-  wait "$server"; log "server exit $?"
+  wait "$server"; server_exit=$?; log "server exit $server_exit"
 }
 
 model_dir() {  # a shape name -> its checkpoint under /tmp, written unless already complete; a directory as is
@@ -119,9 +121,11 @@ replay_mode() {
   local gpu commit=${NINFER_BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   python3 tools/replay_result.py "$out/replay_summary.json" --model "$target" --profile "$profile" \
-    --scale "$scale" --kv-dtype int8 --lanes 2 --replay-exit "$code" --gpu "${gpu:-unknown}" \
+    --scale "$scale" --kv-dtype int8 --lanes 2 --replay-exit "$code" --server-exit "$server_exit" \
+    --gpu "${gpu:-unknown}" \
     --commit "${commit:-unknown}" | tee -a "$out/results/replay.jsonl"
   log "results line appended to $out/results/replay.jsonl"
+  [ "$server_exit" = 0 ] || { log "the server exited $server_exit after SIGTERM, not 0"; return 1; }
   return "$code"
 }
 
@@ -173,6 +177,7 @@ soak_mode() {
   stop
   wait "$sampler"
   python3 tools/soak_report.py "$out" --max-growth "${GROWTH:-0.05}" --min-requests "$min_requests" || return 1
+  [ "$server_exit" = 0 ] || { log "the server exited $server_exit after SIGTERM, not 0"; return 1; }
   return "$code"
 }
 
