@@ -31,9 +31,14 @@ def drill_server(model: Path, port: int, env: dict[str, str]) -> subprocess.Pope
     )
 
 
-def chat(url: str, words: str) -> httpx.Response:
+def chat(url: str, words: str) -> tuple[int | None, str]:
+    """(status, error message); status None when the request came after the server had gone."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 200, "ignore_eos": True}
-    return httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    try:
+        response = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    except httpx.TransportError as exc:
+        return None, repr(exc)
+    return response.status_code, response.json().get("error", {}).get("message", "")
 
 
 def test_the_drilled_fault_dumps_the_context_fails_in_flight_requests_naming_it_and_exits_non_zero(
@@ -54,8 +59,11 @@ def test_the_drilled_fault_dumps_the_context_fails_in_flight_requests_naming_it_
     finally:
         if process.poll() is None:
             process.kill()
-    assert [r.status_code for r in replies] == [500, 500]
-    named = {re.search(r"crash context written to (\S+)", r.json()["error"]["message"])[1] for r in replies}
+    # in flight at the fault: a 500 naming the file; arriving after it (a loaded box) the unhealthy server's
+    # 503, or no answer once it has exited
+    failed = [message for status, message in replies if status == 500]
+    assert failed and all(status in (500, 503, None) for status, _ in replies), replies
+    named = {re.search(r"crash context written to (\S+)", message)[1] for message in failed}
     assert named == {str(p) for p in tmp_path.glob("ninfer-crash-*.json")} and len(named) == 1
     doc = json.loads(Path(named.pop()).read_text())
     assert "CUDA_ERROR_ILLEGAL_ADDRESS" in doc["error"]
