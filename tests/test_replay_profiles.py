@@ -72,3 +72,13 @@ def test_records_are_written_one_json_line_per_request(tiny_qwen3: Path, tmp_pat
     assert [r["index"] for r in records] == list(range(requests))
     assert {r["lane"] for r in records} == {"agent", "side"}
     assert all(r["status"] == 200 and r["prompt_tokens"] > 0 for r in records)
+
+
+def test_the_mixed_profile_holds_every_profile_with_its_lanes_and_conversations_kept_apart() -> None:
+    mixed = make_profile("mixed", 0.02)
+    alone = {name: make_profile(name, 0.02) for name in PROFILES}
+    assert len(mixed) == sum(len(turns) for turns in alone.values())
+    for name, turns in alone.items():
+        mine = [t for t in mixed if t.lane.startswith(f"{name}/")]
+        assert [(t.lane, t.conversation) for t in mine] == [(f"{name}/{t.lane}", f"{name}/{t.conversation}") for t in turns]
+        assert [t.content for t in mine] == [t.content for t in turns]

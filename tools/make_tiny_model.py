@@ -13,6 +13,7 @@ from ninfer_rt.testing.tiny_hybrid import LAYOUTS, TinyHybridSpec, make_tiny_qwe
 DEFAULTS = TinyModelSpec()
 HYBRID = "qwen3_5"
 # sizes whose default differs between the dense and the hybrid tiny models
+LINEAR_FIELDS = ("linear_key_heads", "linear_value_heads", "linear_head_dim")
 ARCH_DEFAULTS = {"layers": (DEFAULTS.layers, TinyHybridSpec().layers), "mtp": (DEFAULTS.mtp, TinyHybridSpec().mtp)}
 
 
@@ -34,16 +35,23 @@ ARCH_DEFAULTS = {"layers": (DEFAULTS.layers, TinyHybridSpec().layers), "mtp": (D
 @click.option("--max-positions", type=int, default=DEFAULTS.max_positions, show_default=True,
               help="max_position_embeddings (before YaRN scaling): bounds the server's --max-context")
 @click.option("--yarn", type=float, default=None, help="YaRN rope scaling factor (dense only)")
+@click.option("--linear-key-heads", type=int, default=None, help=f"{HYBRID} only  [default: {TinyHybridSpec().linear_key_heads}]")
+@click.option("--linear-value-heads", type=int, default=None, help=f"{HYBRID} only  [default: {TinyHybridSpec().linear_value_heads}]")
+@click.option("--linear-head-dim", type=int, default=None,
+              help=f"{HYBRID} only: key and value head dims (the CUDA kernels take 64 or 128)  [default: {TinyHybridSpec().linear_head_dim}]")
 @click.option("--shards", type=int, default=DEFAULTS.shards, show_default=True, help="safetensors shard count")
 def main(out_dir: Path, arch: str, layout: str | None, yarn: float | None, **spec: object) -> None:
     hybrid = arch == HYBRID
+    linear = {name: value for name in LINEAR_FIELDS if (value := spec.pop(name)) is not None}
+    if linear and not hybrid:
+        raise click.BadParameter(f"only {HYBRID} has linear-attention layers", param_hint="'--linear-*'")
     for name, (dense_default, hybrid_default) in ARCH_DEFAULTS.items():
         if spec[name] is None:
             spec[name] = hybrid_default if hybrid else dense_default
     if hybrid:
         if yarn is not None:
             raise click.BadParameter("YaRN is not written for qwen3_5", param_hint="'--yarn'")
-        click.echo(make_tiny_qwen3_5(out_dir, layout=layout or TinyHybridSpec().layout, **spec))
+        click.echo(make_tiny_qwen3_5(out_dir, layout=layout or TinyHybridSpec().layout, **spec, **linear))
         return
     if layout is not None:
         raise click.BadParameter(f"only {HYBRID} has layouts", param_hint="'--layout'")

@@ -22,10 +22,12 @@ from ninfer_rt.replay.report import results_line
 @click.option("--gpu", default="unknown")
 @click.option("--commit", default="unknown")
 @click.option("--replay-exit", type=int, required=True, help="`ninfer-rt replay`'s exit status (0: passed).")
-def main(summary_json: Path, replay_exit: int, **run: object) -> None:
+@click.option("--server-exit", type=int, default=None, help="The server's exit status after SIGTERM (0: drained).")
+def main(summary_json: Path, replay_exit: int, server_exit: int | None, **run: object) -> None:
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     line = results_line(json.loads(summary_json.read_text()), date=date, **run)
-    click.echo(json.dumps({**line, "passed": replay_exit == 0}))
+    passed = replay_exit == 0 and server_exit in (None, 0)
+    click.echo(json.dumps({**line, "server_exit": server_exit, "passed": passed}))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Write a profile's trace: `python tools/traces.py agent --scale 1 -o agent.jsonl` (see ninfer_rt/replay/profiles.py).
 
 Profiles: 1 prefix-saturation, 2 long-conversation, 3 tools-thinking, 4 dual-lane, 5 system-rotation,
-6 unaligned-tail, 7 agent. Replay the file with `ninfer-rt replay FILE --url URL`.
+6 unaligned-tail, 7 agent; `mixed` is all seven at once (the soak). Replay the file with `ninfer-rt replay FILE --url URL`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from ninfer_rt.replay.profiles import PROFILES, make_profile
+from ninfer_rt.replay.profiles import MIXED, PROFILES, make_profile
 from ninfer_rt.replay.trace import TraceStats, write_trace
 
 
@@ -22,12 +22,12 @@ from ninfer_rt.replay.trace import TraceStats, write_trace
 @click.option("-o", "--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Output file (default: PROFILE.jsonl).")
 def main(profile: str, scale: float, out_path: Path | None) -> None:
-    """Write PROFILE (a name or 1..7) as a JSON-lines trace."""
+    """Write PROFILE (a name, 1..7 or mixed) as a JSON-lines trace."""
     try:
         turns = make_profile(profile, scale)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="PROFILE") from None
-    name = profile if profile in PROFILES else list(PROFILES)[int(profile) - 1]
+    name = profile if profile in (*PROFILES, MIXED) else list(PROFILES)[int(profile) - 1]
     out_path = out_path or Path(f"{name}.jsonl")
     write_trace(turns, out_path)
     click.echo(f"{out_path}: {json.dumps(TraceStats.of(turns).as_json())}")

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ninfer_rt.cuda.driver import device_count
+from ninfer_rt.cuda.fault_drill import ALLOW_ENV, check_allowed
 from ninfer_rt.engine.build import EngineConfig
 from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
 from ninfer_rt.kv.memory_plan import SnapshotBudget
@@ -37,6 +38,10 @@ _OPTIONS = [
         "--state-snapshot-budget", default=None, callback=lambda c, p, v: _snapshot_budget(v),
         help="Hybrid models: memory (e.g. 4GiB) or count of saved Gated DeltaNet states; default: planned with --kv-capacity.",
     ),
+    click.option(
+        "--debug-fault-after", type=int, default=None, hidden=True,
+        help=f"The fault drill: an out-of-bounds write after N device ops; needs {ALLOW_ENV}=1.",
+    ),
 ]
 
 
@@ -51,6 +56,8 @@ def engine_config(options: dict[str, Any]) -> EngineConfig:
     """The engine's share of a command's flags; a ValueError (one line for the CLI) when they cannot work here."""
     if options["device"] == "cuda" and device_count() == 0:
         raise ValueError("--device cuda: no CUDA GPU is visible here (no driver or no device); use --device cpu")
+    if options["debug_fault_after"] is not None:
+        check_allowed(options["debug_fault_after"])  # FaultDrillRefused is a ValueError: one line, exit 2
     return EngineConfig(
         device=options["device"],
         max_context=options["max_context"],
@@ -64,6 +71,7 @@ def engine_config(options: dict[str, Any]) -> EngineConfig:
         draft_tokens=options["draft_tokens"],
         lm_head_draft=options["lm_head_draft"],
         state_snapshot_budget=options["state_snapshot_budget"],
+        debug_fault_after=options["debug_fault_after"],
     )
 
 

@@ -39,12 +39,16 @@ from ninfer_rt.replay.trace import Turn, read_trace
               help="Fail unless at least this many requests were sent (with --time-limit).")
 @click.option("--min-cached-ratio", type=click.FloatRange(0, 1), default=None,
               help="Fail if cached/prompt tokens over turns 2.. is below this.")
+@click.option("--min-skipped-of-ideal", type=click.FloatRange(0, 1), default=None,
+              help="Fail if the server skipped less than this share of the reusable prefix tokens from turn 2, "
+                   "or a turn recomputed more than its new tokens + 64.")
 @click.option("--expect-idle/--no-expect-idle", default=True, show_default=True,
               help="Fail unless the server's KV pages are back to idle at the end.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def replay(trace: Path, url: str, lanes: int | None, out_path: Path | None, summary_json: Path | None,
            api_key: str | None, model: str | None, timeout_s: float, time_limit_s: float | None,
-           min_requests: int, min_cached_ratio: float | None, expect_idle: bool, progress: bool) -> None:
+           min_requests: int, min_cached_ratio: float | None, min_skipped_of_ideal: float | None, expect_idle: bool,
+           progress: bool) -> None:
     """Replay TRACE (JSON lines, see ninfer_rt/replay/trace.py) through the OpenAI API."""
     turns = read_trace(trace)
     url = url.rstrip("/")
@@ -57,7 +61,8 @@ def replay(trace: Path, url: str, lanes: int | None, out_path: Path | None, summ
     click.echo(f"per-request records: {out_path}")
     if summary_json is not None:
         summary_json.write_text(json.dumps(result.as_json(), indent=1))
-    reasons = result.failures(expect_idle=expect_idle, min_cached_ratio=min_cached_ratio, min_requests=min_requests)
+    reasons = result.failures(expect_idle=expect_idle, min_cached_ratio=min_cached_ratio, min_requests=min_requests,
+                              min_skipped_of_ideal=min_skipped_of_ideal)
     for reason in reasons:
         click.echo(f"FAIL: {reason}", err=True)
     sys.exit(1 if reasons else 0)

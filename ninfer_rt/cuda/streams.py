@@ -25,6 +25,7 @@ from ninfer_rt.ordering import CrashContext, Verifier, verify_by_default
 from ninfer_rt.ordering.verifier import Resource, Span
 
 if TYPE_CHECKING:
+    from ninfer_rt.cuda.fault_drill import FaultDrill
     from ninfer_rt.cuda.memory import Buffer
 
 
@@ -70,6 +71,7 @@ class StreamSet:
         self.streams: list[Stream] = []
         self._host_ring = self.crash.ring("host")
         self.fatal: FatalCudaError | None = None  # set by the first sticky error: the context is dead
+        self.fault_drill: FaultDrill | None = None  # serve --debug-fault-after (cuda/fault_drill.py); else None
         # Handles of dropped non-timing events, recorded again instead of created: a decode step records
         # several events, and cuEventCreate + cuEventDestroy cost more than the record itself.
         self.idle_events: list[object] = []
@@ -194,6 +196,8 @@ class Stream:
         self.ring.note(label, lane, reads, writes)
         if self.timeline is not None:
             self.owner.verifier.op(self.timeline, label, reads, writes, lane)
+        if self.owner.fault_drill is not None:
+            self.owner.fault_drill.after_op(self)
 
     def launch(
         self,
@@ -215,9 +219,12 @@ class Stream:
         self.declare(label, reads, writes, lane)
         if self.owner.dependent_launch:
             config = self._launch_configs.get((grid, block, smem)) or self._dependent_launch_config(grid, block, smem)
-            check(cu.cuLaunchKernelEx(config, function, params, 0), f"cuLaunchKernelEx({label})")
+            self.owner.synchronized(lambda: check(cu.cuLaunchKernelEx(config, function, params, 0), f"cuLaunchKernelEx({label})"), label)
             return
-        check(cu.cuLaunchKernel(function, *grid, *block, smem, self.handle, params, 0), f"cuLaunchKernel({label})")
+        # a fault already detected comes back from the next launch: the same sticky-error path as at a sync
+        self.owner.synchronized(
+            lambda: check(cu.cuLaunchKernel(function, *grid, *block, smem, self.handle, params, 0), f"cuLaunchKernel({label})"), label
+        )
 
     def _dependent_launch_config(self, grid: Dim3, block: Dim3, smem: int) -> object:
         """A launch config allowing the kernel to start before the previous one on this stream finishes

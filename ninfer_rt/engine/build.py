@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ninfer_rt.cuda.driver import device_count, open_device
+from ninfer_rt.cuda.fault_drill import FaultDrill
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.runner import ModelRunner
@@ -63,6 +64,7 @@ class EngineConfig:
     overlap: bool = True  # enqueue each step before reading the previous one's samples (engine.py)
     state_snapshot_budget: str | None = None  # hybrids: snapshot memory ('4GiB') or count ('16'); None: planned
     snapshot_interval: int = 16384  # hybrids: also save the state every this many tokens of a long prompt
+    debug_fault_after: int | None = None  # the fault drill (cuda/fault_drill.py): a fault after this many ops
     cpu_precision: str = "float32"  # the numpy executor's math (and a hybrid's CPU state slots): float64 for golden runs
 
     def __post_init__(self) -> None:
@@ -151,6 +153,8 @@ def build(
     # None: steps run op by op. A hybrid's graphed steps publish their state slots like their pages.
     step_forward = executor.graphed_forward(model, kv, None if states is None else states.pool)
     runner = make_runner(executor, model, kv, ledger, drafter, step_forward)
+    if config.debug_fault_after is not None:  # armed last: the drill counts the serving ops, not start-up's
+        FaultDrill.arm(streams, config.debug_fault_after)
     return EngineParts(device, streams, executor, kv, kv_manager, ledger, scheduler, runner, step_forward is not None)
 
 

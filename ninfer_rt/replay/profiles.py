@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ninfer_rt.replay.trace import Turn, synth_words
 
@@ -160,8 +160,20 @@ PROFILES: dict[str, Callable[[Scale], list[Turn]]] = {
 }
 
 
+MIXED = "mixed"
+
+
+def mixed(s: Scale) -> list[Turn]:
+    """All seven profiles at once (the soak): each keeps its lanes and conversations, renamed apart, so the
+    replay interleaves them over the server's lanes."""
+    return [replace(turn, lane=f"{name}/{turn.lane}", conversation=f"{name}/{turn.conversation}")
+            for name, profile in PROFILES.items() for turn in profile(s)]
+
+
 def make_profile(name: str, scale: float = 1.0) -> list[Turn]:
-    """A profile by name or by its number in the issue (1..7)."""
+    """A profile by name or by its number in the issue (1..7), or all of them mixed ("mixed")."""
+    if name == MIXED:
+        return mixed(Scale(scale))
     names = list(PROFILES)
     if name.isdigit() and 1 <= int(name) <= len(names):
         name = names[int(name) - 1]

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ninfer_rt.replay.reuse import SLACK_TOKENS, turn_reuse
 from ninfer_rt.replay.runner import RequestRecord
 from ninfer_rt.replay.server import ServerState
 
@@ -35,11 +36,12 @@ class Summary:
     first_error: str | None
     not_sent: int = 0  # turns a time limit left unsent (not failures: the replay ran out of its slot)
     crash_files: list[str] = field(default_factory=list)
+    reuse: dict[str, Any] | None = None  # prefix reuse against the ideal (reuse_summary)
     server: dict[str, Any] | None = None
     server_died: str | None = None
 
     def failures(self, expect_idle: bool = True, min_cached_ratio: float | None = None,
-                 min_requests: int = 0) -> list[str]:
+                 min_requests: int = 0, min_skipped_of_ideal: float | None = None) -> list[str]:
         """Why the replay failed; empty when it passed."""
         reasons = []
         if self.requests < min_requests:
@@ -52,11 +54,26 @@ class Summary:
         elif self.server is not None:
             if self.server["ordering_violations"]:
                 reasons.append(f"{self.server['ordering_violations']} ordering violation(s) on the server")
-            kv = self.server["kv_pages"]
+            kv, states = self.server["kv_pages"], self.server.get("state_slots")
             if expect_idle and kv is not None and not kv["idle"]:
                 reasons.append(f"KV pages not back to idle: {kv}")
+            if expect_idle and states is not None and not states["idle"]:
+                reasons.append(f"state slots or snapshots not back to idle: {states}")
+        if min_skipped_of_ideal is not None:
+            reasons += self._reuse_failures(min_skipped_of_ideal)
         if min_cached_ratio is not None and (self.cached_ratio_after_first or 0.0) < min_cached_ratio:
             reasons.append(f"cached-token ratio from turn 2 is {self.cached_ratio_after_first}, below {min_cached_ratio}")
+        return reasons
+
+    def _reuse_failures(self, min_skipped_of_ideal: float) -> list[str]:
+        reuse = self.reuse or {}
+        reasons = []
+        if (reuse.get("skipped_of_ideal") or 0.0) < min_skipped_of_ideal:
+            reasons.append(f"skipped {reuse.get('skipped_of_ideal')} of the ideal prefix tokens from turn 2, "
+                           f"below {min_skipped_of_ideal}")
+        if reuse.get("over_new_plus_slack"):
+            reasons.append(f"{reuse['over_new_plus_slack']} turn(s) recomputed more than their new tokens + "
+                           f"{SLACK_TOKENS}; first: {reuse['first_over']}")
         return reasons
 
     def as_json(self) -> dict[str, Any]:
@@ -89,7 +106,29 @@ def summarize(records: Sequence[RequestRecord], wall_s: float, server: ServerSta
         crash_files=sorted({m for e in errors for m in _CRASH_FILE.findall(e)}),
         server=None if server is None else server.as_json(),
         server_died=server_died,
+        reuse=reuse_summary(records),
     )
+
+
+def reuse_summary(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    """Skipped prompt tokens from turn 2 against the ideal, and recomputed tokens per turn beside the new."""
+    turns = turn_reuse(records)
+    if not turns:
+        return None
+    by_index = {r.index: r for r in records}
+    ideal = sum(by_index[t.index].prompt_tokens - t.new for t in turns)
+    skipped = sum(by_index[t.index].cached_tokens for t in turns)
+    over = [t for t in turns if t.over_slack]
+    return {
+        "turns": len(turns),
+        "ideal_skipped_tokens": ideal,
+        "skipped_tokens": skipped,
+        "skipped_of_ideal": round(skipped / ideal, 4) if ideal else None,
+        "recomputed": percentiles([t.recomputed for t in turns]),
+        "new": percentiles([t.new for t in turns]),
+        "over_new_plus_slack": len(over),
+        "first_over": None if not over else over[0].__dict__,
+    }
 
 
 def results_line(summary: dict[str, Any], **run: Any) -> dict[str, Any]:
@@ -114,6 +153,9 @@ def results_line(summary: dict[str, Any], **run: Any) -> dict[str, Any]:
         "ordering_violations": server.get("ordering_violations"),
         "server_alive": bool(server.get("reachable") and server.get("healthy")) and not summary["server_died"],
         "kv_pages": server.get("kv_pages"),  # its "idle": nothing in use, every page free or cached
+        "state_slots": server.get("state_slots"),  # a hybrid's; its "idle": every slot free, snapshots consistent
+        "spec": server.get("spec"),  # acceptance and tokens per verify round
+        "reuse": summary.get("reuse"),
     }
 
 
@@ -135,6 +177,8 @@ def format_table(summary: Summary) -> str:
         return " / ".join(f"{stats[f'p{p}'] * 1000:.1f}" for p in PERCENTILES) if stats else "-"
 
     kv = (summary.server or {}).get("kv_pages")
+    states, spec = (summary.server or {}).get("state_slots"), (summary.server or {}).get("spec")
+    reuse = summary.reuse
     rows = [
         ("requests", f"{summary.requests} ({summary.errors} errors) in {summary.wall_s:.1f} s"
                      + (f", {summary.not_sent} not sent (time limit)" if summary.not_sent else "")),
@@ -150,12 +194,27 @@ def format_table(summary: Summary) -> str:
          f"free {kv['free']}, in_use {kv['in_use']}, cached {kv['cached']}, total {kv['total']}"
          f" ({'idle' if kv['idle'] else 'NOT idle'})"),
     ]
+    if reuse is not None:
+        rows.append(("skipped of ideal (turn >= 2)", f"{reuse['skipped_of_ideal']} "
+                     f"({reuse['skipped_tokens']} of {reuse['ideal_skipped_tokens']} tokens)"))
+        rows.append(("recomputed p50/p99 (new)", f"{_p(reuse['recomputed'])} ({_p(reuse['new'])}), "
+                     f"{reuse['over_new_plus_slack']} turn(s) over new + {SLACK_TOKENS}"))
+    if spec is not None:
+        rows.append(("MTP acceptance, tokens/round", f"{spec['acceptance']}, {spec['tokens_per_round']}"))
+    if states is not None:
+        rows.append(("state slots after", f"free {states['free']}, in_use {states['in_use']}, fenced "
+                     f"{states['fenced']}, total {states['total']}, snapshots {states['snapshots']}"
+                     f" ({'idle' if states['idle'] else 'NOT idle'})"))
     if summary.first_error:
         rows.append(("first error", summary.first_error))
     for path in summary.crash_files:
         rows.append(("crash context", path))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _p(stats: dict[str, float]) -> str:
+    return f"{stats['p50']:g}/{stats['p99']:g}"
 
 
 def _or_dash(value: object) -> str:

@@ -63,6 +63,9 @@ class RequestRecord:
     token_gaps_s: list[float] = field(default_factory=list)  # between token-bearing stream chunks
     token_chunks: int = 0
     align: int | None = None  # the residue the trace asked for, if any
+    # The prompt starts with the conversation's previous prompt (and its reply, on the chat route): neither
+    # a reset nor a new system prompt came between them, so a perfect prefix cache skips all of that.
+    extends_previous: bool = False
 
     @property
     def ok(self) -> bool:
@@ -170,7 +173,8 @@ class Replayer:
             conversation.reset()
         conversation.turns += 1
         record = RequestRecord(index, turn.lane, turn.conversation, conversation.turns, turn.route, turn.stream,
-                               align=turn.align)
+                               align=turn.align, extends_previous=conversation.turns > 1 and not turn.reset
+                               and turn.system is None)
         try:
             if turn.route == "completions":
                 await self._completion_turn(turn, conversation, record)
