@@ -29,4 +29,4 @@ def test_no_work_process_words_anywhere_the_product_speaks() -> None:
 
 def test_the_logs_are_named_by_gpu_date_topic_and_commit() -> None:
     for log in (ROOT / "bench" / "logs").iterdir():
-        assert re.fullmatch(r"h200-\d{4}-\d{2}-\d{2}-[a-z0-9.-]+-[0-9a-f]{7}\.(txt|log)", log.name), log.name
+        assert re.fullmatch(r"(h200|cpu)-\d{4}-\d{2}-\d{2}-[a-z0-9.-]+-[0-9a-f]{7}\.(txt|log)", log.name), log.name
