@@ -31,7 +31,8 @@ def test_generate_streams_the_engines_greedy_text_and_reports_statistics(tiny_qw
 def test_prompt_file_is_read(tiny_qwen3: Path, tmp_path: Path) -> None:
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("The quick brown fox")
-    result = run("--model", str(tiny_qwen3), "--prompt-file", str(prompt), "--max-tokens", "3", *SMALL_ENGINE)
+    # greedy: a sampled end-of-text token would end the reply early on the random model
+    result = run("--model", str(tiny_qwen3), "--prompt-file", str(prompt), "--max-tokens", "3", "--temperature", "0", *SMALL_ENGINE)
     assert result.exit_code == 0, result.output
     assert "3 generated" in result.stderr
 
