@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ninfer_rt.kv.cache import KVDtype, KVSpec
-from ninfer_rt.kv.memory_plan import GIB, MemoryPlanError, SnapshotBudget, plan_memory
+from ninfer_rt.kv.memory_plan import GIB, MemoryPlanError, SnapshotBudget, plan_memory, safety_margin
 from ninfer_rt.kv.states import StateSpec
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.quantize.footprint import WeightFormat, weight_bytes
@@ -33,7 +33,7 @@ def plan_on(cfg: ModelConfig, device_gib: int, budget: SnapshotBudget | None = N
     free = total - CUDA_CONTEXT - weights
     page = KVSpec(num_layers=len(cfg.full_attention_layers) + cfg.mtp_layers, num_pages=1,
                   n_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, dtype=KVDtype.INT8, page_size=64)
-    margin = max(3 * GIB, total // 20)  # engine/build.py's
+    margin = safety_margin(total)  # the engine's
     return plan_memory(free, margin, weights, page, LANES, MAX_CONTEXT, StateSpec.for_model(cfg), RING_DEPTH,
                        hidden_bytes=2 * cfg.hidden_size, budget=budget)
 

@@ -57,10 +57,6 @@ class StateRows:
     tracked: _Tracked
     rows: int
 
-    @property
-    def ring(self) -> StateRing:
-        return self.tracked.ring
-
     def end(self) -> None:
         """The forward that reads `slot` and writes `targets` is enqueued: the targets hold states."""
         self.tracked.ring.end(self.targets)
@@ -146,10 +142,12 @@ class StateLedger:
         """The step's tokens are committed: save the state if it sits at a snapshot point of the input."""
         tracked = self.tracked[request.request_id]
         at = tracked.position
-        wanted = at == tracked.input_end or at in tracked.branch_points or (
-            self.interval > 0 and tracked.input_end > self.interval and at % self.interval == 0 and at < tracked.input_end
+        if at == 0 or at != seq.num_tokens or tracked.ring.awaiting_accept:
+            return
+        points = snapshot_points(
+            at - 1, at, input_end=tracked.input_end, interval=self.interval, branch_points=tracked.branch_points
         )
-        if wanted and at == seq.num_tokens and not tracked.ring.awaiting_accept:
+        if points:
             self._write(tracked, seq, at, request.request_id)
 
     # -- retirement ------------------------------------------------------------------------------------

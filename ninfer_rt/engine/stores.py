@@ -19,7 +19,7 @@ from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.engine.state_ledger import StateLedger
 from ninfer_rt.kv.cache import KVSpec
 from ninfer_rt.kv.capacity import resolve_kv_capacity
-from ninfer_rt.kv.memory_plan import DEFAULT_SNAPSHOTS_PER_LANE, SnapshotBudget, plan_memory
+from ninfer_rt.kv.memory_plan import DEFAULT_SNAPSHOTS_PER_LANE, SnapshotBudget, plan_memory, safety_margin
 from ninfer_rt.kv.snapshots import SnapshotStore
 from ninfer_rt.kv.states import StateSlotPool, StateSpec
 from ninfer_rt.model.config import ModelConfig
@@ -61,9 +61,9 @@ def store_sizes(options: StoreOptions, state: StateSpec | None, device: Device |
         pages = resolve_kv_capacity(options.kv_capacity, options.kv_page, None)
         if budget is None:
             return StoreSizes(pages, DEFAULT_SNAPSHOTS_PER_LANE * lanes)
-        snapshots = budget.count if budget.count is not None else budget.records(state.slot_bytes)
+        snapshots = budget.records(state.slot_bytes) if state is not None else 0
         return StoreSizes(pages, snapshots)
-    margin = max(3 << 30, device.total_memory // 20)  # activations, cuBLAS workspaces and graphs come later
+    margin = safety_margin(device.total_memory)
     free = device.free_memory()
     plan = plan_memory(free, margin, device.total_memory - free, options.kv_page, lanes, options.max_context,
                        state, options.ring_depth, budget=budget)

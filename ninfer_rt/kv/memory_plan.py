@@ -18,11 +18,17 @@ from dataclasses import dataclass
 
 from ninfer_rt.kv.cache import KVSpec
 from ninfer_rt.kv.capacity import bytes_per_page
+from ninfer_rt.kv.snapshots import records_for_budget
 from ninfer_rt.kv.states import StateSpec
 
 GIB = 1 << 30
 DEFAULT_SNAPSHOTS_PER_LANE = 8
 SNAPSHOT_SHARE = 0.25
+
+
+def safety_margin(total_memory: int) -> int:
+    """Device bytes no store claims: activations, cuBLAS workspaces and graphs are allocated after them."""
+    return max(3 * GIB, total_memory // 20)
 
 
 class MemoryPlanError(ValueError):
@@ -48,7 +54,7 @@ class SnapshotBudget:
         raise ValueError(f"--state-snapshot-budget must be a size such as 4GiB or a snapshot count, got {text!r}")
 
     def records(self, record_bytes: int) -> int:
-        return self.count if self.count is not None else int(self.bytes // record_bytes)
+        return self.count if self.count is not None else records_for_budget(self.bytes, record_bytes)
 
 
 @dataclass(frozen=True)
