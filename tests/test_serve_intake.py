@@ -3,6 +3,7 @@ free while big requests are decoded, templated and tokenized in the intake worke
 
 from __future__ import annotations
 
+import json
 import socket
 import statistics
 import subprocess
@@ -18,7 +19,7 @@ from server_helpers import free_port, wait_healthy
 from test_serve_errors import GOOD, assert_error, assert_still_serving
 from test_serve_http import MAX_CONTEXT, MODEL, Server, running_server
 
-from ninfer_rt.serve.intake import default_max_body_bytes
+from ninfer_rt.serve.intake import default_max_body_bytes, spool_dir
 
 LIMIT = 4096
 
@@ -42,8 +43,20 @@ def test_a_body_announced_over_the_limit_is_a_413(server: Server) -> None:
     assert_still_serving(server)
 
 
+def spooled_bodies() -> set[Path]:
+    return set(spool_dir().glob("ninfer-body-*"))
+
+
+def test_a_taken_in_body_leaves_no_spool_file_behind(server: Server) -> None:
+    before = spooled_bodies()
+    assert server.post("/v1/chat/completions", GOOD).status_code == 200
+    assert server.post("/v1/completions", b'{"model": "tiny", "prompt": 12}').status_code == 400
+    assert spooled_bodies() <= before
+
+
 def test_a_chunked_body_is_refused_once_it_passes_the_limit_not_after_it_ends(server: Server) -> None:
     # No Content-Length, and the body never ends: only a server counting as it reads can answer.
+    before = spooled_bodies()
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -56,6 +69,7 @@ def test_a_chunked_body_is_refused_once_it_passes_the_limit_not_after_it_ends(se
             reply += sock.recv(65536) or b"}"
     assert reply.startswith(b"HTTP/1.1 413")
     assert b"request_too_large" in reply
+    assert spooled_bodies() <= before  # the part that was read is not left behind
     assert_still_serving(server)
 
 
@@ -69,12 +83,13 @@ def test_anthropic_routes_get_anthropic_shaped_413s(server: Server) -> None:
 
 # -- the event loop stays responsive -------------------------------------------------------------------
 
-PROBE_INTERVAL_S = 0.05  # 20 probes a second
 P99_BUDGET_S = 0.050
+HEALTH_PROBE = Path(__file__).with_name("health_probe.py")
 
 
 def test_health_keeps_its_latency_while_huge_requests_are_taken_in(tiny_qwen3: Path) -> None:
-    # The server runs in its own process, as in production: the client's threads here share no GIL with it.
+    # The server and the prober run in processes of their own, as in production: neither this process's
+    # threads (sending the bodies) nor its garbage collector can stand between a probe and its answer.
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "ninfer_rt.serve", "--model", str(tiny_qwen3), "--device", "cpu", "--port", str(port),
@@ -102,7 +117,7 @@ def test_health_keeps_its_latency_while_huge_requests_are_taken_in(tiny_qwen3: P
 
 
 def _probe_while(url: str, bodies: list[bytes]) -> tuple[list[float], list[int]]:
-    """/health latencies, probed every PROBE_INTERVAL_S from before the bodies are sent until a second
+    """/health latencies, probed (tests/health_probe.py) from before the bodies are sent until a second
     after both were answered; and the bodies' statuses."""
     statuses: list[int] = [0] * len(bodies)
 
@@ -111,18 +126,18 @@ def _probe_while(url: str, bodies: list[bytes]) -> tuple[list[float], list[int]]
         statuses[index] = httpx.post(url + "/v1/" + ("completions", "chat/completions")[index], content=bodies[index],
                                      headers=headers, timeout=120).status_code
 
-    senders = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
-    latencies: list[float] = []
-    with httpx.Client(timeout=10) as probe:
-        probe.get(url + "/health")  # the connection is open before timing starts
+    prober = subprocess.Popen([sys.executable, str(HEALTH_PROBE), url], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert prober.stdout is not None and prober.stdin is not None
+        assert prober.stdout.readline().strip() == "ready"
+        senders = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
         for sender in senders:
             sender.start()
-        done_at: float | None = None
-        while done_at is None or time.monotonic() < done_at + 1.0:
-            start = time.monotonic()
-            assert probe.get(url + "/health").status_code == 200
-            latencies.append(time.monotonic() - start)
-            if done_at is None and not any(s.is_alive() for s in senders):
-                done_at = time.monotonic()
-            time.sleep(max(0.0, PROBE_INTERVAL_S - (time.monotonic() - start)))
-    return latencies, statuses
+        for sender in senders:
+            sender.join()
+        time.sleep(1.0)
+        output, _ = prober.communicate("stop\n", timeout=60)
+    finally:
+        prober.kill()
+    return json.loads(output), statuses

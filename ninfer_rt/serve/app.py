@@ -143,13 +143,13 @@ def _install_api_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics
 
 
 async def take_in(request: Request, state: ServerState, config: ServeConfig, kind: str) -> Any:
-    """The request, authorized, read under the size limit and prepared (`Preparer.<kind>`) by an intake
+    """The request, authorized, read under the size limit (spooled) and prepared (`Preparer.<kind>`) by an intake
     worker: the event loop only moves bytes."""
     authorize(request, config)
     ready(state)
-    raw = await read_body(request, config.max_body_bytes)
+    body = await read_body(request, config.max_body_bytes)
     assert state.intake is not None, "the intake is up before the backend is published"
-    return await state.intake.prepare(kind, raw)
+    return await state.intake.prepare(kind, body)
 
 
 def _model_card(state: ServerState, config: ServeConfig) -> dict[str, Any]:
