@@ -4,6 +4,8 @@ prefix cache, count_tokens, and Anthropic-shaped errors."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,37 @@ def test_thinking_disabled_renders_an_empty_think_block(client: anthropic.Anthro
     assert off.input_tokens > on.input_tokens  # the template closes the think block itself
 
 
+THINKING_ON = {"type": "enabled", "budget_tokens": 1024}
+
+
+@pytest.fixture(scope="module")
+def opening_thinker(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[anthropic.Anthropic]:
+    """The tiny model under a template that opens the think block itself when thinking is on, as the
+    Qwen3.5/3.6 templates do: its first tokens are reasoning."""
+    model = tmp_path_factory.mktemp("opening_thinker") / "model"
+    shutil.copytree(tiny_qwen3, model)
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    closing = "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    assert closing in config["chat_template"]
+    config["chat_template"] = config["chat_template"].replace(closing, "{{- '<think>\\n\\n</think>\\n\\n' }}{%- else %}{{- '<think>\\n' }}{%- endif %}")
+    config_path.write_text(json.dumps(config))
+    with running_server(model) as running:
+        yield anthropic.Anthropic(base_url=running.url, api_key="unused", max_retries=0)
+
+
+def test_a_streamed_reply_with_thinking_on_opens_with_a_thinking_block(opening_thinker: anthropic.Anthropic) -> None:
+    kwargs: dict[str, Any] = {"model": MODEL, "max_tokens": 6, "messages": USER, "thinking": THINKING_ON, "extra_body": GREEDY}
+    events = list(opening_thinker.messages.create(stream=True, **kwargs))
+    [first_block, *_] = [e.content_block for e in events if e.type == "content_block_start"]
+    assert first_block.type == "thinking"
+    deltas = [e.delta for e in events if e.type == "content_block_delta" and e.index == 0]
+    assert deltas and all(d.type == "thinking_delta" for d in deltas)
+    whole = opening_thinker.messages.create(**kwargs)
+    assert whole.content[0].type == "thinking"
+    assert whole.content[0].thinking == "".join(d.thinking for d in deltas)
+
+
 def test_count_tokens_counts_what_generation_would_see(client: anthropic.Anthropic) -> None:
     counted = client.messages.count_tokens(model=MODEL, system="Be brief.", messages=USER)
     message = client.messages.create(model=MODEL, max_tokens=1, system="Be brief.", messages=USER)
@@ -101,11 +134,3 @@ def test_errors_are_anthropic_shaped(server: Server, client: anthropic.Anthropic
         )
     raw = httpx.post(server.url + "/v1/messages", content=b"{", headers={"x-api-key": "sekrit"})
     assert raw.status_code == 400 and set(raw.json()) == {"type", "error"}
-
-
-def test_models_can_be_read_one_by_one(server: Server) -> None:
-    headers = {"authorization": "Bearer sekrit"}
-    card = httpx.get(server.url + f"/v1/models/{MODEL}", headers=headers).json()
-    assert card["id"] == MODEL and card["object"] == "model"
-    missing = httpx.get(server.url + "/v1/models/gpt-4", headers=headers)
-    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"

@@ -15,6 +15,8 @@ import pytest
 from server_helpers import free_port, wait_healthy
 from test_serve_http import MODEL
 
+from ninfer_rt.shipped import DEFAULT_MODEL_NAME
+
 SERVE = [sys.executable, "-m", "ninfer_rt.serve"]
 
 
@@ -108,6 +110,23 @@ def test_serve_defaults_to_the_shipped_model_and_a_taken_port_exits_2_before_loa
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()  # no --model needed; the port check came before any loading
     assert "--port" in line and "cannot listen" in line
+
+
+def test_serve_without_a_model_serves_the_shipped_one() -> None:
+    port = free_port()
+    process = subprocess.Popen([*SERVE, "--device", "cpu", "--port", str(port), "--log-level", "warning"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        [card] = httpx.get(url + "/v1/models").json()["data"]
+        assert card["id"] == DEFAULT_MODEL_NAME
+        reply = httpx.post(url + "/v1/completions", json={"model": card["id"], "prompt": "def add(a, b):",
+                                                          "max_tokens": 4, "temperature": 0}, timeout=60)
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
 
 
 @pytest.mark.parametrize("command", [SERVE, [sys.executable, "-c", "from ninfer_rt.cli import main; main()", "generate", "--prompt", "hi"]])

@@ -170,6 +170,18 @@ def _unexpected(server: Server) -> float:
     return float(line.split()[-1])
 
 
+# -- max_completion_tokens ---------------------------------------------------------------------------------
+
+
+def test_max_completion_tokens_caps_the_reply_and_wins_over_max_tokens(server: Server) -> None:
+    capped = server.post("/v1/chat/completions", with_(max_completion_tokens=3, max_tokens=9, ignore_eos=True))
+    assert capped.status_code == 200 and capped.json()["usage"]["completion_tokens"] == 3
+    assert capped.json()["choices"][0]["finish_reason"] == "length"
+    over = server.post("/v1/chat/completions", with_(max_completion_tokens=10**9))
+    assert_error(over, 400, "maximum context length")
+    assert over.json()["error"]["param"] == "max_completion_tokens"
+
+
 # -- fuzz ------------------------------------------------------------------------------------------------
 
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/tokenize"]
@@ -208,6 +220,39 @@ def test_fuzzed_requests_never_get_a_5xx_and_always_json(server: Server, route: 
     data = sse_events(response) if response.headers["content-type"].startswith("text/event-stream") else strict_json(response.text)
     if response.status_code >= 400:
         assert set(data["error"]) == {"message", "type", "param", "code"}
+
+
+BLOCK = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "thinking", "tool_use", "tool_result", "image"]) | JSON_VALUES},
+    optional={"text": JSON_VALUES, "thinking": JSON_VALUES, "id": JSON_VALUES, "name": JSON_VALUES,
+              "input": JSON_VALUES, "tool_use_id": JSON_VALUES, "content": JSON_VALUES},
+)
+ANTHROPIC_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system"]) | JSON_VALUES,
+     "content": st.text(max_size=20) | st.lists(BLOCK, max_size=3) | JSON_VALUES},
+)
+ANTHROPIC_REQUESTS = st.fixed_dictionaries(
+    {"model": st.just(MODEL) | JSON_VALUES, "max_tokens": MAX_TOKENS},
+    optional={
+        "messages": st.lists(ANTHROPIC_MESSAGE, max_size=3) | JSON_VALUES,
+        **{key: JSON_VALUES | st.floats(-5, 5)
+           for key in ("system", "tools", "tool_choice", "thinking", "stream", "temperature", "top_p", "top_k",
+                       "stop_sequences", "metadata")},
+    },
+)
+ANTHROPIC_BODIES = ANTHROPIC_REQUESTS.map(lambda body: json.dumps(body).encode()) | st.binary(max_size=64)
+
+
+@settings(max_examples=40, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(route=st.sampled_from(["/v1/messages", "/v1/messages/count_tokens"]), body=ANTHROPIC_BODIES)
+def test_fuzzed_anthropic_requests_never_get_a_5xx_and_errors_are_anthropic_shaped(
+    server: Server, route: str, body: bytes
+) -> None:
+    response = server.post(route, body)
+    assert response.status_code < 500, response.text
+    data = sse_events(response) if response.headers["content-type"].startswith("text/event-stream") else strict_json(response.text)
+    if response.status_code >= 400:
+        assert data["type"] == "error" and set(data["error"]) == {"type", "message"}
 
 
 def test_after_the_fuzz_the_server_still_serves(server: Server) -> None:

@@ -97,6 +97,14 @@ def test_health_models_and_metrics_answer(server: Server) -> None:
     assert 'ninfer_kv_pages{state="free"}' in metrics
 
 
+def test_models_can_be_read_one_by_one(server: Server) -> None:
+    card = httpx.get(server.url + f"/v1/models/{MODEL}").json()
+    assert card["id"] == MODEL and card["object"] == "model" and card["max_model_len"] == MAX_CONTEXT
+    assert server.client().models.retrieve(MODEL).id == MODEL
+    missing = httpx.get(server.url + "/v1/models/gpt-4")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
 def test_chat_completion_reports_exact_usage(server: Server, tokenizer: Tokenizer) -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]
     response = chat(server, messages, max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=2)
