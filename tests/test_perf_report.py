@@ -1,8 +1,10 @@
-"""docs/performance.md and its plots are what tools/perf_report.py makes of the committed bench/results."""
+"""docs/performance.md, its plots and the README's headline figures are what tools/perf_report.py makes of the
+committed bench/results."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -10,29 +12,66 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
+import perf_headline  # noqa: E402
 import perf_report  # noqa: E402 -- lives in tools/
-from perf_benches import DECODE  # noqa: E402
+from perf_benches import BENCHES, DECODE, TORCH  # noqa: E402
 from perf_data import current  # noqa: E402
 from perf_plots import draw  # noqa: E402
 
+RESULTS = ROOT / "bench" / "results"
+
 
 @pytest.fixture(scope="module")
-def regenerated() -> tuple[str, list[dict]]:
-    return perf_report.build(ROOT / "bench" / "results")
+def regenerated() -> perf_report.Report:
+    return perf_report.build(RESULTS)
 
 
-def test_the_committed_page_is_the_regenerated_one(regenerated: tuple[str, list[dict]]) -> None:
-    text, _ = regenerated
-    assert (ROOT / "docs" / "performance.md").read_text() == text, "run: python tools/perf_report.py"
+def test_the_committed_page_is_the_regenerated_one(regenerated: perf_report.Report) -> None:
+    assert (ROOT / "docs" / "performance.md").read_text() == regenerated.page, "run: python tools/perf_report.py"
 
 
-def test_the_committed_plot_data_is_the_regenerated_one(regenerated: tuple[str, list[dict]]) -> None:
-    _, charts = regenerated
+def test_the_committed_plot_data_is_the_regenerated_one(regenerated: perf_report.Report) -> None:
     committed = json.loads((ROOT / "docs" / "img" / "plots.json").read_text())
-    assert committed == json.loads(perf_report.plots_json(charts)), "run: python tools/perf_report.py"
-    for chart in charts:
+    assert committed == json.loads(perf_report.plots_json(regenerated.charts)), "run: python tools/perf_report.py"
+    for chart in regenerated.charts:
         assert (ROOT / "docs" / "img" / f"{chart['name']}.png").is_file()
-        assert f"img/{chart['name']}.png" in regenerated[0]
+        assert f"img/{chart['name']}.png" in regenerated.page
+
+
+def test_the_committed_readme_headline_table_is_the_regenerated_one(regenerated: perf_report.Report) -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert perf_headline.with_headline(readme, regenerated.headline) == readme, "run: python tools/perf_report.py"
+
+
+def test_every_headline_row_links_to_a_section_of_the_page(regenerated: perf_report.Report) -> None:
+    anchors = [perf_headline.anchor(line[3:]) for line in regenerated.page.splitlines() if line.startswith("## ")]
+    assert len(set(anchors)) == len(anchors)  # GitHub numbers a repeated heading's anchor; none repeats
+    rows = [line for line in regenerated.headline.splitlines() if line.startswith("| ")][2:]
+    links = [re.match(r"\| \[[^]]+\]\(docs/performance\.md#([^)]+)\) \|", row) for row in rows]
+    assert len(rows) >= 8 and all(links), rows
+    assert {link[1] for link in links if link} <= set(anchors)
+
+
+def test_anchors_are_the_ones_github_gives_the_headings() -> None:
+    assert perf_headline.anchor(DECODE.name) == "batch-1-decode-step-synthetic-weights-of-the-models-shape"
+    assert perf_headline.anchor("Prefill and the agent turn (cached prefix + new tokens, time to first token)") == (
+        "prefill-and-the-agent-turn-cached-prefix--new-tokens-time-to-first-token")
+    assert perf_headline.anchor("ninfer-rt quantize_memory, 27B / 4 bits") == "ninfer-rt-quantize_memory-27b--4-bits"
+
+
+def test_a_headline_whose_row_is_not_current_stops_the_report() -> None:
+    found = {b.name: current(b, RESULTS) for b in BENCHES}
+    found[TORCH.name].rows = [r for r in found[TORCH.name].rows if r["impl"] != "torch-eager"]
+    with pytest.raises(LookupError, match="torch-eager"):
+        perf_headline.headline(found)
+
+
+def test_the_headline_block_replaces_only_what_lies_between_the_markers() -> None:
+    start, end = perf_headline.START, perf_headline.END
+    readme = f"intro\n{start}\nold table\n{end}\noutro\n"
+    assert perf_headline.with_headline(readme, "new table") == f"intro\n{start}\nnew table\n{end}\noutro\n"
+    with pytest.raises(ValueError, match="markers"):
+        perf_headline.with_headline("intro\n", "new table")
 
 
 def _decode_row(**fields: object) -> dict[str, object]:
@@ -60,8 +99,8 @@ def test_the_newest_committed_row_of_a_configuration_is_current_and_the_rest_is_
     assert "2 variant or timing-only rows not current" in perf_report.accounting(found)
 
 
-def test_every_plot_draws(regenerated: tuple[str, list[dict]], tmp_path: Path) -> None:
+def test_every_plot_draws(regenerated: perf_report.Report, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    for chart in regenerated[1]:
+    for chart in regenerated.charts:
         draw(chart, tmp_path)
         assert (tmp_path / f"{chart['name']}.png").stat().st_size > 10_000

@@ -7,7 +7,10 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from server_helpers import free_port, wait_healthy
 
@@ -63,17 +66,32 @@ def test_the_python_api_example_runs() -> None:
     assert result.stdout.strip()
 
 
-def test_the_openai_client_example_talks_to_the_served_shipped_model() -> None:
+@pytest.fixture(scope="module")
+def served_port() -> Iterator[int]:
+    """The README's serve line, on a free port and the CPU, healthy."""
     port = free_port()
     serve = shlex.split(_block("bash", "ninfer-rt serve --model ninfer_rt").strip().rstrip("&"))[1:]
     serve = [str(port) if a == "8000" else a for a in serve] + ["--device", "cpu"]
     server = subprocess.Popen(CLI + serve, env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", timeout=120)
-        code = _block("python", "from openai import OpenAI").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env())
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.strip()
+        yield port
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def _client_example_answers(code: str, port: int) -> None:
+    code = code.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+
+
+def test_the_openai_client_example_talks_to_the_served_shipped_model(served_port: int) -> None:
+    _client_example_answers(_block("python", "from openai import OpenAI"), served_port)
+
+
+def test_the_anthropic_client_example_talks_to_the_served_shipped_model(served_port: int) -> None:
+    pytest.importorskip("anthropic")  # in the [dev] extra, so CI runs it
+    _client_example_answers(_block("python", "from anthropic import Anthropic"), served_port)

@@ -1,9 +1,10 @@
-"""Write docs/performance.md and its plots (docs/img/*.png, their data in docs/img/plots.json) from bench/results.
+"""Write docs/performance.md, its plots (docs/img/*.png, their data in docs/img/plots.json) and the README's
+headline figures from bench/results.
 
     python tools/perf_report.py            # what is committed; tests/test_perf_report.py checks it is current
     python tools/perf_report.py --no-png   # the page and the plot data only (no matplotlib needed)
 
-The page is generated: edit the results or this script, never the page.
+The page and the README's table are generated: edit the results or these scripts, never them.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from perf_benches import BENCHES  # noqa: E402 -- tools/ is not a package
 from perf_data import MAIN_TREES, Current, cell, current  # noqa: E402
+from perf_headline import headline, with_headline  # noqa: E402
 from perf_plots import Plot, draw, plots  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,10 +84,17 @@ def page(found: dict[str, Current], charts: list[Plot]) -> str:
     return head + "\n" + "\n".join(section(found[b.name]) for b in BENCHES)
 
 
-def build(results: Path) -> tuple[str, list[Plot]]:
+@dataclass(frozen=True)
+class Report:
+    page: str  # docs/performance.md
+    charts: list[Plot]
+    headline: str  # the README's block between its markers
+
+
+def build(results: Path) -> Report:
     found = {b.name: current(b, results) for b in BENCHES}
     charts = plots(found, results)
-    return page(found, charts), charts
+    return Report(page(found, charts), charts, headline(found))
 
 
 def plots_json(charts: list[Plot]) -> str:
@@ -95,16 +105,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="writes performance.md and img/ here")
+    parser.add_argument("--readme", type=Path, default=ROOT / "README.md", help="its headline table is rewritten")
     parser.add_argument("--no-png", action="store_true", help="skip drawing the PNGs (no matplotlib needed)")
     args = parser.parse_args()
-    text, charts = build(args.results)
+    report = build(args.results)
     (args.out / "img").mkdir(parents=True, exist_ok=True)
-    (args.out / "performance.md").write_text(text)
-    (args.out / "img" / "plots.json").write_text(plots_json(charts))
+    (args.out / "performance.md").write_text(report.page)
+    (args.out / "img" / "plots.json").write_text(plots_json(report.charts))
+    args.readme.write_text(with_headline(args.readme.read_text(), report.headline))
     if not args.no_png:
-        for chart in charts:
+        for chart in report.charts:
             draw(chart, args.out / "img")
-    print(f"wrote {args.out / 'performance.md'} and {len(charts)} plots")
+    print(f"wrote {args.out / 'performance.md'}, {len(report.charts)} plots and {args.readme}'s headline figures")
 
 
 if __name__ == "__main__":
