@@ -222,9 +222,9 @@ def make_kv(streams: StreamSet, cfg: ModelConfig, context: int, dtype: str, exec
     return kv
 
 
-def run_info(device: Device) -> dict[str, object]:
-    """Date, GPU and commit (NINFER_BENCH_COMMIT names it where the tree is an export, or a copy whose .git
-    is not the tree's)."""
+def run_info(device: Device | None) -> dict[str, object]:
+    """Date, GPU ('cpu' without a device) and commit (NINFER_BENCH_COMMIT names it where the tree is an
+    export, or a copy whose .git is not the tree's)."""
     commit = os.environ.get("NINFER_BENCH_COMMIT")
     if not commit:
         try:
@@ -232,7 +232,7 @@ def run_info(device: Device) -> dict[str, object]:
             commit = subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             commit = "unknown"
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpu": device.name, "commit": commit}
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpu": device.name if device is not None else "cpu", "commit": commit}
 
 
 def append_results(name: str, rows: list[dict[str, object]]) -> Path:
