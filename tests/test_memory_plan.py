@@ -13,7 +13,7 @@ from ninfer_rt.kv.cache import KVDtype, KVSpec
 from ninfer_rt.kv.memory_plan import GIB, MemoryPlanError, SnapshotBudget, plan_memory, safety_margin
 from ninfer_rt.kv.states import StateSpec
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.quantize.footprint import WeightFormat, weight_bytes
+from ninfer_rt.quantize_checkpoint.footprint import WeightFormat, weight_bytes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MAX_CONTEXT = 262_144
