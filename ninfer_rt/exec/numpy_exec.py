@@ -158,7 +158,24 @@ def causal_gqa_attention(
     return out.transpose(1, 0, 2, 3).reshape(n, shape.q_size)
 
 
-class NumpyExecutor:
+class HostSteps:
+    """What an executor on host memory lacks: reservations, graphed steps, sampling on the device. Steps run
+    op by op and tokens are sampled on the host."""
+
+    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
+        """Nothing: host memory is allocated as the ops run."""
+
+    def graphed_forward(self, model: PreparedModel, kv: KVCache, states: StateSlotPool | None = None) -> None:
+        return None
+
+    def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> None:
+        return None
+
+    def device_sampler(self) -> None:
+        return None
+
+
+class NumpyExecutor(HostSteps):
     """The reference Executor (see model/executor.py). Tensors are numpy arrays of `dtype`."""
 
     def __init__(
@@ -200,20 +217,6 @@ class NumpyExecutor:
 
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> RopeTable:
         return RopeTable(np.asarray(inv_freq, dtype=np.float64), float(attention_scaling))
-
-    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
-        """Nothing: host memory is allocated as the ops run."""
-
-    # -- capabilities: none; steps run op by op and tokens are sampled on the host ----------------------
-
-    def graphed_forward(self, model: PreparedModel, kv: KVCache, states: StateSlotPool | None = None) -> None:
-        return None
-
-    def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> None:
-        return None
-
-    def device_sampler(self) -> None:
-        return None
 
     # -- step --------------------------------------------------------------------------------------------
 

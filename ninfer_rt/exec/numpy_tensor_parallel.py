@@ -24,7 +24,7 @@ import numpy as np
 
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.numpy_collectives import Collectives
-from ninfer_rt.exec.numpy_exec import NumpyExecutor, ReadyRead
+from ninfer_rt.exec.numpy_exec import HostSteps, NumpyExecutor, ReadyRead
 from ninfer_rt.exec.numpy_rank_stores import RankKV, RankStates
 from ninfer_rt.kv.cache import KVCache, KVDtype
 from ninfer_rt.kv.states import StateSlotPool
@@ -45,7 +45,7 @@ class Ranked:
     split: Split | None = None
 
 
-class TensorParallelExecutor:
+class TensorParallelExecutor(HostSteps):
     """The Executor protocol (model/executor.py) over `plan.ranks` NumpyExecutors."""
 
     def __init__(self, streams: StreamSet, plan: TensorParallelPlan, dtype: type = np.float32) -> None:
@@ -69,20 +69,6 @@ class TensorParallelExecutor:
 
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> Ranked:
         return Ranked(tuple(rank.prepare_rope(inv_freq, attention_scaling) for rank in self.ranks))
-
-    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
-        """Nothing: host memory is allocated as the ops run."""
-
-    # -- capabilities: none; steps run op by op and tokens are sampled on the host ----------------------
-
-    def graphed_forward(self, model: PreparedModel, kv: KVCache, states: StateSlotPool | None = None) -> None:
-        return None
-
-    def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> None:
-        return None
-
-    def device_sampler(self) -> None:
-        return None
 
     # -- step --------------------------------------------------------------------------------------------
 
