@@ -11,7 +11,7 @@ import click
 
 from ninfer_rt.cuda.driver import device_count
 from ninfer_rt.cuda.fault_drill import ALLOW_ENV, check_allowed
-from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.build import EngineConfig, require_tensor_parallel_path, resolve_device
 from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
 from ninfer_rt.kv.memory_plan import SnapshotBudget
 
@@ -43,6 +43,10 @@ _OPTIONS = [
         help="Hybrid models: memory (e.g. 4GiB) or count of saved Gated DeltaNet states; default: planned with --kv-capacity.",
     ),
     click.option(
+        "--tensor-parallel", default=1, show_default=True, type=click.IntRange(min=1),
+        help="Split the model over N ranks (on the CPU: N simulated ranks; the GPUs' NCCL path is not built).",
+    ),
+    click.option(
         "--debug-fault-after", type=int, default=None, hidden=True,
         help=f"The fault drill: an out-of-bounds write after N device ops; needs {ALLOW_ENV}=1.",
     ),
@@ -58,6 +62,7 @@ def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def engine_config(options: dict[str, Any]) -> EngineConfig:
     """The engine's share of a command's flags; a ValueError (one line for the CLI) when they cannot work here."""
+    require_tensor_parallel_path(resolve_device(options["device"]), options["tensor_parallel"])
     if options["device"] == "cuda" and device_count() == 0:
         raise ValueError("--device cuda: no CUDA GPU is visible here (no driver or no device); use --device cpu")
     if options["debug_fault_after"] is not None:

@@ -96,6 +96,10 @@ class KVCache:
             for i in range(spec.num_layers)
         ]
 
+    def page_resource(self, page: int) -> tuple[str, int]:
+        """What an op on page `page` of every layer declares."""
+        return page_resource(page)
+
     def copy_page(self, src: int, dst: int, stream: Stream, *, lane: object = None) -> None:
         """Enqueue on `stream` the copy of page `src` into page `dst` for every layer (values and scales)."""
         reads, writes = (page_resource(src),), (page_resource(dst),)
