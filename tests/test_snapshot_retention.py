@@ -1,9 +1,10 @@
 """Snapshot retention under mixed load: N conversations take turns on the tiny hybrid (each turn's prompt is
-the previous prompt, the generated reply and new tokens, as an agent sends it) with a snapshot budget of
-only N records. Every turn writes more snapshots than that (the end of its input, the end of its
-generation, a periodic one in a long first prompt), yet each conversation's next turn still resumes at the
-end of its previous generation: a snapshot that a deeper one of the same sequence supersedes is evicted
-before the deepest snapshot of another conversation (kv/snapshots.py, eviction order)."""
+the previous prompt, the reply and new tokens, as an agent sends it) with a snapshot budget of 2N records,
+one end of input and one end of generation per conversation. Every turn writes snapshots (a periodic one
+in a long first prompt, the end of its input, the end of its generation), yet each conversation's next
+turn resumes: at the end of its previous generation when the reply comes back as generated, at the end of
+its previous input when the client re-rendered it differently. A snapshot that a deeper one of the same
+sequence supersedes is evicted before another conversation's resume points (kv/snapshots.py)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ def run(eng: Engine, ids: list[int]) -> tuple[list[int], int]:
     return tokens, cached
 
 
-def turns(model_dir: Path, budget: int) -> list[tuple[int, int]]:
-    """(cached tokens, the end of the conversation's previous generation) of every turn after the first."""
+def turns(model_dir: Path, budget: int, edited: bool) -> list[tuple[int, int]]:
+    """(cached tokens, where the turn should resume) of every turn after the first: the end of the previous
+    generation, or with `edited` replies (other tokens than the generated ones) the previous input's end."""
     eng = engine(model_dir, budget)
     rng = np.random.default_rng(7)
     vocab = eng.runner.model.config.vocab_size
@@ -51,19 +53,22 @@ def turns(model_dir: Path, budget: int) -> list[tuple[int, int]]:
             tokens, cached = run(eng, prompts[c])
             if round_:
                 resumes.append((cached, ends[c]))
-            ends[c] = len(prompts[c]) + len(tokens) - 1  # the last token is generated, not yet computed
-            prompts[c] = prompts[c] + tokens + rng.integers(0, vocab, 20).tolist()
+            # the last generated token has no state yet: it is the next turn's first computed one
+            ends[c] = len(prompts[c]) if edited else len(prompts[c]) + len(tokens) - 1
+            reply = [(t + 1) % vocab for t in tokens] if edited else tokens
+            prompts[c] = prompts[c] + reply + rng.integers(0, vocab, 20).tolist()
     assert eng.snapshot_stats().count <= budget
     return resumes
 
 
-def test_with_a_budget_of_one_snapshot_per_conversation_every_next_turn_resumes(tiny_qwen3_5: Path) -> None:
-    resumes = turns(tiny_qwen3_5, budget=CONVERSATIONS)
+@pytest.mark.parametrize("edited", [False, True], ids=["reply-as-generated", "reply-re-rendered"])
+def test_with_two_snapshots_per_conversation_every_next_turn_resumes(tiny_qwen3_5: Path, edited: bool) -> None:
+    resumes = turns(tiny_qwen3_5, budget=2 * CONVERSATIONS, edited=edited)
     print(resumes)
     assert all(cached == end for cached, end in resumes)
 
 
-def test_below_one_snapshot_per_conversation_some_turn_starts_over(tiny_qwen3_5: Path) -> None:
-    # the bound is tight: a budget smaller than the conversations loses some conversation's resume point
-    resumes = turns(tiny_qwen3_5, budget=CONVERSATIONS - 1)
+def test_below_that_budget_an_edited_conversation_loses_its_resume_point(tiny_qwen3_5: Path) -> None:
+    # the bound is tight: with one record per conversation the end-of-input snapshots are evicted
+    resumes = turns(tiny_qwen3_5, budget=CONVERSATIONS, edited=True)
     assert any(cached < end for cached, end in resumes)

@@ -160,18 +160,21 @@ class StateLedger:
         if tracked is None:
             return
         if finished and seq is not None and tracked.position == seq.num_tokens and not tracked.ring.awaiting_accept:
-            self._write(tracked, seq, tracked.position, request.request_id)
+            # the end of input stays current beside it: a client that re-renders the reply differently
+            # (dropped or edited reasoning) resumes there
+            self._write(tracked, seq, tracked.position, request.request_id, supersede=False)
         tracked.ring.release(fence if self.snapshots is None else self.compute.record())
 
     def stats(self) -> SlotStats:
         return self.pool.stats()
 
-    def _write(self, tracked: _Tracked, seq: SequenceKV, position: int, lane: str) -> None:
+    def _write(self, tracked: _Tracked, seq: SequenceKV, position: int, lane: str, supersede: bool = True) -> None:
         if self.snapshots is None or position == 0 or not seq.pages:
             return
         key = SnapshotKey.of(seq.hashes, seq.token_ids, position, self.snapshots.page_size)
         covering = seq.pages[(position - 1) // self.snapshots.page_size]
         tracked.last_snapshot = self.snapshots.write(
-            key, tracked.ring.live_slot, self.compute, covering_page=covering, lane=lane, supersedes=tracked.last_snapshot
+            key, tracked.ring.live_slot, self.compute, covering_page=covering, lane=lane,
+            supersedes=tracked.last_snapshot if supersede else None,
         )
         self.counters.writes += 1

@@ -27,12 +27,14 @@ Eviction: a fixed budget of records (`capacity`; bytes are converted with `recor
 with their covering page (above). Which record a new write takes: a superseded snapshot first, least
 recently used first, then any, least recently used first. A snapshot is superseded when the sequence that
 restored or wrote it writes a deeper one (`write(..., supersedes=)`): the deeper one's prefix contains it,
-so only a request that diverges before the deeper position (an edited reply resuming at the end of the
-previous input, a branch off a periodic snapshot) still needs it. Each conversation's deepest snapshot
-(its end of generation) thus outlives the stale snapshots of every conversation: with N conversations
-taking turns and a budget of N records, every next turn still resumes (tests/test_snapshot_retention.py),
-where plain LRU, with 2-3 writes a turn, would evict each conversation's resume point before its next
-turn. Restoring a snapshot makes it current again (the restorer supersedes it once it writes past it).
+so only a request that diverges before the deeper position (a branch off a periodic snapshot) still needs
+it. The engine (engine/state_ledger.py) keeps a turn's end of input current beside its end of
+generation: the next turn resumes from the latter when the client sends the reply back unchanged, from
+the former when it re-renders it differently. Each conversation's two resume points thus outlive the
+stale snapshots of every conversation: with N conversations taking turns and a budget of 2N records,
+every next turn resumes (tests/test_snapshot_retention.py), where plain LRU, with 2-3 writes a turn,
+evicted each conversation's resume points before its next turn. Restoring a snapshot makes it current
+again (the restorer supersedes it once it writes past it).
 
 Ordering (rules 4 and 5): `write` (slot -> record) and `restore` (record -> slot) are copies on the given
 stream with declared accesses (the slot's span, the record's span). The write records a fence; every
