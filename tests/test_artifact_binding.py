@@ -14,6 +14,7 @@ from ninfer_rt.artifact import qwen3_6_27b as inv
 from ninfer_rt.artifact.writer import dequantized
 from ninfer_rt.model.artifact_binding import load_artifact_model
 from ninfer_rt.model.tokenizer import Tokenizer
+from ninfer_rt.quantize.format import QuantizedWeight
 from ninfer_rt.testing.tiny_artifact import write_dequantized_checkpoint, write_tiny_artifact
 
 pytest.importorskip("transformers")
@@ -48,19 +49,33 @@ def test_every_tensor_reads_back_its_quantized_values(tiny) -> None:
             np.testing.assert_array_equal(artifact.tensor_values(entry.name), dequantized(entry.format, entry.values))
 
 
-def test_logits_equal_those_of_the_same_weights_from_safetensors(tiny, tmp_path: Path) -> None:
+def _logits(weights) -> np.ndarray:  # noqa: ANN001 -- ModelWeights
     from forward_helpers import runtime_for
 
+    tokens = np.random.default_rng(0).integers(0, 300, 40).tolist()
+    return runtime_for(weights).run_sequence(tokens, [23, 1, 16], list(range(8)))
+
+
+def test_logits_equal_those_of_the_same_weights_from_safetensors(tiny, tmp_path: Path) -> None:
     from ninfer_rt.model.weights import load_model_weights
 
     path, checkpoint, _ = tiny
-    bound = load_artifact_model(path, cache_root=tmp_path)
+    bound = load_artifact_model(path, cache_root=tmp_path, quantized=False)
     reference = load_model_weights(checkpoint)
     assert bound.weights.config == reference.config.__class__(**{**reference.config.__dict__, **_artifact_facts(bound)})
-    tokens = np.random.default_rng(0).integers(0, 300, 40).tolist()
-    got = runtime_for(bound.weights).run_sequence(tokens, [23, 1, 16], list(range(8)))
-    want = runtime_for(reference).run_sequence(tokens, [23, 1, 16], list(range(8)))
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(_logits(bound.weights), _logits(reference))
+
+
+def test_the_quantized_binding_computes_the_logits_of_the_decoded_one(tiny, tmp_path: Path) -> None:
+    # The same weight values (a bound weight dequantizes to the decoded values exactly), but not the same
+    # GEMMs: a quantized GDN layer's [q | k | v | z] and its bf16 [b | a] run as two matmuls, where the
+    # decoded binding runs one, so BLAS sums in another order: float32 rounding apart, no more.
+    path, _, _ = tiny
+    quantized = load_artifact_model(path, cache_root=tmp_path).weights
+    decoded = load_artifact_model(path, cache_root=tmp_path, quantized=False).weights
+    assert isinstance(quantized.lm_head, QuantizedWeight) and isinstance(quantized.layers[0].down_proj, QuantizedWeight)
+    got, want = _logits(quantized), _logits(decoded)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def _artifact_facts(bound) -> dict:
