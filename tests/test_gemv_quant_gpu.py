@@ -106,18 +106,6 @@ def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize(("n", "k", "group"), [(131, 256, 64), (1000, 4096, 128), (7, 32 * 8, 32), (24, 640, 128)])
-def test_dequantize_is_the_reference_rounded_to_bf16(gpu: OneStream, bits: int, n: int, k: int, group: int) -> None:
-    rng = np.random.default_rng(n + bits)
-    w = quantized(rng, n, k, bits, group)
-    out = gpu.poisoned((n + 1) * k * 2)
-    quant_ops.dequantize(gpu.lib, gpu.stream, upload(gpu, w), out)
-    got = gpu.download(out, np.uint16, ((n + 1) * k,))
-    np.testing.assert_array_equal(got[: n * k].reshape(n, k), dequantize(w, np.float32).astype(BF16).view(np.uint16))
-    assert (got[n * k :] == 0xFFFF).all()
-
-
 def fp16_scaled(rng: np.random.Generator, n: int, k: int, bits: int, group: int) -> QuantizedWeight:
     """Codes over the whole int range (widened Q5/Q6/W8 codes lie inside it) and fp16 multipliers of both
     signs over 3 decades of row magnitude, as a `.ninfer` artifact's weights are bound."""
@@ -159,12 +147,18 @@ def test_fp16_scale_gemv_f32_epilogue_keeps_the_exact_products(gpu: OneStream, b
     assert relative_l2(gpu.download(y, np.float32, (3, 517)), x.astype(np.float64) @ exact_products(w).T) < 1e-5
 
 
-@pytest.mark.parametrize(("bits", "group"), quant_ops.F16S_FORMATS)
-@pytest.mark.parametrize(("n", "k"), [(131, 256), (1000, 4096), (24, 640)])
-def test_fp16_scale_dequantize_is_the_formats_value_bit_for_bit(gpu: OneStream, bits: int, group: int, n: int, k: int) -> None:
-    """bf16(q * multiplier): the value NInfer's decoder gives, and what the numpy executor computes with."""
+DEQUANTIZE_CASES = [
+    *[(bits, n, k, group, quantized) for bits in (4, 8) for n, k, group in [(131, 256, 64), (1000, 4096, 128), (7, 256, 32), (24, 640, 128)]],
+    *[(bits, n, k, group, fp16_scaled) for bits, group in quant_ops.F16S_FORMATS for n, k in [(131, 256), (1000, 4096), (24, 640)]],
+]
+
+
+@pytest.mark.parametrize(("bits", "n", "k", "group", "make"), DEQUANTIZE_CASES)
+def test_dequantize_is_the_reference_rounded_to_bf16(gpu: OneStream, bits: int, n: int, k: int, group: int, make) -> None:  # noqa: ANN001
+    """Bit for bit; with fp16 scales that is the format's own value, bf16(q * multiplier), which NInfer's
+    decoder gives and the numpy executor computes with."""
     rng = np.random.default_rng(n + bits + group)
-    w = fp16_scaled(rng, n, k, bits, group)
+    w = make(rng, n, k, bits, group)
     out = gpu.poisoned((n + 1) * k * 2)
     quant_ops.dequantize(gpu.lib, gpu.stream, upload(gpu, w), out)
     got = gpu.download(out, np.uint16, ((n + 1) * k,))
