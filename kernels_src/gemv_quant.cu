@@ -5,8 +5,8 @@
 // dequantized to bf16 exactly (|q| <= 128 needs at most 8 significant bits) and multiplied by x on the
 // tensor cores (mma.sync m16n8k16 bf16, f32 accumulate: products exact, sums f32); each 32-input run lies in
 // one group, so a segment of runs sharing a scale is summed first and then added times its scale in f32.
-// Each output is rounded once on store. The scales are bf16, or fp16 (a `.ninfer` artifact's group multipliers,
-// F16S = true, the `_f16s` kernels): either widens to f32 exactly. Epilogues (a uniform kernel argument), as gemv.cu's:
+// Each output is rounded once on store. Scales are bf16, or fp16 (F16S: a `.ninfer` artifact's multipliers);
+// either widens to f32 exactly. Epilogues (a uniform kernel argument), as gemv.cu's:
 //   kStore (0):     y = x @ W^T, bf16                                 (N_w = N)
 //   kResidual (1):  y = bf16(x @ W^T) + residual, bf16                (N_w = N; y may alias residual)
 //   kSwiglu (2):    y[b, i] = silu(bf16(g)) * bf16(u), g/u = rows i and N+i of the fused gate_up matrix
@@ -53,16 +53,13 @@
 // rows) are summed in shared memory in a fixed order; 128 threads apply the epilogue and store.
 // Kernels: gemv_int<BITS>_b<B> (B in 1, 2, 4, 8: rows <= B) for G >= KC, where a whole column shares one
 // scale; gemv_int4_g32, gemv_int4_g64, gemv_int8_g32 (rows <= 8) for smaller groups (scale per segment);
-// each with W = 8, and with W = 16 as <name>_w16.
-//
-// Kernels with fp16 scales (<name>_f16s, and the _f16s_w16 variants) exist for the artifact formats: int4 at
-// group 64 (gemv_int4_g64_f16s), int8 at group 64 (gemv_int8_b<B>_f16s: Q5/Q6 codes widened) and at group 32
-// (gemv_int8_g32_f16s).
+// each with W = 8, and with W = 16 as <name>_w16; <name>_f16s[_w16] with fp16 scales for the artifact
+// formats (listed at the end).
 //
 // dequantize_int<BITS>_bf16: W[N_w, K] bf16 = q * scale, rounded to bf16 once (one bf16x2 FMA), one thread
 // per 16-byte chunk (padded rows skipped), grid-stride; launch any grid of 256-thread blocks.
-// dequantize_int<BITS>_f16s_bf16: the same with fp16 scales; an fp16 scale is no bf16, so q * scale is formed
-// in f32 (exact: 8 + 11 significant bits) and rounded to bf16 once, which is NInfer's decoded value.
+// dequantize_int<BITS>_f16s_bf16: fp16 scales, no bf16, so q * scale is formed in f32 (exact: 8 + 11
+// significant bits) and rounded to bf16 once, which is NInfer's decoded value.
 #include "gemv_common.cuh"
 
 constexpr int kStoreF32 = 3;  // beyond gemv_common.cuh's Epilogue: gemv.cu picks f32 output by type instead
@@ -389,26 +386,25 @@ __forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf1
                                     int n_w, int k, int group_log2) {                                        \
         dequantize<BITS, F16S>(w, qweight, scales, chunks, n_w, k, group_log2);                              \
     }
-#define GEMV_QUANT_FAMILY(BITS)                                        \
-    GEMV_QUANT_KERNEL(gemv_int##BITS##_b1, BITS, 1, 1)                 \
-    GEMV_QUANT_KERNEL(gemv_int##BITS##_b2, BITS, 2, 1)                 \
-    GEMV_QUANT_KERNEL(gemv_int##BITS##_b4, BITS, 4, 1)                 \
-    GEMV_QUANT_KERNEL(gemv_int##BITS##_b8, BITS, 8, 1)                 \
-    DEQUANTIZE_KERNEL(dequantize_int##BITS##_bf16, BITS, false)
+// One kernel per batch bucket B (rows <= B), for groups of at least a column.
+#define GEMV_QUANT_BUCKETS(KERNEL, BITS)          \
+    KERNEL(gemv_int##BITS##_b1, BITS, 1, 1)       \
+    KERNEL(gemv_int##BITS##_b2, BITS, 2, 1)       \
+    KERNEL(gemv_int##BITS##_b4, BITS, 4, 1)       \
+    KERNEL(gemv_int##BITS##_b8, BITS, 8, 1)
 
-GEMV_QUANT_FAMILY(4)
-GEMV_QUANT_FAMILY(8)
+GEMV_QUANT_BUCKETS(GEMV_QUANT_KERNEL, 4)
+GEMV_QUANT_BUCKETS(GEMV_QUANT_KERNEL, 8)
+DEQUANTIZE_KERNEL(dequantize_int4_bf16, 4, false)
+DEQUANTIZE_KERNEL(dequantize_int8_bf16, 8, false)
 // Groups smaller than a column: a scale per segment of runs (G / 32 runs).
 GEMV_QUANT_KERNEL(gemv_int4_g32, 4, 8, 4)
 GEMV_QUANT_KERNEL(gemv_int4_g64, 4, 8, 2)
 GEMV_QUANT_KERNEL(gemv_int8_g32, 8, 8, 2)
-// fp16 scales: the `.ninfer` formats as bound (Q4G64 -> int4 g64; Q5G64 / Q6G64 -> int8 g64, one scale per
-// int8 column; W8G32 -> int8 g32).
+// fp16 scales, for the `.ninfer` formats as bound: Q4G64 as int4 g64; Q5G64 / Q6G64 as int8 g64 (one scale
+// per int8 column); W8G32 as int8 g32.
 GEMV_QUANT_KERNEL_F16S(gemv_int4_g64, 4, 8, 2)
-GEMV_QUANT_KERNEL_F16S(gemv_int8_b1, 8, 1, 1)
-GEMV_QUANT_KERNEL_F16S(gemv_int8_b2, 8, 2, 1)
-GEMV_QUANT_KERNEL_F16S(gemv_int8_b4, 8, 4, 1)
-GEMV_QUANT_KERNEL_F16S(gemv_int8_b8, 8, 8, 1)
+GEMV_QUANT_BUCKETS(GEMV_QUANT_KERNEL_F16S, 8)
 GEMV_QUANT_KERNEL_F16S(gemv_int8_g32, 8, 8, 2)
 DEQUANTIZE_KERNEL(dequantize_int4_f16s_bf16, 4, true)
 DEQUANTIZE_KERNEL(dequantize_int8_f16s_bf16, 8, true)
