@@ -17,9 +17,9 @@ from ninfer_rt.model.executor import PagedKV
 
 PACKAGE = Path(ninfer_rt.__file__).parent
 LAYERS = (
-    ("ordering",),
+    ("ordering", "quantize"),  # the verifier; the groupwise-int format (numpy only), which kernels launch by
     ("cuda",),
-    ("quantize", "artifact"),  # the groupwise-int format; the .ninfer container
+    ("artifact",),  # the .ninfer container, bound to the groupwise-int format
     ("model",),  # the config, the Executor protocol and the one model definition
     ("kv",),
     ("exec",),

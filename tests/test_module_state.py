@@ -15,7 +15,7 @@ SCANNED = ("cuda", "exec")
 CONSTANTS = {
     "cuda/blas.py": {"_ELEMENT_BYTES"},
     "cuda/driver.py": {"_STICKY", "_ARCH_SPECIFIC"},
-    "cuda/quant_ops.py": {"_EPILOGUE_CODE"},
+    "cuda/quant_ops.py": {"_EPILOGUE_CODE", "_SCALE_SUFFIX"},
     "exec/cuda_attention.py": {"_VARIANTS"},
     "exec/cuda_exec.py": {"_HOST_DTYPE"},
     "exec/cuda_tensors.py": {"ITEMSIZE"},
