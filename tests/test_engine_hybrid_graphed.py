@@ -51,7 +51,7 @@ def test_a_hybrid_steps_through_the_offered_graphed_forward_with_its_state_pool(
     prompts = [prompt(21, 1), prompt(9, 2)]
     op_by_op, _ = run(engine(tiny_qwen3_5), prompts, GREEDY)
 
-    def offering(config: EngineConfig, streams: object, max_context: int) -> OfferingExecutor:
+    def offering(config: EngineConfig, streams: object, max_context: int, plan: object) -> OfferingExecutor:
         executor = OfferingExecutor(streams, dtype=np.dtype(config.cpu_precision))
         executor.offered = []
         return executor
