@@ -1,0 +1,362 @@
+// Gated DeltaNet: the chunked delta rule split into three passes, so that only the state update is sequential.
+//
+// Same math, prologue, tables and targets as gdn_chunked_d{dk}_c{group} (gdn_delta_rule.cu, whose header
+// defines them), for the sequences of more than 8 rows of a step; per (chunk, value head), UT/WY form:
+//   cum = cumsum(g),  D_ij = e^(cum_i - cum_j),  A = strict_tril(beta k k^T * D),  T = (I + A)^-1,
+//   w = T (beta e^cum k),  u = T (beta v)                                  state-independent: pass 1
+//   v_new = u - w S,  S' = e^cum_last S + (k e^(cum_last - cum))^T v_new  sequential over chunks: pass 2
+//   o = e^cum q S + tril(q k^T * D) v_new                                  given S before the chunk: pass 3
+// Chunks: cut at multiples of 64 from the sequence's first row and at every row count the targets may ask for
+// (len - S + 1 .. len - 1, padded targets included, so the chunks follow from the query lengths and the target
+// width alone); chunk_point gives the c-th cut in closed form (gdn_split_plan.py mirrors it). The chunks of
+// the step's chunked sequences are numbered consecutively (chunk_base): the number indexes the stored states.
+//
+// Workspace (f32, gdn_split_plan.SplitWorkspace), by flat row: q, k normalised [T, Hk, dk] (written by the
+// first value head of each key head), w [T, Hv, dk], u [T, Hv, dv] (pass 2 overwrites it with v_new),
+// cum [T, Hv]; by chunk number: h [chunks, Hv, dk, dv], the state before the chunk.
+//
+// Launch shapes, block 256 (8 warps, the split-bf16 warp tiles of gdn_split_mma.cuh):
+//   gdn_split_terms_d{dk}:       grid (max chunks of a sequence, Hv, B); blocks past their sequence's chunks exit.
+//   gdn_split_carry_d{dk}_c{cv}: grid (dv / cv, Hv, B), each walking its sequence's chunks in order.
+//   gdn_split_out_d{dk}:         grid (max chunks of a sequence, Hv, B).
+// Shared memory (split_*_smem_bytes in linear_attn_ops.py mirror these) at dk 128: terms 75 KiB, carry 89 KiB
+// (cv 32) / 81 KiB (cv 16), out 90 KiB: all fit sm_120's 99 KiB, two blocks per H200 SM.
+//
+// Expected cost at the 27B shape (Hv 48, dk = dv = 128), H200 (132 SMs, ~1 split mma.sync per SM-cycle
+// triple at 1.98 GHz), T = 8,192 = 128 chunks, not yet measured:
+//   pass 1: per (chunk, head) A 2 x 64^2 x 128 / 2, w 64^2 x 128, u 64^2 x 128, the inverse ~0.1 M FMA:
+//     ~1.6 MFLOP x 3 (split) -> 6,144 blocks = 47 waves of 2 x 132; ~15 us each by the fused kernel's
+//     per-chunk figure for the same products -> ~0.12 ms; traffic: w + u + q + k 0.5 GB written -> ~0.13 ms.
+//   pass 2: 192 blocks (cv 32) or 384 (cv 16), one wave; per chunk 96 mma.sync per warp (cv 32) between
+//     three barriers and an L2 read of 72 KiB: ~2-3 us latency-bound -> ~0.3 ms for 128 chunks; the h store
+//     (0.4 GB) overlaps it.
+//   pass 3: like pass 1 in products (q k^T, q S, P v_new), 6,144 blocks, reads h (0.4 GB) -> ~0.15 ms.
+//   Total ~0.6 ms at 8,192 rows (fused today: 7.68 ms; fla-core 0.93 ms); at 531 rows (9 chunks) pass 2's
+//   9 steps ~25 us + passes 1 and 3 (432 blocks, two waves) ~15 us -> ~40-50 us (fused 541 us, fla 86 us).
+#include "attention_common.cuh"
+#include "gdn_delta_rule_common.cuh"
+#include "gdn_split_mma.cuh"
+
+constexpr int kSplitThreads = 256;  // kSplitMmaWarps warps
+constexpr int kOutputColumns = 32;  // value columns per step of the passes that cover a whole head (u, o)
+
+struct SplitWorkspace {
+    float* q;    // [T, Hk, DK]
+    float* k;    // [T, Hk, DK]
+    float* w;    // [T, Hv, DK]
+    float* u;    // [T, Hv, dv]: u, then v_new
+    float* cum;  // [T, Hv]
+    float* h;    // [chunks, Hv, DK, dv]
+};
+
+// -- chunks ---------------------------------------------------------------------------------------------
+
+__forceinline__ int first_extra_cut(int length, int num_targets) {
+    return max(1, length - num_targets + 1);
+}
+
+__forceinline__ int chunk_count(int length, int num_targets) {
+    int extra = 0;
+    for (int n = first_extra_cut(length, num_targets); n < length; ++n) extra += n % kChunk != 0;
+    return 1 + (length - 1) / kChunk + extra;
+}
+
+// The row count where chunk c starts (c = chunk_count: the length): the extra cut whose place among the sorted
+// cuts is c, else the multiple of 64 left after the extra cuts placed before c.
+__forceinline__ int chunk_point(int length, int num_targets, int c) {
+    if (c == 0) return 0;
+    int before = 0, rank = 0;
+    for (int n = first_extra_cut(length, num_targets); n < length; ++n) {
+        if (n % kChunk == 0) continue;
+        const int place = 1 + (n - 1) / kChunk + rank++;
+        if (place == c) return n;
+        before += place < c;
+    }
+    return min(length, kChunk * (c - before));
+}
+
+// The number of sequence `seq`'s first chunk: the chunks of the chunked sequences before it.
+__forceinline__ int chunk_base(const int* query_start, int seq, int num_targets) {
+    int base = 0;
+    for (int b = 0; b < seq; ++b) {
+        const int length = query_start[b + 1] - query_start[b];
+        if (length > kRecurrentMaxRows) base += chunk_count(length, num_targets);
+    }
+    return base;
+}
+
+struct SplitChunk {
+    long long first;  // flat row
+    int rows;         // 0: no such chunk
+    int number;
+};
+
+// Chunk c of sequence seq, for the per-chunk passes.
+__forceinline__ SplitChunk find_chunk(const DeltaRuleArgs& p, int seq, int c) {
+    const SequenceRows rows = sequence_rows(p.query_start, seq);
+    const int targets = p.states.num_targets;
+    if (rows.length <= kRecurrentMaxRows || c >= chunk_count(rows.length, targets)) return {0, 0, 0};
+    const int start = chunk_point(rows.length, targets, c);
+    return {rows.first + start, chunk_point(rows.length, targets, c + 1) - start, chunk_base(p.query_start, seq, targets) + c};
+}
+
+// Rows [0, length) of a [rows, heads, width] workspace array at (first + r, head), zeros below, into a
+// [64][stride] tile.
+__forceinline__ void load_rows(float* tile, int stride, const float* src, long long first, int length, int heads, int head,
+                               int width, int column0, int columns) {
+    for (int idx = threadIdx.x; idx < kChunk * columns; idx += blockDim.x) {
+        const int r = idx / columns, c = idx % columns;
+        tile[r * stride + c] = r < length ? src[((first + r) * heads + head) * width + column0 + c] : 0.0f;
+    }
+}
+
+__forceinline__ float* row_at(float* base, long long row, int heads, int head, int width) {
+    return base + (row * heads + head) * width;
+}
+
+// -- pass 1: the chunk's terms ------------------------------------------------------------------------------
+
+// k [64][DK+1], A and T [64][64], beta v of 32 columns [64][32], cum, beta, beta e^cum [64].
+template <int DK>
+struct TermsSmem {
+    static constexpr int kFloats = kChunk * (DK + 1) + 2 * kChunk * kChunk + kChunk * kOutputColumns + 3 * kChunk;
+    float *k, *a, *t, *v, *cum, *beta, *scale;
+
+    __device__ explicit TermsSmem(float* base)
+        : k(base), a(k + kChunk * (DK + 1)), t(a + kChunk * kChunk), v(t + kChunk * kChunk), cum(v + kChunk * kOutputColumns),
+          beta(cum + kChunk), scale(beta + kChunk) {}
+};
+
+// The prologue of the chunk's rows: k into shared memory, q and k into the workspace, cum, beta.
+template <int DK>
+__forceinline__ void load_terms_rows(const TermsSmem<DK>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws,
+                                     const SplitChunk& chunk, int head, float decay_rate, float bias) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ratio = p.value_heads / p.key_heads, key_head = head / ratio;
+    const bool stores_qk = head % ratio == 0;  // one value head per key head writes the shared q and k
+    for (int r = warp; r < kChunk; r += kSplitThreads / 32) {
+        const bool valid = r < chunk.rows;
+        const long long row = chunk.first + r;
+        float qv[DK / 32], kv[DK / 32];
+        p.normalised_row<DK>(qv, kv, row, key_head, valid);
+        float* q_out = row_at(ws.q, row, p.key_heads, key_head, DK);
+        float* k_out = row_at(ws.k, row, p.key_heads, key_head, DK);
+#pragma unroll
+        for (int e = 0; e < DK / 32; ++e) {
+            sm.k[r * (DK + 1) + lane + 32 * e] = kv[e];
+            if (valid && stores_qk) {
+                q_out[lane + 32 * e] = qv[e];
+                k_out[lane + 32 * e] = kv[e];
+            }
+        }
+        if (lane == 0) {
+            float beta = 0.0f, g = 0.0f;
+            if (valid) p.gating(row, head, decay_rate, bias, beta, g);
+            sm.cum[r] = g;
+            sm.beta[r] = beta;
+        }
+    }
+}
+
+template <int DK>
+__forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& ws) {
+    extern __shared__ float split_smem[];
+    const TermsSmem<DK> sm(split_smem);
+    const int head = blockIdx.y, warp = threadIdx.x >> 5;
+    const float decay_rate = expf(p.a_log[head]), bias = p.dt_bias[head];  // weights: before the wait
+    enter_dependent_kernel();
+    const SplitChunk chunk = find_chunk(p, blockIdx.z, blockIdx.x);
+    if (chunk.rows == 0) return;  // uniform over the block
+    load_terms_rows<DK>(sm, p, ws, chunk, head, decay_rate, bias);
+    __syncthreads();
+    prefix_sum_64(sm.cum);
+    __syncthreads();
+    if (threadIdx.x < kChunk) {
+        const int r = threadIdx.x;
+        sm.scale[r] = sm.beta[r] * expf(sm.cum[r]);
+        if (r < chunk.rows) *row_at(ws.cum, chunk.first + r, p.value_heads, head, 1) = sm.cum[r];
+    }
+    using Square = WarpTile<kChunk, kChunk>;
+    const Square square(warp);
+    float sq[Square::NT][4];
+    const auto k_at = [&](int m, int l) { return sm.k[m * (DK + 1) + l]; };
+    split_mma(sq, square.m0, square.n0, square.n0 <= square.m0 + 15 ? DK : 0, k_at, [&](int l, int n) { return k_at(n, l); });
+    square.each(sq, [&](int m, int n, float x) {
+        sm.a[m * kChunk + n] = m > n ? sm.beta[m] * x * expf(sm.cum[m] - sm.cum[n]) : 0.0f;
+        sm.t[m * kChunk + n] = m == n ? 1.0f : 0.0f;
+    });
+    __syncthreads();
+    invert_unit_lower(sm.a, sm.t);
+    const auto t_at = [&](int m, int l) { return sm.t[m * kChunk + l]; };
+    using Wide = WarpTile<kChunk, DK>;
+    const Wide wide(warp);
+    float wa[Wide::NT][4];
+    split_mma(wa, wide.m0, wide.n0, wide.m0 + 16, t_at, [&](int l, int n) { return sm.scale[l] * k_at(l, n); });
+    wide.each(wa, [&](int m, int n, float x) {
+        if (m < chunk.rows) row_at(ws.w, chunk.first + m, p.value_heads, head, DK)[n] = x;
+    });
+    using Narrow = WarpTile<kChunk, kOutputColumns>;
+    const Narrow narrow(warp);
+    const int channels = p.conv_channels(DK), v_column = 2 * p.key_heads * DK + head * p.value_dim;
+    for (int column0 = 0; column0 < p.value_dim; column0 += kOutputColumns) {
+        for (int idx = threadIdx.x; idx < kChunk * kOutputColumns; idx += blockDim.x) {
+            const int r = idx / kOutputColumns, c = idx % kOutputColumns;
+            const bf16* v = p.conv + (chunk.first + r) * channels + v_column + column0 + c;
+            sm.v[idx] = r < chunk.rows ? sm.beta[r] * __bfloat162float(*v) : 0.0f;
+        }
+        __syncthreads();
+        float ua[Narrow::NT][4];
+        split_mma(ua, narrow.m0, narrow.n0, narrow.m0 + 16, t_at, [&](int l, int n) { return sm.v[l * kOutputColumns + n]; });
+        narrow.each(ua, [&](int m, int n, float x) {
+            if (m < chunk.rows) row_at(ws.u, chunk.first + m, p.value_heads, head, p.value_dim)[column0 + n] = x;
+        });
+        __syncthreads();
+    }
+}
+
+// -- pass 2: the state through the chunks ---------------------------------------------------------------
+
+// S [DK][CV], w and k [64][DK+1], u / v_new [64][CV], cum and the tail decays [64].
+template <int DK, int CV>
+struct CarrySmem {
+    static constexpr int kFloats = DK * CV + 2 * kChunk * (DK + 1) + kChunk * CV + 2 * kChunk;
+    float *s, *w, *k, *v, *cum, *tail;
+
+    __device__ explicit CarrySmem(float* base)
+        : s(base), w(s + DK * CV), k(w + kChunk * (DK + 1)), v(k + kChunk * (DK + 1)), cum(v + kChunk * CV), tail(cum + kChunk) {}
+};
+
+// One chunk of `length` rows from flat row `first`: S (sm.s) before it, after it on return; v_new over u.
+template <int DK, int CV>
+__forceinline__ void carry_chunk(const CarrySmem<DK, CV>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws, long long first,
+                                 int length, int head, int key_head, int column0) {
+    const int warp = threadIdx.x >> 5;
+    load_rows(sm.w, DK + 1, ws.w, first, length, p.value_heads, head, DK, 0, DK);
+    load_rows(sm.k, DK + 1, ws.k, first, length, p.key_heads, key_head, DK, 0, DK);
+    load_rows(sm.v, CV, ws.u, first, length, p.value_heads, head, p.value_dim, column0, CV);
+    load_rows(sm.cum, 1, ws.cum, first, length, p.value_heads, head, 1, 0, 1);
+    __syncthreads();
+    const float last = sm.cum[length - 1];
+    if (threadIdx.x < kChunk) sm.tail[threadIdx.x] = expf(last - sm.cum[threadIdx.x]);  // padding rows: k = 0
+    using Narrow = WarpTile<kChunk, CV>;
+    const Narrow narrow(warp);
+    float nv[Narrow::NT][4];
+    split_mma(nv, narrow.m0, narrow.n0, DK, [&](int m, int l) { return sm.w[m * (DK + 1) + l]; },
+              [&](int l, int n) { return sm.s[l * CV + n]; });
+    narrow.each(nv, [&](int m, int n, float x) {
+        const float v_new = sm.v[m * CV + n] - x;
+        sm.v[m * CV + n] = v_new;
+        if (m < length) row_at(ws.u, first + m, p.value_heads, head, p.value_dim)[column0 + n] = v_new;
+    });
+    __syncthreads();
+    using State = WarpTile<DK, CV>;
+    const State state(warp);
+    float update[State::NT][4];
+    split_mma(update, state.m0, state.n0, (length + 15) & ~15, [&](int d, int l) { return sm.k[l * (DK + 1) + d] * sm.tail[l]; },
+              [&](int l, int n) { return sm.v[l * CV + n]; });
+    const float total = expf(last);
+    state.each(update, [&](int d, int n, float x) { sm.s[d * CV + n] = total * sm.s[d * CV + n] + x; });
+    __syncthreads();
+}
+
+template <int DK, int CV>
+__forceinline__ void carry_states(const DeltaRuleArgs& p, const SplitWorkspace& ws) {
+    extern __shared__ float split_smem[];
+    const CarrySmem<DK, CV> sm(split_smem);
+    const int head = blockIdx.y, seq = blockIdx.z, column0 = blockIdx.x * CV;
+    enter_dependent_kernel();
+    const SequenceRows rows = sequence_rows(p.query_start, seq);
+    if (rows.length <= kRecurrentMaxRows) return;  // the recurrent kernel's (uniform over the block)
+    const int targets = p.states.num_targets, count = chunk_count(rows.length, targets);
+    const int base = chunk_base(p.query_start, seq, targets), key_head = head / (p.value_heads / p.key_heads);
+    const long long tile = (long long)head * DK * p.value_dim + column0, state_floats = (long long)p.value_heads * DK * p.value_dim;
+    load_tile<DK, CV>(sm.s, p.states.recurrent(p.states.slots[seq]) + tile, p.value_dim);
+    __syncthreads();  // the whole tile is read before any target (maybe the source slot) is written
+    const int initial_target = p.states.target_after(seq, 0, rows.length);
+    if (initial_target >= 0) store_tile<DK, CV>(sm.s, p.states.recurrent(initial_target) + tile, p.value_dim);
+    for (int c = 0, start = 0; c < count; ++c) {
+        const int end = chunk_point(rows.length, targets, c + 1);
+        store_tile<DK, CV>(sm.s, ws.h + (base + c) * state_floats + tile, p.value_dim);
+        carry_chunk<DK, CV>(sm, p, ws, rows.first + start, end - start, head, key_head, column0);
+        const int target = p.states.target_after(seq, end, rows.length);
+        if (target >= 0) store_tile<DK, CV>(sm.s, p.states.recurrent(target) + tile, p.value_dim);
+        start = end;
+    }
+}
+
+// -- pass 3: the outputs ----------------------------------------------------------------------------------
+
+// q and k [64][DK+1] (k's region later holds S's 32 columns [DK][32]), P [64][65], v_new [64][32], cum [64].
+template <int DK>
+struct OutputSmem {
+    static constexpr int kFloats = 2 * kChunk * (DK + 1) + kChunk * (kChunk + 1) + kChunk * kOutputColumns + kChunk;
+    static_assert(DK * kOutputColumns <= kChunk * (DK + 1), "S's columns fit k's region");
+    float *q, *k, *s, *p, *v, *cum;
+
+    __device__ explicit OutputSmem(float* base)
+        : q(base), k(q + kChunk * (DK + 1)), s(k), p(k + kChunk * (DK + 1)), v(p + kChunk * (kChunk + 1)), cum(v + kChunk * kOutputColumns) {}
+};
+
+template <int DK>
+__forceinline__ void chunk_outputs(const DeltaRuleArgs& p, const SplitWorkspace& ws) {
+    extern __shared__ float split_smem[];
+    const OutputSmem<DK> sm(split_smem);
+    const int head = blockIdx.y, warp = threadIdx.x >> 5, key_head = head / (p.value_heads / p.key_heads);
+    enter_dependent_kernel();
+    const SplitChunk chunk = find_chunk(p, blockIdx.z, blockIdx.x);
+    if (chunk.rows == 0) return;  // uniform over the block
+    load_rows(sm.q, DK + 1, ws.q, chunk.first, chunk.rows, p.key_heads, key_head, DK, 0, DK);
+    load_rows(sm.k, DK + 1, ws.k, chunk.first, chunk.rows, p.key_heads, key_head, DK, 0, DK);
+    load_rows(sm.cum, 1, ws.cum, chunk.first, chunk.rows, p.value_heads, head, 1, 0, 1);
+    __syncthreads();
+    using Square = WarpTile<kChunk, kChunk>;
+    const Square square(warp);
+    float sq[Square::NT][4];
+    const auto q_at = [&](int m, int l) { return sm.q[m * (DK + 1) + l]; };
+    split_mma(sq, square.m0, square.n0, square.n0 <= square.m0 + 15 ? DK : 0, q_at, [&](int l, int n) { return sm.k[n * (DK + 1) + l]; });
+    square.each(sq, [&](int m, int n, float x) { sm.p[m * (kChunk + 1) + n] = m >= n ? x * expf(sm.cum[m] - sm.cum[n]) : 0.0f; });
+    __syncthreads();  // k is read no more: its region takes the state's columns
+    using Narrow = WarpTile<kChunk, kOutputColumns>;
+    const Narrow narrow(warp);
+    const float* state = ws.h + ((long long)chunk.number * p.value_heads + head) * DK * p.value_dim;
+    for (int column0 = 0; column0 < p.value_dim; column0 += kOutputColumns) {
+        load_tile<DK, kOutputColumns>(sm.s, state + column0, p.value_dim);
+        load_rows(sm.v, kOutputColumns, ws.u, chunk.first, chunk.rows, p.value_heads, head, p.value_dim, column0, kOutputColumns);
+        __syncthreads();
+        float o[Narrow::NT][4], pv[Narrow::NT][4];
+        split_mma(o, narrow.m0, narrow.n0, DK, q_at, [&](int l, int n) { return sm.s[l * kOutputColumns + n]; });
+        narrow.scale_rows(o, [&](int m) { return expf(sm.cum[m]); });
+        split_mma(pv, narrow.m0, narrow.n0, narrow.m0 + 16, [&](int m, int l) { return sm.p[m * (kChunk + 1) + l]; },
+                  [&](int l, int n) { return sm.v[l * kOutputColumns + n]; });
+#pragma unroll
+        for (int nt = 0; nt < Narrow::NT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) pv[nt][r] += o[nt][r];
+        narrow.each(pv, [&](int m, int n, float x) {
+            if (m < chunk.rows) row_at(p.out, chunk.first + m, p.value_heads, head, p.value_dim)[column0 + n] = x;
+        });
+        __syncthreads();
+    }
+}
+
+#define SPLIT_PARAMS DELTA_RULE_PARAMS, float *ws_q, float *ws_k, float *ws_w, float *ws_u, float *ws_cum, float *ws_h
+#define SPLIT_WORKSPACE SplitWorkspace{ws_q, ws_k, ws_w, ws_u, ws_cum, ws_h}
+
+#define SPLIT_KERNELS(DK)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(kSplitThreads, 2) gdn_split_terms_d##DK(SPLIT_PARAMS) {      \
+        chunk_terms<DK>(DELTA_RULE_ARGS, SPLIT_WORKSPACE);                                                     \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(kSplitThreads, 2) gdn_split_out_d##DK(SPLIT_PARAMS) {        \
+        chunk_outputs<DK>(DELTA_RULE_ARGS, SPLIT_WORKSPACE);                                                   \
+    }
+
+#define CARRY_KERNEL(DK, CV)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(kSplitThreads, 2) gdn_split_carry_d##DK##_c##CV(SPLIT_PARAMS) { \
+        carry_states<DK, CV>(DELTA_RULE_ARGS, SPLIT_WORKSPACE);                                                \
+    }
+
+SPLIT_KERNELS(64)
+SPLIT_KERNELS(128)
+CARRY_KERNEL(64, 16)
+CARRY_KERNEL(64, 32)
+CARRY_KERNEL(128, 16)
+CARRY_KERNEL(128, 32)
