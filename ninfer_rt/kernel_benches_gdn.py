@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ninfer_rt.cuda import gdn_split_plan
 from ninfer_rt.cuda import linear_attn_ops as ops
 from ninfer_rt.cuda.benchmark import BenchSession, Measurement
 from ninfer_rt.cuda.linear_attn_ops import DeltaRuleArgs, GdnHeads, GdnStep, StateLayer
@@ -68,9 +69,16 @@ class DeltaRuleCase:
         s = self.session
         return lambda i: ops.conv_silu(s.lib, s.stream, self.step, self.heads, self.x, self.conv_weight, self.conv, self.layers[i % LAYERS])
 
-    def delta_rule(self, columns: int) -> Callable[[int], None]:
-        s = self.session
-        return lambda i: ops.delta_rule(s.lib, s.stream, self.step, self.heads, self.args, self.layers[i % LAYERS], columns)
+    def delta_rule(self, columns: int, split: bool = False) -> Callable[[int], None]:
+        """The delta rule; `split`: the chunked form's three passes (`columns` per carry block) over a workspace."""
+        s, workspace = self.session, self.split_workspace() if split else None
+        return lambda i: ops.delta_rule(s.lib, s.stream, self.step, self.heads, self.args, self.layers[i % LAYERS], columns, workspace)
+
+    def split_workspace(self) -> ops.SplitWorkspace:
+        h, step = self.heads, self.step
+        chunks = gdn_split_plan.chunk_bases(step.query_lens, step.num_targets)[-1]
+        shape = gdn_split_plan.SplitWorkspace(self.rows, chunks, h.key_heads, h.value_heads, h.key_dim, h.value_dim)
+        return ops.SplitWorkspace(*(self.session.filled(n, f"split {name}") for name, n in shape.sizes().items()))
 
     def gated_norm(self) -> Callable[[int], None]:
         s = self.session
@@ -98,7 +106,7 @@ def bench_gdn_conv(s: BenchSession, shape: Shape) -> list[Measurement]:
 
 def bench_gdn_delta_rule(s: BenchSession, shape: Shape) -> list[Measurement]:
     """The recurrent cases (bytes: the states read and written), the chunked prefill (bytes: one state in,
-    one out) with the device's column group, and the gated norm of a decode row."""
+    one out) with the device's column group and split in three passes, and the gated norm of a decode row."""
     heads, results = gdn_heads(shape), []
     for rows, targets in RECURRENT_CASES:
         case = DeltaRuleCase(s, heads, rows, targets)
@@ -113,5 +121,7 @@ def bench_gdn_delta_rule(s: BenchSession, shape: Shape) -> list[Measurement]:
         case = DeltaRuleCase(s, heads, rows, 1)
         seconds = s.time(case.delta_rule(columns), LAYERS)
         results.append(Measurement(ops.chunked_spec(heads.key_dim, columns).name, f"rows={rows}", seconds, 2 * state_bytes(heads)))
+        seconds = s.time(case.delta_rule(ops.SPLIT_CARRY_COLUMNS, split=True), LAYERS)
+        results.append(Measurement("gdn_split (3 passes)", f"rows={rows}", seconds, 2 * state_bytes(heads)))
         s.release()
     return results
