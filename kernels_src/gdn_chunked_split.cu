@@ -100,14 +100,59 @@ __forceinline__ SplitChunk find_chunk(const DeltaRuleArgs& p, int seq, int c) {
     return {rows.first + start, chunk_point(rows.length, targets, c + 1) - start, chunk_base(p.query_start, seq, targets) + c};
 }
 
-// Rows [0, length) of a [rows, heads, width] workspace array at (first + r, head), zeros below, into a
-// [64][stride] tile.
-__forceinline__ void load_rows(float* tile, int stride, const float* src, long long first, int length, int heads, int head,
-                               int width, int column0, int columns) {
-    for (int idx = threadIdx.x; idx < kChunk * columns; idx += blockDim.x) {
-        const int r = idx / columns, c = idx % columns;
-        tile[r * stride + c] = r < length ? src[((first + r) * heads + head) * width + column0 + c] : 0.0f;
+// A ROWS x COLUMNS block of f32 rows `src_stride` apart, rows >= `rows` zero, staged through registers: every
+// thread issues all its 16-byte loads before any store, so a block costs one memory latency, not one per row.
+template <int ROWS, int COLUMNS>
+struct Block {
+    static constexpr int kQuads = ROWS * COLUMNS / 4, kPerThread = (kQuads + kSplitThreads - 1) / kSplitThreads;
+    float4 values[kPerThread];
+
+    __forceinline__ void fetch(const float* src, long long src_stride, int rows) {
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+            const int quad = threadIdx.x + i * kSplitThreads, r = quad / (COLUMNS / 4), c = 4 * (quad % (COLUMNS / 4));
+            values[i] = quad < kQuads && r < rows ? *reinterpret_cast<const float4*>(src + r * src_stride + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
     }
+
+    // from tile[r * stride + c], all of its rows
+    __forceinline__ void take(const float* tile, int stride) {
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+            const int quad = threadIdx.x + i * kSplitThreads, r = quad / (COLUMNS / 4), c = 4 * (quad % (COLUMNS / 4));
+            if (quad >= kQuads) continue;
+            const float* at = tile + r * stride + c;
+            values[i] = make_float4(at[0], at[1], at[2], at[3]);
+        }
+    }
+
+    // to rows `dst_stride` apart, 16 bytes a store
+    __forceinline__ void store(float* dst, long long dst_stride) const {
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+            const int quad = threadIdx.x + i * kSplitThreads, r = quad / (COLUMNS / 4), c = 4 * (quad % (COLUMNS / 4));
+            if (quad < kQuads) *reinterpret_cast<float4*>(dst + r * dst_stride + c) = values[i];
+        }
+    }
+
+    // into tile[r * stride + c]
+    __forceinline__ void put(float* tile, int stride) const {
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+            const int quad = threadIdx.x + i * kSplitThreads, r = quad / (COLUMNS / 4), c = 4 * (quad % (COLUMNS / 4));
+            if (quad >= kQuads) continue;
+            float* dst = tile + r * stride + c;
+            dst[0] = values[i].x;
+            dst[1] = values[i].y;
+            dst[2] = values[i].z;
+            dst[3] = values[i].w;
+        }
+    }
+};
+
+// cum of the chunk's rows for value head `head` into cum[64] (padding rows 0), by the first 64 threads.
+__forceinline__ void load_cum(float* cum, const SplitWorkspace& ws, long long first, int length, int value_heads, int head) {
+    if (threadIdx.x < kChunk) cum[threadIdx.x] = threadIdx.x < length ? ws.cum[(first + threadIdx.x) * value_heads + head] : 0.0f;
 }
 
 __forceinline__ float* row_at(float* base, long long row, int heads, int head, int width) {
@@ -198,10 +243,17 @@ __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& w
     const Narrow narrow(warp);
     const int channels = p.conv_channels(DK), v_column = 2 * p.key_heads * DK + head * p.value_dim;
     for (int column0 = 0; column0 < p.value_dim; column0 += kOutputColumns) {
-        for (int idx = threadIdx.x; idx < kChunk * kOutputColumns; idx += blockDim.x) {
-            const int r = idx / kOutputColumns, c = idx % kOutputColumns;
-            const bf16* v = p.conv + (chunk.first + r) * channels + v_column + column0 + c;
-            sm.v[idx] = r < chunk.rows ? sm.beta[r] * __bfloat162float(*v) : 0.0f;
+        constexpr int kPerThread = kChunk * kOutputColumns / kSplitThreads;
+        float v[kPerThread];
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {  // every load issued before the first store
+            const int idx = threadIdx.x + i * kSplitThreads, r = idx / kOutputColumns, c = idx % kOutputColumns;
+            v[i] = r < chunk.rows ? __bfloat162float(p.conv[(chunk.first + r) * channels + v_column + column0 + c]) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+            const int idx = threadIdx.x + i * kSplitThreads;
+            sm.v[idx] = sm.beta[idx / kOutputColumns] * v[i];
         }
         __syncthreads();
         float ua[Narrow::NT][4];
@@ -230,11 +282,16 @@ template <int DK, int CV>
 __forceinline__ void carry_chunk(const CarrySmem<DK, CV>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws, long long first,
                                  int length, int head, int key_head, int column0) {
     const int warp = threadIdx.x >> 5;
-    load_rows(sm.w, DK + 1, ws.w, first, length, p.value_heads, head, DK, 0, DK);
-    load_rows(sm.k, DK + 1, ws.k, first, length, p.key_heads, key_head, DK, 0, DK);
-    load_rows(sm.v, CV, ws.u, first, length, p.value_heads, head, p.value_dim, column0, CV);
-    load_rows(sm.cum, 1, ws.cum, first, length, p.value_heads, head, 1, 0, 1);
+    Block<kChunk, DK> w;
+    Block<kChunk, CV> u;
+    w.fetch(row_at(ws.w, first, p.value_heads, head, DK), (long long)p.value_heads * DK, length);
+    u.fetch(row_at(ws.u, first, p.value_heads, head, p.value_dim) + column0, (long long)p.value_heads * p.value_dim, length);
+    load_cum(sm.cum, ws, first, length, p.value_heads, head);
+    w.put(sm.w, DK + 1);
+    u.put(sm.v, CV);
     __syncthreads();
+    Block<kChunk, DK> k;  // in flight while v_new is computed (staging w and k together would spill at cv 32)
+    k.fetch(row_at(ws.k, first, p.key_heads, key_head, DK), (long long)p.key_heads * DK, length);
     const float last = sm.cum[length - 1];
     if (threadIdx.x < kChunk) sm.tail[threadIdx.x] = expf(last - sm.cum[threadIdx.x]);  // padding rows: k = 0
     using Narrow = WarpTile<kChunk, CV>;
@@ -247,6 +304,7 @@ __forceinline__ void carry_chunk(const CarrySmem<DK, CV>& sm, const DeltaRuleArg
         sm.v[m * CV + n] = v_new;
         if (m < length) row_at(ws.u, first + m, p.value_heads, head, p.value_dim)[column0 + n] = v_new;
     });
+    k.put(sm.k, DK + 1);
     __syncthreads();
     using State = WarpTile<DK, CV>;
     const State state(warp);
@@ -256,6 +314,17 @@ __forceinline__ void carry_chunk(const CarrySmem<DK, CV>& sm, const DeltaRuleArg
     const float total = expf(last);
     state.each(update, [&](int d, int n, float x) { sm.s[d * CV + n] = total * sm.s[d * CV + n] + x; });
     __syncthreads();
+}
+
+// The state tile after `count` rows into `chunk_state` (unless null) and the target that asks for it, if any.
+template <int DK, int CV>
+__forceinline__ void keep_state(const float* tile_smem, float* chunk_state, const StateSlots& states, int seq, int count,
+                                int length, long long tile, int value_dim) {
+    Block<DK, CV> state;
+    state.take(tile_smem, CV);
+    if (chunk_state != nullptr) state.store(chunk_state, value_dim);
+    const int target = states.target_after(seq, count, length);
+    if (target >= 0) state.store(states.recurrent(target) + tile, value_dim);
 }
 
 template <int DK, int CV>
@@ -271,14 +340,13 @@ __forceinline__ void carry_states(const DeltaRuleArgs& p, const SplitWorkspace& 
     const long long tile = (long long)head * DK * p.value_dim + column0, state_floats = (long long)p.value_heads * DK * p.value_dim;
     load_tile<DK, CV>(sm.s, p.states.recurrent(p.states.slots[seq]) + tile, p.value_dim);
     __syncthreads();  // the whole tile is read before any target (maybe the source slot) is written
-    const int initial_target = p.states.target_after(seq, 0, rows.length);
-    if (initial_target >= 0) store_tile<DK, CV>(sm.s, p.states.recurrent(initial_target) + tile, p.value_dim);
+    float* const before = ws.h + base * state_floats + tile;  // the state before chunk c at c * state_floats
+    keep_state<DK, CV>(sm.s, before, p.states, seq, 0, rows.length, tile, p.value_dim);
     for (int c = 0, start = 0; c < count; ++c) {
         const int end = chunk_point(rows.length, targets, c + 1);
-        store_tile<DK, CV>(sm.s, ws.h + (base + c) * state_floats + tile, p.value_dim);
         carry_chunk<DK, CV>(sm, p, ws, rows.first + start, end - start, head, key_head, column0);
-        const int target = p.states.target_after(seq, end, rows.length);
-        if (target >= 0) store_tile<DK, CV>(sm.s, p.states.recurrent(target) + tile, p.value_dim);
+        keep_state<DK, CV>(sm.s, c + 1 < count ? before + (c + 1) * state_floats : nullptr, p.states, seq, end, rows.length, tile,
+                           p.value_dim);
         start = end;
     }
 }
@@ -304,9 +372,13 @@ __forceinline__ void chunk_outputs(const DeltaRuleArgs& p, const SplitWorkspace&
     enter_dependent_kernel();
     const SplitChunk chunk = find_chunk(p, blockIdx.z, blockIdx.x);
     if (chunk.rows == 0) return;  // uniform over the block
-    load_rows(sm.q, DK + 1, ws.q, chunk.first, chunk.rows, p.key_heads, key_head, DK, 0, DK);
-    load_rows(sm.k, DK + 1, ws.k, chunk.first, chunk.rows, p.key_heads, key_head, DK, 0, DK);
-    load_rows(sm.cum, 1, ws.cum, chunk.first, chunk.rows, p.value_heads, head, 1, 0, 1);
+    const long long key_stride = (long long)p.key_heads * DK, value_stride = (long long)p.value_heads * p.value_dim;
+    Block<kChunk, DK> q, k;
+    q.fetch(row_at(ws.q, chunk.first, p.key_heads, key_head, DK), key_stride, chunk.rows);
+    k.fetch(row_at(ws.k, chunk.first, p.key_heads, key_head, DK), key_stride, chunk.rows);
+    load_cum(sm.cum, ws, chunk.first, chunk.rows, p.value_heads, head);
+    q.put(sm.q, DK + 1);
+    k.put(sm.k, DK + 1);
     __syncthreads();
     using Square = WarpTile<kChunk, kChunk>;
     const Square square(warp);
@@ -319,8 +391,12 @@ __forceinline__ void chunk_outputs(const DeltaRuleArgs& p, const SplitWorkspace&
     const Narrow narrow(warp);
     const float* state = ws.h + ((long long)chunk.number * p.value_heads + head) * DK * p.value_dim;
     for (int column0 = 0; column0 < p.value_dim; column0 += kOutputColumns) {
-        load_tile<DK, kOutputColumns>(sm.s, state + column0, p.value_dim);
-        load_rows(sm.v, kOutputColumns, ws.u, chunk.first, chunk.rows, p.value_heads, head, p.value_dim, column0, kOutputColumns);
+        Block<DK, kOutputColumns> columns;
+        Block<kChunk, kOutputColumns> v_new;
+        columns.fetch(state + column0, p.value_dim, DK);
+        v_new.fetch(row_at(ws.u, chunk.first, p.value_heads, head, p.value_dim) + column0, value_stride, chunk.rows);
+        columns.put(sm.s, kOutputColumns);
+        v_new.put(sm.v, kOutputColumns);
         __syncthreads();
         float o[Narrow::NT][4], pv[Narrow::NT][4];
         split_mma(o, narrow.m0, narrow.n0, DK, q_at, [&](int l, int n) { return sm.s[l * kOutputColumns + n]; });
