@@ -9,6 +9,7 @@ Qwen3.6-27B layer (16 key heads, 48 value heads of 128).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -69,12 +70,16 @@ class DeltaRuleCase:
         s = self.session
         return lambda i: ops.conv_silu(s.lib, s.stream, self.step, self.heads, self.x, self.conv_weight, self.conv, self.layers[i % LAYERS])
 
-    def delta_rule(self, columns: int, split: bool = False) -> Callable[[int], None]:
-        """The delta rule; `split`: the chunked form's three passes (`columns` per carry block) over a workspace."""
-        s, workspace = self.session, self.split_workspace() if split else None
-        return lambda i: ops.delta_rule(s.lib, s.stream, self.step, self.heads, self.args, self.layers[i % LAYERS], columns, workspace)
+    def delta_rule(self, columns: int, split: bool = False, passes: tuple[str, ...] = ops.SPLIT_PASSES) -> Callable[[int], None]:
+        """The delta rule; `split`: the chunked form's passes (`columns` per carry block) over a workspace."""
+        s, workspace = self.session, self.split_workspace if split else None
+        return lambda i: ops.delta_rule(
+            s.lib, s.stream, self.step, self.heads, self.args, self.layers[i % LAYERS], columns, workspace, passes
+        )
 
+    @functools.cached_property
     def split_workspace(self) -> ops.SplitWorkspace:
+        """Made once per case: a pass timed alone runs over what the whole form left there."""
         h, step = self.heads, self.step
         chunks = gdn_split_plan.chunk_bases(step.query_lens, step.num_targets)[-1]
         shape = gdn_split_plan.SplitWorkspace(self.rows, chunks, h.key_heads, h.value_heads, h.key_dim, h.value_dim)

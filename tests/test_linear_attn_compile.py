@@ -197,6 +197,12 @@ def test_the_split_form_runs_three_passes_over_the_workspace_in_order() -> None:
     assert not set(f.step.slots_written) & set(terms.writes + out.writes), "only the carry pass writes states"
 
 
+def test_a_benchmark_can_launch_one_split_pass_alone() -> None:
+    lib, f, ws = RecordingLibrary(), Fixture((300,)), split_workspace((300,), 1)
+    ops.delta_rule(lib, f.stream, f.step, HEADS_27B, f.gating, f.states, 32, ws, split_passes=("gdn_split_carry",))
+    assert [launch.name for launch in lib.launches] == ["gdn_split_carry_d128_c32"]
+
+
 def test_the_split_form_refuses_a_workspace_short_of_the_steps_chunks() -> None:
     lib, f = RecordingLibrary(), Fixture((300,), num_targets=2)
     with pytest.raises(ValueError, match="h"):

@@ -8,7 +8,7 @@ ninfer_rt.kernel_benches_gdn's, also `ninfer-rt kernels bench gdn_delta_rule`):
 - chunked: prefill of T = 531 and 8192 rows from an initial state to a final one, with the column group the
   device takes (32 on an H200) and the portable one sm_120 takes (16); with --split also the chunked form
   split in three passes (kernels_src/gdn_chunked_split.cu, the executor's NINFER_GDN_CHUNKED=split) with
-  carry blocks of 32 and 16 columns.
+  carry blocks of 32 and 16 columns, whole and each pass alone.
 Every graph replays one launch per layer over 48 distinct layer states (a 48-layer state slot, 144 MiB), as
 a real step touches them, so the recurrent update streams its 3 MiB state from HBM rather than L2. The
 recurrent fraction is of the copy bandwidth measured in the same run (ninfer_rt.cuda.benchmark), counting the
@@ -57,6 +57,9 @@ def our_rows(session: BenchSession, recurrent: list[int], chunked: list[int], sp
             case = DeltaRuleCase(session, HEADS, t, 1)
             seconds = session.time(case.delta_rule(columns, split=True), LAYERS)
             rows.append(row(f"ninfer split c{columns}", t, 1, seconds, 2 * STATE_BYTES))
+            for name in ops.SPLIT_PASSES:  # each pass alone, over the workspace the whole run left
+                seconds = session.time(case.delta_rule(columns, split=True, passes=(name,)), LAYERS)
+                rows.append(row(f"  {name} c{columns}", t, 1, seconds, 2 * STATE_BYTES))
             session.release()
     return rows
 

@@ -38,6 +38,7 @@ SPLIT_OUTPUT_COLUMNS = 32  # kOutputColumns: the columns a whole-head pass cover
 # value columns per block of the split form's sequential pass: at the 27B shape 192 blocks of 89 KiB, one wave
 # of two per H200 SM (16 columns would make 384 blocks, two waves); gdn_split_carry_d*_c16 is for the benchmark
 SPLIT_CARRY_COLUMNS = 32
+SPLIT_PASSES = ("gdn_split_terms", "gdn_split_carry", "gdn_split_out")  # launch labels, in order
 GATED_NORM_THREADS = 128
 _F32, _BF16, _I32 = 4, 2, 4
 
@@ -258,12 +259,12 @@ def smem_function(lib: KernelLibrary, spec: KernelSpec, smem: int) -> Kernel:
 
 def delta_rule(
     lib: KernelLibrary, stream: object, step: GdnStep, heads: GdnHeads, args: DeltaRuleArgs, states: StateLayer, columns: int,
-    split: SplitWorkspace | None = None,
+    split: SplitWorkspace | None = None, split_passes: Sequence[str] = SPLIT_PASSES,
 ) -> None:
     """args.out = the gated delta rule over every sequence's rows from its slot's state, the targets' states
     stored: the recurrent kernel for sequences of <= RECURRENT_MAX_ROWS rows, for longer ones the chunked
     kernel (`columns` value columns per block, chunk_columns) or, given a workspace, its three split passes
-    (`columns` per block of the sequential one)."""
+    (`columns` per block of the sequential one; a benchmark may launch some of `split_passes` alone)."""
     stream = require_stream(stream)
     _check_step("gdn_delta_rule", step)
     rows, hv = step.num_rows, heads.value_heads
@@ -285,7 +286,7 @@ def delta_rule(
             label="gdn_recurrent", reads=reads, writes=writes, lane=step.lane,
         )
     if step.chunked and split is not None:
-        _split_passes(lib, stream, step, heads, args, params, split, columns)
+        _split_passes(lib, stream, step, heads, args, params, split, columns, split_passes)
     elif step.chunked:
         smem = chunked_smem_bytes(heads.key_dim, columns)
         smem_function(lib, chunked_spec(heads.key_dim, columns), smem).launch(
@@ -296,9 +297,10 @@ def delta_rule(
 
 def _split_passes(
     lib: KernelLibrary, stream: object, step: GdnStep, heads: GdnHeads, args: DeltaRuleArgs, params: tuple[object, ...],
-    ws: SplitWorkspace, columns: int,
+    ws: SplitWorkspace, columns: int, passes: Sequence[str],
 ) -> None:
-    """gdn_chunked_split.cu's passes, each declaring the workspace arrays it reads and writes."""
+    """gdn_chunked_split.cu's passes (those named in `passes`), each declaring the workspace arrays it reads
+    and writes."""
     hv, chunks = heads.value_heads, gdn_split_plan.chunk_bases(step.query_lens, step.num_targets)[-1]
     needed = gdn_split_plan.SplitWorkspace(step.num_rows, chunks, heads.key_heads, hv, heads.key_dim, heads.value_dim)
     _require_bytes("gdn_split", **{name: (buf, size) for (name, size), buf in zip(needed.sizes().items(), ws.buffers)})
@@ -310,9 +312,10 @@ def _split_passes(
         ((k, w, u, cum, *step.tables, *step.slots_read), (u, h, *step.slots_written)),
         ((q, k, u, cum, h, *step.tables), (args.out.resource,)),
     )
-    labels = ("gdn_split_terms", "gdn_split_carry", "gdn_split_out")
     specs, smems = split_specs(heads.key_dim, columns), split_smem_bytes(heads.key_dim, columns)
-    for spec, smem, grid, (reads, writes), label in zip(specs, smems, grids, accesses, labels):
+    for spec, smem, grid, (reads, writes), label in zip(specs, smems, grids, accesses, SPLIT_PASSES):
+        if label not in passes:
+            continue
         smem_function(lib, spec, smem).launch(
             stream, grid, SPLIT_THREADS, *params, *ws.buffers, smem=smem, label=label, reads=reads, writes=writes, lane=step.lane,
         )
