@@ -40,6 +40,14 @@
 constexpr int kSplitThreads = 256;  // kSplitMmaWarps warps
 constexpr int kOutputColumns = 32;  // value columns per step of the passes that cover a whole head (u, o)
 
+// Row stride in shared memory of a `columns`-wide tile read as split_mma's b operand: lane (g, t) reads rows
+// 2t, 2t + 1 at column g, so rows 4 floats longer than a multiple of 32 land on 32 distinct banks (a stride of
+// 32 would put all four t of a column on one bank).
+constexpr int operand_stride(int columns) {
+    return columns + 4;
+}
+constexpr int kOutputStride = operand_stride(kOutputColumns);
+
 struct SplitWorkspace {
     float* q;    // [T, Hk, DK]
     float* k;    // [T, Hk, DK]
@@ -161,14 +169,14 @@ __forceinline__ float* row_at(float* base, long long row, int heads, int head, i
 
 // -- pass 1: the chunk's terms ------------------------------------------------------------------------------
 
-// k [64][DK+1], A and T [64][64], beta v of 32 columns [64][32], cum, beta, beta e^cum [64].
+// k [64][DK+1], A and T [64][64], beta v of 32 columns [64][36], cum, beta, beta e^cum [64].
 template <int DK>
 struct TermsSmem {
-    static constexpr int kFloats = kChunk * (DK + 1) + 2 * kChunk * kChunk + kChunk * kOutputColumns + 3 * kChunk;
+    static constexpr int kFloats = kChunk * (DK + 1) + 2 * kChunk * kChunk + kChunk * kOutputStride + 3 * kChunk;
     float *k, *a, *t, *v, *cum, *beta, *scale;
 
     __device__ explicit TermsSmem(float* base)
-        : k(base), a(k + kChunk * (DK + 1)), t(a + kChunk * kChunk), v(t + kChunk * kChunk), cum(v + kChunk * kOutputColumns),
+        : k(base), a(k + kChunk * (DK + 1)), t(a + kChunk * kChunk), v(t + kChunk * kChunk), cum(v + kChunk * kOutputStride),
           beta(cum + kChunk), scale(beta + kChunk) {}
 };
 
@@ -253,11 +261,11 @@ __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& w
 #pragma unroll
         for (int i = 0; i < kPerThread; ++i) {
             const int idx = threadIdx.x + i * kSplitThreads;
-            sm.v[idx] = sm.beta[idx / kOutputColumns] * v[i];
+            sm.v[idx / kOutputColumns * kOutputStride + idx % kOutputColumns] = sm.beta[idx / kOutputColumns] * v[i];
         }
         __syncthreads();
         float ua[Narrow::NT][4];
-        split_mma(ua, narrow.m0, narrow.n0, narrow.m0 + 16, t_at, [&](int l, int n) { return sm.v[l * kOutputColumns + n]; });
+        split_mma(ua, narrow.m0, narrow.n0, narrow.m0 + 16, t_at, [&](int l, int n) { return sm.v[l * kOutputStride + n]; });
         narrow.each(ua, [&](int m, int n, float x) {
             if (m < chunk.rows) row_at(ws.u, chunk.first + m, p.value_heads, head, p.value_dim)[column0 + n] = x;
         });
@@ -267,14 +275,15 @@ __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& w
 
 // -- pass 2: the state through the chunks ---------------------------------------------------------------
 
-// S [DK][CV], w and k [64][DK+1], u / v_new [64][CV], cum and the tail decays [64].
+// S [DK][CV + 4], w and k [64][DK+1], u / v_new [64][CV + 4], cum and the tail decays [64].
 template <int DK, int CV>
 struct CarrySmem {
-    static constexpr int kFloats = DK * CV + 2 * kChunk * (DK + 1) + kChunk * CV + 2 * kChunk;
+    static constexpr int kStride = operand_stride(CV);  // of S and v
+    static constexpr int kFloats = DK * kStride + 2 * kChunk * (DK + 1) + kChunk * kStride + 2 * kChunk;
     float *s, *w, *k, *v, *cum, *tail;
 
     __device__ explicit CarrySmem(float* base)
-        : s(base), w(s + DK * CV), k(w + kChunk * (DK + 1)), v(k + kChunk * (DK + 1)), cum(v + kChunk * CV), tail(cum + kChunk) {}
+        : s(base), w(s + DK * kStride), k(w + kChunk * (DK + 1)), v(k + kChunk * (DK + 1)), cum(v + kChunk * kStride), tail(cum + kChunk) {}
 };
 
 // One chunk of `length` rows from flat row `first`: S (sm.s) before it, after it on return; v_new over u.
@@ -288,7 +297,7 @@ __forceinline__ void carry_chunk(const CarrySmem<DK, CV>& sm, const DeltaRuleArg
     u.fetch(row_at(ws.u, first, p.value_heads, head, p.value_dim) + column0, (long long)p.value_heads * p.value_dim, length);
     load_cum(sm.cum, ws, first, length, p.value_heads, head);
     w.put(sm.w, DK + 1);
-    u.put(sm.v, CV);
+    u.put(sm.v, sm.kStride);
     __syncthreads();
     Block<kChunk, DK> k;  // in flight while v_new is computed (staging w and k together would spill at cv 32)
     k.fetch(row_at(ws.k, first, p.key_heads, key_head, DK), (long long)p.key_heads * DK, length);
@@ -298,10 +307,10 @@ __forceinline__ void carry_chunk(const CarrySmem<DK, CV>& sm, const DeltaRuleArg
     const Narrow narrow(warp);
     float nv[Narrow::NT][4];
     split_mma(nv, narrow.m0, narrow.n0, DK, [&](int m, int l) { return sm.w[m * (DK + 1) + l]; },
-              [&](int l, int n) { return sm.s[l * CV + n]; });
+              [&](int l, int n) { return sm.s[l * sm.kStride + n]; });
     narrow.each(nv, [&](int m, int n, float x) {
-        const float v_new = sm.v[m * CV + n] - x;
-        sm.v[m * CV + n] = v_new;
+        const float v_new = sm.v[m * sm.kStride + n] - x;
+        sm.v[m * sm.kStride + n] = v_new;
         if (m < length) row_at(ws.u, first + m, p.value_heads, head, p.value_dim)[column0 + n] = v_new;
     });
     k.put(sm.k, DK + 1);
@@ -310,9 +319,9 @@ __forceinline__ void carry_chunk(const CarrySmem<DK, CV>& sm, const DeltaRuleArg
     const State state(warp);
     float update[State::NT][4];
     split_mma(update, state.m0, state.n0, (length + 15) & ~15, [&](int d, int l) { return sm.k[l * (DK + 1) + d] * sm.tail[l]; },
-              [&](int l, int n) { return sm.v[l * CV + n]; });
+              [&](int l, int n) { return sm.v[l * sm.kStride + n]; });
     const float total = expf(last);
-    state.each(update, [&](int d, int n, float x) { sm.s[d * CV + n] = total * sm.s[d * CV + n] + x; });
+    state.each(update, [&](int d, int n, float x) { sm.s[d * sm.kStride + n] = total * sm.s[d * sm.kStride + n] + x; });
     __syncthreads();
 }
 
@@ -321,7 +330,7 @@ template <int DK, int CV>
 __forceinline__ void keep_state(const float* tile_smem, float* chunk_state, const StateSlots& states, int seq, int count,
                                 int length, long long tile, int value_dim) {
     Block<DK, CV> state;
-    state.take(tile_smem, CV);
+    state.take(tile_smem, operand_stride(CV));
     if (chunk_state != nullptr) state.store(chunk_state, value_dim);
     const int target = states.target_after(seq, count, length);
     if (target >= 0) state.store(states.recurrent(target) + tile, value_dim);
@@ -338,7 +347,9 @@ __forceinline__ void carry_states(const DeltaRuleArgs& p, const SplitWorkspace& 
     const int targets = p.states.num_targets, count = chunk_count(rows.length, targets);
     const int base = chunk_base(p.query_start, seq, targets), key_head = head / (p.value_heads / p.key_heads);
     const long long tile = (long long)head * DK * p.value_dim + column0, state_floats = (long long)p.value_heads * DK * p.value_dim;
-    load_tile<DK, CV>(sm.s, p.states.recurrent(p.states.slots[seq]) + tile, p.value_dim);
+    Block<DK, CV> initial;
+    initial.fetch(p.states.recurrent(p.states.slots[seq]) + tile, p.value_dim, DK);
+    initial.put(sm.s, sm.kStride);
     __syncthreads();  // the whole tile is read before any target (maybe the source slot) is written
     float* const before = ws.h + base * state_floats + tile;  // the state before chunk c at c * state_floats
     keep_state<DK, CV>(sm.s, before, p.states, seq, 0, rows.length, tile, p.value_dim);
@@ -353,15 +364,15 @@ __forceinline__ void carry_states(const DeltaRuleArgs& p, const SplitWorkspace& 
 
 // -- pass 3: the outputs ----------------------------------------------------------------------------------
 
-// q and k [64][DK+1] (k's region later holds S's 32 columns [DK][32]), P [64][65], v_new [64][32], cum [64].
+// q and k [64][DK+1] (k's region later holds S's 32 columns [DK][36]), P [64][65], v_new [64][36], cum [64].
 template <int DK>
 struct OutputSmem {
-    static constexpr int kFloats = 2 * kChunk * (DK + 1) + kChunk * (kChunk + 1) + kChunk * kOutputColumns + kChunk;
-    static_assert(DK * kOutputColumns <= kChunk * (DK + 1), "S's columns fit k's region");
+    static constexpr int kFloats = 2 * kChunk * (DK + 1) + kChunk * (kChunk + 1) + kChunk * kOutputStride + kChunk;
+    static_assert(DK * kOutputStride <= kChunk * (DK + 1), "S's columns fit k's region");
     float *q, *k, *s, *p, *v, *cum;
 
     __device__ explicit OutputSmem(float* base)
-        : q(base), k(q + kChunk * (DK + 1)), s(k), p(k + kChunk * (DK + 1)), v(p + kChunk * (kChunk + 1)), cum(v + kChunk * kOutputColumns) {}
+        : q(base), k(q + kChunk * (DK + 1)), s(k), p(k + kChunk * (DK + 1)), v(p + kChunk * (kChunk + 1)), cum(v + kChunk * kOutputStride) {}
 };
 
 template <int DK>
@@ -395,14 +406,14 @@ __forceinline__ void chunk_outputs(const DeltaRuleArgs& p, const SplitWorkspace&
         Block<kChunk, kOutputColumns> v_new;
         columns.fetch(state + column0, p.value_dim, DK);
         v_new.fetch(row_at(ws.u, chunk.first, p.value_heads, head, p.value_dim) + column0, value_stride, chunk.rows);
-        columns.put(sm.s, kOutputColumns);
-        v_new.put(sm.v, kOutputColumns);
+        columns.put(sm.s, kOutputStride);
+        v_new.put(sm.v, kOutputStride);
         __syncthreads();
         float o[Narrow::NT][4], pv[Narrow::NT][4];
-        split_mma(o, narrow.m0, narrow.n0, DK, q_at, [&](int l, int n) { return sm.s[l * kOutputColumns + n]; });
+        split_mma(o, narrow.m0, narrow.n0, DK, q_at, [&](int l, int n) { return sm.s[l * kOutputStride + n]; });
         narrow.scale_rows(o, [&](int m) { return expf(sm.cum[m]); });
         split_mma(pv, narrow.m0, narrow.n0, narrow.m0 + 16, [&](int m, int l) { return sm.p[m * (kChunk + 1) + l]; },
-                  [&](int l, int n) { return sm.v[l * kOutputColumns + n]; });
+                  [&](int l, int n) { return sm.v[l * kOutputStride + n]; });
 #pragma unroll
         for (int nt = 0; nt < Narrow::NT; ++nt)
 #pragma unroll

@@ -90,10 +90,13 @@ def test_every_split_pass_fits_sm120_and_two_blocks_fit_an_h200_sm() -> None:
 def test_split_smem_bytes_are_the_kernels_kfloats(key_dim: int, columns: int) -> None:
     """Each pass's `static constexpr int kFloats = ...;`, read from the source and evaluated at (dk, cv)."""
     source = (Path(__file__).resolve().parents[1] / "kernels_src" / "gdn_chunked_split.cu").read_text()
-    names = {"DK": key_dim, "CV": columns, "kChunk": ops.CHUNK, "kOutputColumns": ops.SPLIT_OUTPUT_COLUMNS}
+    stride = re.search(r"constexpr int operand_stride\(int columns\) \{\s*return columns \+ (\d+);", source)
+    padding = int(stride.group(1))
+    names = {"DK": key_dim, "CV": columns, "kChunk": ops.CHUNK, "kOutputStride": ops.SPLIT_OUTPUT_COLUMNS + padding,
+             "kStride": columns + padding}
     floats = []
     for struct in ("TermsSmem", "CarrySmem", "OutputSmem"):
-        [expr] = re.findall(rf"struct {struct} {{\n\s*static constexpr int kFloats = ([^;]+);", source)
+        [expr] = re.findall(rf"struct {struct} {{[^}}]*?static constexpr int kFloats = ([^;]+);", source)
         floats.append(eval(re.sub(r"[A-Za-z]\w*", lambda m: str(names[m.group(0)]), expr)))  # noqa: S307 - our own source
     assert ops.split_smem_bytes(key_dim, columns) == tuple(4 * n for n in floats)
 
