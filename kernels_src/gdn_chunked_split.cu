@@ -19,20 +19,22 @@
 //   gdn_split_terms_d{dk}:       grid (max chunks of a sequence, Hv, B); blocks past their sequence's chunks exit.
 //   gdn_split_carry_d{dk}_c{cv}: grid (dv / cv, Hv, B), each walking its sequence's chunks in order.
 //   gdn_split_out_d{dk}:         grid (max chunks of a sequence, Hv, B).
-// Shared memory (split_*_smem_bytes in linear_attn_ops.py mirror these) at dk 128: terms 75 KiB, carry 89 KiB
-// (cv 32) / 81 KiB (cv 16), out 90 KiB: all fit sm_120's 99 KiB, two blocks per H200 SM.
+// Shared memory (split_smem_bytes in linear_attn_ops.py mirrors it) at dk 128: terms 74 KiB, carry 92 KiB (cv 32)
+// / 80 KiB (cv 16), out 90 KiB: all fit sm_120's 99 KiB; two blocks per H200 SM.
 //
-// Expected cost at the 27B shape (Hv 48, dk = dv = 128), H200 (132 SMs, ~1 split mma.sync per SM-cycle
-// triple at 1.98 GHz), T = 8,192 = 128 chunks, not yet measured:
-//   pass 1: per (chunk, head) A 2 x 64^2 x 128 / 2, w 64^2 x 128, u 64^2 x 128, the inverse ~0.1 M FMA:
-//     ~1.6 MFLOP x 3 (split) -> 6,144 blocks = 47 waves of 2 x 132; ~15 us each by the fused kernel's
-//     per-chunk figure for the same products -> ~0.12 ms; traffic: w + u + q + k 0.5 GB written -> ~0.13 ms.
-//   pass 2: 192 blocks (cv 32) or 384 (cv 16), one wave; per chunk 96 mma.sync per warp (cv 32) between
-//     three barriers and an L2 read of 72 KiB: ~2-3 us latency-bound -> ~0.3 ms for 128 chunks; the h store
-//     (0.4 GB) overlaps it.
-//   pass 3: like pass 1 in products (q k^T, q S, P v_new), 6,144 blocks, reads h (0.4 GB) -> ~0.15 ms.
-//   Total ~0.6 ms at 8,192 rows (fused today: 7.68 ms; fla-core 0.93 ms); at 531 rows (9 chunks) pass 2's
-//   9 steps ~25 us + passes 1 and 3 (432 blocks, two waves) ~15 us -> ~40-50 us (fused 541 us, fla 86 us).
+// Expected cost at the 27B shape (Hv 48, dk = dv = 128) on an H200 (132 SMs, 1.98 GHz, 4 schedulers of one
+// instruction a cycle per SM), not yet measured. Pass 2, cv 32: 192 blocks of 8 warps, one wave, two blocks on
+// 60 SMs. Its chunk loop is 999 SASS instructions on sm_90a (nvdisasm), ~2,170 issued per warp for a 64-row
+// chunk: v_new = u - w S 8 steps of 100 (6 HMMA each), the state update 4 steps of 158 (12 HMMA), the loads
+// (20 LDG.128 in flight at once, k's behind the v_new product), 16 STG.128 of the chunk's state, 3 barriers.
+// 16 warps x 2,170 / 4 schedulers = 8,700 issue cycles = 4.4 us a chunk where two blocks share an SM:
+// 8,192 rows (128 chunks) ~0.56 ms, 531 rows (9 chunks) ~40 us. Passes 1 and 3, roughly counted from their
+// products and the inverse's loops (~5,500 and ~6,300 instructions per warp, 16 warps per SM): ~11-13 us per wave of 264 blocks; 8,192 rows make 6,144
+// blocks (23 waves) each -> ~0.26 + 0.3 ms; 531 rows 432 blocks (2 waves) -> ~50 us. Total ~1.1 ms at 8,192
+// rows and ~90 us at 531 (fused: 7.68 ms and 541 us measured; fla-core 0.93 ms and 86 us). The same count
+// gives the fused kernel ~14 us a chunk against 60 us measured, so these are lower bounds until
+// `bench_gdn.py --split` times each pass; the sequential pass is the one to shorten next (the split of w and S
+// into bf16 pairs redone by every warp at every step is most of its instructions).
 #include "attention_common.cuh"
 #include "gdn_delta_rule_common.cuh"
 #include "gdn_split_mma.cuh"
