@@ -1,11 +1,12 @@
-// Decode GEMV over groupwise-quantized weights (int4 / int8, symmetric, bf16 scales) on the tensor cores,
-// and the dequantize kernel of the prefill path (bf16 [N_w, K] for cuBLASLt).
+// Decode GEMV over groupwise-quantized weights (int4 / int8, symmetric, bf16 or fp16 scales) on the tensor
+// cores, and the dequantize kernel of the prefill path (bf16 [N_w, K] for cuBLASLt).
 //
 // Math: y[b, n] = sum_k x[b, k] * q[n, k] * scale[n, k / G] for batch rows b < rows <= 8. Codes are
 // dequantized to bf16 exactly (|q| <= 128 needs at most 8 significant bits) and multiplied by x on the
 // tensor cores (mma.sync m16n8k16 bf16, f32 accumulate: products exact, sums f32); each 32-input run lies in
 // one group, so a segment of runs sharing a scale is summed first and then added times its scale in f32.
-// Each output is rounded once on store. Epilogues (a uniform kernel argument), as gemv.cu's:
+// Each output is rounded once on store. Scales are bf16, or fp16 (F16S: a `.ninfer` artifact's multipliers);
+// either widens to f32 exactly. Epilogues (a uniform kernel argument), as gemv.cu's:
 //   kStore (0):     y = x @ W^T, bf16                                 (N_w = N)
 //   kResidual (1):  y = bf16(x @ W^T) + residual, bf16                (N_w = N; y may alias residual)
 //   kSwiglu (2):    y[b, i] = silu(bf16(g)) * bf16(u), g/u = rows i and N+i of the fused gate_up matrix
@@ -52,10 +53,13 @@
 // rows) are summed in shared memory in a fixed order; 128 threads apply the epilogue and store.
 // Kernels: gemv_int<BITS>_b<B> (B in 1, 2, 4, 8: rows <= B) for G >= KC, where a whole column shares one
 // scale; gemv_int4_g32, gemv_int4_g64, gemv_int8_g32 (rows <= 8) for smaller groups (scale per segment);
-// each with W = 8, and with W = 16 as <name>_w16.
+// each with W = 8, and with W = 16 as <name>_w16; <name>_f16s[_w16] with fp16 scales for the artifact
+// formats (listed at the end).
 //
 // dequantize_int<BITS>_bf16: W[N_w, K] bf16 = q * scale, rounded to bf16 once (one bf16x2 FMA), one thread
 // per 16-byte chunk (padded rows skipped), grid-stride; launch any grid of 256-thread blocks.
+// dequantize_int<BITS>_f16s_bf16: fp16 scales, no bf16, so q * scale is formed in f32 (exact: 8 + 11
+// significant bits) and rounded to bf16 once, which is NInfer's decoded value.
 #include "gemv_common.cuh"
 
 constexpr int kStoreF32 = 3;  // beyond gemv_common.cuh's Epilogue: gemv.cu picks f32 output by type instead
@@ -161,6 +165,23 @@ __forceinline__ float bf16_bits_to_float(const unsigned short bits) {
     return __uint_as_float((unsigned int)bits << 16);
 }
 
+// A scale's bits -> f32, exactly: bf16 by a shift, fp16 by cvt (subnormal multipliers included).
+template <bool F16S>
+__forceinline__ float scale_to_float(const unsigned short bits) {
+    if (!F16S) return bf16_bits_to_float(bits);
+    float f;
+    asm("{ .reg .b16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "h"(bits));
+    return f;
+}
+
+// A bf16x2 q pair times an f32 scale, each product exact in f32 and rounded to bf16 once.
+__forceinline__ unsigned int scale_pair_f32(const unsigned int pair, const float scale) {
+    const float lo = __uint_as_float(pair << 16) * scale, hi = __uint_as_float(pair & 0xFFFF0000u) * scale;
+    unsigned int d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
 // What one warp streams: its tile's two octets (a: mma rows 0..7, b: rows 8..15) and their scales.
 struct TileRows {
     const uint4* wa;            // chunk (octet a, column 0, this lane)
@@ -204,7 +225,7 @@ __forceinline__ void load_batch(Batch<SEGS>& batch, const uint4* wa, const uint4
 
 // acc += the column's contribution: SEGS segments of kRuns / SEGS runs, each summed by the tensor cores and
 // then added times its scale.
-template <int BITS, int SEGS>
+template <int BITS, int SEGS, bool F16S>
 __forceinline__ void accumulate_column(float (&acc)[4], const Batch<SEGS>& batch, const int u, const uint4* x_lane,
                                        const int column, const DequantMasks& masks) {
     constexpr int kRunsPerSegment = kRuns<BITS> / SEGS;
@@ -220,7 +241,7 @@ __forceinline__ void accumulate_column(float (&acc)[4], const Batch<SEGS>& batch
             dequant_chunk_run<BITS>(batch.b[u], j, masks, pb);
             mma_run(part, pa, pb, xv);
         }
-        const float scale_a = bf16_bits_to_float(batch.sa[u][s]), scale_b = bf16_bits_to_float(batch.sb[u][s]);
+        const float scale_a = scale_to_float<F16S>(batch.sa[u][s]), scale_b = scale_to_float<F16S>(batch.sb[u][s]);
         acc[0] = fmaf(scale_a, part[0], acc[0]);
         acc[1] = fmaf(scale_a, part[1], acc[1]);
         acc[2] = fmaf(scale_b, part[2], acc[2]);
@@ -237,8 +258,8 @@ __forceinline__ void store_output(void* y, const bf16* residual, long long i, fl
     store(static_cast<bf16*>(y), i, v);
 }
 
-// SEGS: scale segments per column (1 when G >= KC; KC / G for smaller groups); WARPS: W.
-template <int BITS, int B, int SEGS, int WARPS>
+// SEGS: scale segments per column (1 when G >= KC; KC / G for smaller groups); WARPS: W; F16S: fp16 scales.
+template <int BITS, int B, int SEGS, int WARPS, bool F16S>
 __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qweight, const bf16* scales,
                                 const bf16* residual, int rows, int n, int k, int group_log2, int epilogue) {
     __shared__ float partial[WARPS][4][32];
@@ -276,7 +297,7 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
     for (int c = warp; c < columns; c += kStep) {
 #pragma unroll
         for (int u = 0; u < kColumns; ++u)
-            if (c + WARPS * u < columns) accumulate_column<BITS, SEGS>(acc, batch, u, x_lane, c + WARPS * u, masks);
+            if (c + WARPS * u < columns) accumulate_column<BITS, SEGS, F16S>(acc, batch, u, x_lane, c + WARPS * u, masks);
         wa += kStep * 32;
         wb += kStep * 32;
         keep_pointer(wa);
@@ -308,7 +329,7 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
     if (b < B && b < rows && row < n) store_output(y, residual, (long long)b * n + row, total(r, b), epilogue);
 }
 
-template <int BITS>
+template <int BITS, bool F16S>
 __forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf16* scales, long long chunks, int n_w,
                                 int k, int group_log2) {
     enter_dependent_kernel();  // w is the scratch matrix an earlier GEMM may still be reading
@@ -333,10 +354,16 @@ __forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf1
             unsigned int p[4];
             dequant_chunk_run<BITS>(v, j, masks, p);
             uint4 out;
-            out.x = bf16x2_fma(p[0], s | (s << 16), kNegZero2);
-            out.y = bf16x2_fma(p[1], s | (s << 16), kNegZero2);
-            out.z = bf16x2_fma(p[2], s | (s << 16), kNegZero2);
-            out.w = bf16x2_fma(p[3], s | (s << 16), kNegZero2);
+            if (F16S) {
+                const float scale = scale_to_float<true>((unsigned short)s);
+                out = make_uint4(scale_pair_f32(p[0], scale), scale_pair_f32(p[1], scale), scale_pair_f32(p[2], scale),
+                                 scale_pair_f32(p[3], scale));
+            } else {
+                out.x = bf16x2_fma(p[0], s | (s << 16), kNegZero2);
+                out.y = bf16x2_fma(p[1], s | (s << 16), kNegZero2);
+                out.z = bf16x2_fma(p[2], s | (s << 16), kNegZero2);
+                out.w = bf16x2_fma(p[3], s | (s << 16), kNegZero2);
+            }
             *reinterpret_cast<uint4*>(w + row * k + k0) = out;
         }
     }
@@ -345,26 +372,39 @@ __forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf1
 #define GEMV_QUANT_ARGS                                                                                       \
     void *y, const bf16 *x, const unsigned char *qweight, const bf16 *scales, const bf16 *residual, int rows, \
         int n, int k, int group_log2, int epilogue
-#define GEMV_QUANT_KERNEL_W(NAME, BITS, B, SEGS, WARPS)                                                \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(GEMV_QUANT_ARGS) {                     \
-        gemv_quant<BITS, B, SEGS, WARPS>(y, x, qweight, scales, residual, rows, n, k, group_log2, epilogue); \
+#define GEMV_QUANT_KERNEL_W(NAME, BITS, B, SEGS, WARPS, F16S)                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(GEMV_QUANT_ARGS) {                                 \
+        gemv_quant<BITS, B, SEGS, WARPS, F16S>(y, x, qweight, scales, residual, rows, n, k, group_log2, epilogue); \
     }
-#define GEMV_QUANT_KERNEL(NAME, BITS, B, SEGS)     \
-    GEMV_QUANT_KERNEL_W(NAME, BITS, B, SEGS, 8)    \
-    GEMV_QUANT_KERNEL_W(NAME##_w16, BITS, B, SEGS, 16)
-#define GEMV_QUANT_FAMILY(BITS)                                                                                   \
-    GEMV_QUANT_KERNEL(gemv_int##BITS##_b1, BITS, 1, 1)                                                            \
-    GEMV_QUANT_KERNEL(gemv_int##BITS##_b2, BITS, 2, 1)                                                            \
-    GEMV_QUANT_KERNEL(gemv_int##BITS##_b4, BITS, 4, 1)                                                            \
-    GEMV_QUANT_KERNEL(gemv_int##BITS##_b8, BITS, 8, 1)                                                            \
-    extern "C" __global__ void dequantize_int##BITS##_bf16(bf16* w, const unsigned char* qweight, const bf16* scales, \
-                                                           long long chunks, int n_w, int k, int group_log2) {    \
-        dequantize<BITS>(w, qweight, scales, chunks, n_w, k, group_log2);                                         \
+#define GEMV_QUANT_KERNEL_S(NAME, BITS, B, SEGS, F16S) \
+    GEMV_QUANT_KERNEL_W(NAME, BITS, B, SEGS, 8, F16S)  \
+    GEMV_QUANT_KERNEL_W(NAME##_w16, BITS, B, SEGS, 16, F16S)
+#define GEMV_QUANT_KERNEL(NAME, BITS, B, SEGS) GEMV_QUANT_KERNEL_S(NAME, BITS, B, SEGS, false)
+#define GEMV_QUANT_KERNEL_F16S(NAME, BITS, B, SEGS) GEMV_QUANT_KERNEL_S(NAME##_f16s, BITS, B, SEGS, true)
+#define DEQUANTIZE_KERNEL(NAME, BITS, F16S)                                                                  \
+    extern "C" __global__ void NAME(bf16* w, const unsigned char* qweight, const bf16* scales, long long chunks, \
+                                    int n_w, int k, int group_log2) {                                        \
+        dequantize<BITS, F16S>(w, qweight, scales, chunks, n_w, k, group_log2);                              \
     }
+// One kernel per batch bucket B (rows <= B), for groups of at least a column.
+#define GEMV_QUANT_BUCKETS(KERNEL, BITS)          \
+    KERNEL(gemv_int##BITS##_b1, BITS, 1, 1)       \
+    KERNEL(gemv_int##BITS##_b2, BITS, 2, 1)       \
+    KERNEL(gemv_int##BITS##_b4, BITS, 4, 1)       \
+    KERNEL(gemv_int##BITS##_b8, BITS, 8, 1)
 
-GEMV_QUANT_FAMILY(4)
-GEMV_QUANT_FAMILY(8)
+GEMV_QUANT_BUCKETS(GEMV_QUANT_KERNEL, 4)
+GEMV_QUANT_BUCKETS(GEMV_QUANT_KERNEL, 8)
+DEQUANTIZE_KERNEL(dequantize_int4_bf16, 4, false)
+DEQUANTIZE_KERNEL(dequantize_int8_bf16, 8, false)
 // Groups smaller than a column: a scale per segment of runs (G / 32 runs).
 GEMV_QUANT_KERNEL(gemv_int4_g32, 4, 8, 4)
 GEMV_QUANT_KERNEL(gemv_int4_g64, 4, 8, 2)
 GEMV_QUANT_KERNEL(gemv_int8_g32, 8, 8, 2)
+// fp16 scales, for the `.ninfer` formats as bound: Q4G64 as int4 g64; Q5G64 / Q6G64 as int8 g64 (one scale
+// per int8 column); W8G32 as int8 g32.
+GEMV_QUANT_KERNEL_F16S(gemv_int4_g64, 4, 8, 2)
+GEMV_QUANT_BUCKETS(GEMV_QUANT_KERNEL_F16S, 8)
+GEMV_QUANT_KERNEL_F16S(gemv_int8_g32, 8, 8, 2)
+DEQUANTIZE_KERNEL(dequantize_int4_f16s_bf16, 4, true)
+DEQUANTIZE_KERNEL(dequantize_int8_f16s_bf16, 8, true)

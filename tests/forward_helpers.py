@@ -12,10 +12,13 @@ import pytest
 
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
+from ninfer_rt.exec.numpy_rank_stores import rank_major_kv_spec, rank_major_state_spec
+from ninfer_rt.exec.numpy_tensor_parallel import TensorParallelExecutor
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.kv.states import StateSlotPool, StateSpec
 from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward, prepare_model
+from ninfer_rt.model.tensor_parallel import plan_for, shard_weights
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 
 # Small pages so that short test prompts cross several page boundaries.
@@ -64,7 +67,7 @@ def state_inputs(parts: Sequence[SeqStep]) -> dict[str, np.ndarray]:
 
 @dataclass
 class Runtime:
-    executor: NumpyExecutor
+    executor: NumpyExecutor | TensorParallelExecutor
     weights: ModelWeights
     model: PreparedModel
     kv: KVCache
@@ -93,10 +96,13 @@ def make_runtime(model_dir: Path, kv_dtype: str = "f32", num_pages: int = 16, dt
     return runtime_for(load_model_weights(model_dir), kv_dtype, num_pages, dtype)
 
 
-def runtime_for(weights: ModelWeights, kv_dtype: str = "f32", num_pages: int = 16, dtype: type = np.float32) -> Runtime:
+def runtime_for(
+    weights: ModelWeights, kv_dtype: str = "f32", num_pages: int = 16, dtype: type = np.float32, ranks: int = 1
+) -> Runtime:
+    """A numpy runtime; with ranks > 1, tensor parallel over that many simulated ranks (its `weights` are
+    then the sharded ones it runs)."""
     cfg = weights.config
     streams = StreamSet()
-    executor = NumpyExecutor(streams, dtype=dtype)
     spec = KVSpec(
         num_layers=len(cfg.full_attention_layers) + cfg.mtp_layers,
         num_pages=num_pages,
@@ -105,12 +111,20 @@ def runtime_for(weights: ModelWeights, kv_dtype: str = "f32", num_pages: int = 1
         dtype=KVDtype.parse(kv_dtype),
         page_size=PAGE_SIZE,
     )
+    state_spec = StateSpec.for_model(cfg, np.dtype(dtype), np.dtype(dtype)) if cfg.is_hybrid else None
+    if ranks == 1:
+        executor, prepared = NumpyExecutor(streams, dtype=dtype), weights
+    else:
+        plan = plan_for(cfg, ranks)
+        executor, prepared = TensorParallelExecutor(streams, plan, dtype), shard_weights(weights, plan)
+        spec = rank_major_kv_spec(spec, plan)
+        state_spec = state_spec and rank_major_state_spec(state_spec, plan)
     states = None
-    if cfg.is_hybrid:
-        states = StateSlotPool(streams, StateSpec.for_model(cfg, executor.dtype, executor.dtype), STATE_SLOTS)
+    if state_spec is not None:
+        states = StateSlotPool(streams, state_spec, STATE_SLOTS)
         for _ in range(STATE_SLOTS):  # slot i is sequence i's (SeqStep.state_slot)
             states.acquire(executor.compute)
-    return Runtime(executor, weights, prepare_model(executor, weights), KVCache(streams, spec), states)
+    return Runtime(executor, prepared, prepare_model(executor, prepared), KVCache(streams, spec), states)
 
 
 def random_tokens(vocab_size: int, count: int, seed: int = 0) -> list[int]:

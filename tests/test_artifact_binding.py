@@ -4,6 +4,7 @@ quantized weights loaded from safetensors."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -11,9 +12,13 @@ import pytest
 
 from ninfer_rt.artifact import Artifact, ArtifactError
 from ninfer_rt.artifact import qwen3_6_27b as inv
+from ninfer_rt.artifact.layouts import GROUPED_FORMATS, PLANE_ALIGNMENT, RowSplitGeometry
+from ninfer_rt.artifact.quantized import BOUND_BITS, binds_quantized
 from ninfer_rt.artifact.writer import dequantized
 from ninfer_rt.model.artifact_binding import load_artifact_model
+from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.tokenizer import Tokenizer
+from ninfer_rt.quantize.format import QuantizedWeight
 from ninfer_rt.testing.tiny_artifact import write_dequantized_checkpoint, write_tiny_artifact
 
 pytest.importorskip("transformers")
@@ -48,19 +53,33 @@ def test_every_tensor_reads_back_its_quantized_values(tiny) -> None:
             np.testing.assert_array_equal(artifact.tensor_values(entry.name), dequantized(entry.format, entry.values))
 
 
-def test_logits_equal_those_of_the_same_weights_from_safetensors(tiny, tmp_path: Path) -> None:
+def _logits(weights) -> np.ndarray:  # noqa: ANN001 -- ModelWeights
     from forward_helpers import runtime_for
 
+    tokens = np.random.default_rng(0).integers(0, 300, 40).tolist()
+    return runtime_for(weights).run_sequence(tokens, [23, 1, 16], list(range(8)))
+
+
+def test_logits_equal_those_of_the_same_weights_from_safetensors(tiny, tmp_path: Path) -> None:
     from ninfer_rt.model.weights import load_model_weights
 
     path, checkpoint, _ = tiny
-    bound = load_artifact_model(path, cache_root=tmp_path)
+    bound = load_artifact_model(path, cache_root=tmp_path, quantized=False)
     reference = load_model_weights(checkpoint)
     assert bound.weights.config == reference.config.__class__(**{**reference.config.__dict__, **_artifact_facts(bound)})
-    tokens = np.random.default_rng(0).integers(0, 300, 40).tolist()
-    got = runtime_for(bound.weights).run_sequence(tokens, [23, 1, 16], list(range(8)))
-    want = runtime_for(reference).run_sequence(tokens, [23, 1, 16], list(range(8)))
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(_logits(bound.weights), _logits(reference))
+
+
+def test_the_quantized_binding_computes_the_logits_of_the_decoded_one(tiny, tmp_path: Path) -> None:
+    # The same weight values (a bound weight dequantizes to the decoded values exactly), but not the same
+    # GEMMs: a quantized GDN layer's [q | k | v | z] and its bf16 [b | a] run as two matmuls, where the
+    # decoded binding runs one, so BLAS sums in another order: float32 rounding apart, no more.
+    path, _, _ = tiny
+    quantized = load_artifact_model(path, cache_root=tmp_path).weights
+    decoded = load_artifact_model(path, cache_root=tmp_path, quantized=False).weights
+    assert isinstance(quantized.lm_head, QuantizedWeight) and isinstance(quantized.layers[0].down_proj, QuantizedWeight)
+    got, want = _logits(quantized), _logits(decoded)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def _artifact_facts(bound) -> dict:
@@ -179,3 +198,43 @@ def test_serve_answers_chat_from_the_artifact_under_its_file_stem(tiny, tmp_path
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=60)
+
+
+def _weight_bytes(node) -> int:  # noqa: ANN001 -- any part of ModelWeights
+    if isinstance(node, (QuantizedWeight, np.ndarray)):
+        return node.nbytes
+    if isinstance(node, list):
+        return sum(_weight_bytes(item) for item in node)
+    if dataclasses.is_dataclass(node) and not isinstance(node, ModelConfig):
+        return sum(_weight_bytes(getattr(node, f.name)) for f in dataclasses.fields(node))
+    return 0
+
+
+def test_the_quantized_binding_holds_the_payloads_not_bf16_inflations(tiny, tmp_path: Path) -> None:
+    """Resident weight bytes: each grouped tensor's code and scale planes as stored (alignment padding
+    aside), plus the stated overheads: Q5/Q6 codes widened to a byte ((8 - b) / 8 byte per weight), the
+    GDN query_key's Q4 codes widened where it joins the Q5 value rows in the fused qkv (1/2 byte per
+    weight), the embedding and the draft head decoded to bf16 (read by row), as is a tensor whose K is not
+    whole groups (here the GDN output, K = 96; the 27B's are all whole), the draft ids as int64."""
+    path, _, _ = tiny
+    weights = load_artifact_model(path, cache_root=tmp_path).weights
+    expected = 0
+    with Artifact(path) as artifact:
+        for name, fmt in inv.inventory(4).items():
+            if name.startswith("vision/"):
+                continue  # not bound
+            obj = artifact.object(name)
+            if name in (inv.EMBEDDING, inv.DRAFT_HEAD) or fmt in GROUPED_FORMATS and not binds_quantized(obj):
+                expected += 2 * int(np.prod(obj.shape))
+            elif fmt in GROUPED_FORMATS:
+                geometry = RowSplitGeometry(GROUPED_FORMATS[fmt], *obj.shape)
+                grouped = geometry.fmt
+                planes = geometry.groups * (grouped.base_bytes_per_group + grouped.high_bytes_per_group + 2)
+                widened_bits = 8 if name.endswith("gdn/query_key") else BOUND_BITS[fmt]
+                expected += planes + geometry.rows * geometry.cols * (widened_bits - grouped.code_bits) // 8
+                assert planes <= obj.bytes < planes + 3 * PLANE_ALIGNMENT
+            else:
+                expected += obj.bytes * (2 if fmt == "I32" else 1)
+    assert _weight_bytes(weights) == expected
+    decoded = _weight_bytes(load_artifact_model(path, cache_root=tmp_path, quantized=False).weights)
+    assert expected < decoded

@@ -4,13 +4,12 @@ kernels_src, so a kernel change that is not mirrored in the host-side geometry f
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from ninfer_rt.cuda import attention_plan as plan
+from kernel_source import KERNELS, constexpr_int
 
-KERNELS = Path(__file__).resolve().parents[1] / "kernels_src"
+from ninfer_rt.cuda import attention_plan as plan
 
 # (source file, constexpr name, the Python constant it must equal)
 MIRRORED = [
@@ -29,14 +28,6 @@ MIRRORED = [
     ("rope_kv.cu", "kRopeWarps", plan.ROPE_HEADS_PER_BLOCK),
     ("kv_widen.cu", "kWidenThreads", plan.WIDEN_THREADS),
 ]
-
-
-def constexpr_int(source: str, name: str) -> int:
-    """The value of the file-scope `constexpr int name = <literal>;` in kernels_src/`source`."""
-    text = (KERNELS / source).read_text()
-    found = re.findall(rf"^constexpr int {name} = (\d+);", text, flags=re.MULTILINE)
-    assert len(found) == 1, f"{source}: expected one file-scope constexpr int {name}, found {len(found)}"
-    return int(found[0])
 
 
 @pytest.mark.parametrize(("source", "name", "value"), MIRRORED, ids=[f"{s}:{n}" for s, n, _ in MIRRORED])

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 from ninfer_rt.cli import main
 from ninfer_rt.cli.checkpoint_checks import FAIL, OK, check_logits
 from ninfer_rt.model.weights import Checkpoint, load_checkpoint
-from ninfer_rt.quantize.writer import quantize_checkpoint
+from ninfer_rt.quantize_checkpoint.writer import quantize_checkpoint
 
 CHECKS = ("config", "tensors", "chat template", "tokenizer", "logits")
 

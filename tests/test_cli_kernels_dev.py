@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from ninfer_rt import kernel_dev
+from ninfer_rt.kernel_dev import loop
 from ninfer_rt.cli import kernels as cli_kernels
 from ninfer_rt.cli import main
 from ninfer_rt.cuda import attention_plan, linear_ops, ops, quant_ops, sampling_ops
 from ninfer_rt.cuda.compiler import compile_family, families
 from ninfer_rt.cuda.driver import device_count
-from ninfer_rt.kernel_benches import BENCHES
-from ninfer_rt.kernel_dev import TARGET_ARCHS, entry_points
+from ninfer_rt.kernel_dev.benches import BENCHES
+from ninfer_rt.kernel_dev.loop import TARGET_ARCHS, entry_points
 
 # These check what a machine without a GPU does (compile only); with a GPU the same commands test and bench.
 without_gpu = pytest.mark.skipif(device_count() > 0, reason="checks the behaviour without a GPU")
@@ -158,7 +158,7 @@ def watch_with_edits(monkeypatch: pytest.MonkeyPatch, edits: list[tuple[Path, st
         path, text = next(pending)
         path.write_text(text)
 
-    monkeypatch.setattr(cli_kernels, "watch", functools.partial(kernel_dev.watch, sleep=next_edit))
+    monkeypatch.setattr(cli_kernels, "watch", functools.partial(loop.watch, sleep=next_edit))
 
 
 def cycles(output: str) -> list[str]:
@@ -201,5 +201,5 @@ def test_watch_waits_while_nothing_changes() -> None:
             raise KeyboardInterrupt  # the user stops it
 
     with pytest.raises(KeyboardInterrupt):
-        kernel_dev.watch("rmsnorm", lambda: runs.append(1), poll_seconds=0.25, sleep=sleep)
+        loop.watch("rmsnorm", lambda: runs.append(1), poll_seconds=0.25, sleep=sleep)
     assert runs == [1] and polls == [0.25, 0.25, 0.25]

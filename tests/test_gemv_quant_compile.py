@@ -14,6 +14,7 @@ from ninfer_rt.cuda.linear_ops import GEMV_BUCKETS, Epilogue
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.quantize.format import ScaleFormat
 from test_pdl_contract import entry_bodies
 
 TARGET_ARCHS = ("sm_80", "sm_90a", "sm_120a")
@@ -24,7 +25,20 @@ def kernel_names() -> set[str]:
         quant_ops.gemv_spec(bits, rows, group, warps).name
         for bits in (4, 8) for rows in GEMV_BUCKETS for group in (32, 64, 128, 256) for warps in quant_ops.WARPS
     }
-    return gemvs | {quant_ops.dequantize_spec(bits).name for bits in (4, 8)}
+    f16s = {
+        quant_ops.gemv_spec(bits, rows, group, warps, ScaleFormat.FP16).name
+        for bits, group in quant_ops.F16S_FORMATS for rows in GEMV_BUCKETS for warps in quant_ops.WARPS
+    }
+    return gemvs | f16s | {quant_ops.dequantize_spec(bits, scales).name for bits in (4, 8) for scales in ScaleFormat}
+
+
+def test_the_artifact_formats_have_fp16_scale_kernels() -> None:
+    # Q4G64 -> int4 g64; Q5G64 / Q6G64 -> int8 g64 (a whole int8 column per scale); W8G32 -> int8 g32.
+    names = {quant_ops.gemv_spec(bits, 3, group, 8, ScaleFormat.FP16).name for bits, group in quant_ops.F16S_FORMATS}
+    assert names == {"gemv_int4_g64_f16s", "gemv_int8_b4_f16s", "gemv_int8_g32_f16s"}
+    assert quant_ops.gemv_spec(8, 1, 64, 16, ScaleFormat.FP16).name == "gemv_int8_b1_f16s_w16"
+    assert quant_ops.dequantize_spec(4, ScaleFormat.FP16).name == "dequantize_int4_f16s_bf16"
+    assert quant_ops.dequantize_spec(4).name == "dequantize_int4_bf16"
 
 
 def test_grids_of_at_most_two_tiles_per_sm_get_16_warps_per_block() -> None:
@@ -49,12 +63,15 @@ def test_every_launched_kernel_compiles_for_each_target(arch: str, tmp_path: Pat
         assert name.encode() in compiled.cubin, f"{name} missing from the {arch} cubin"
 
 
-def weight(rows: int = 16, cols: int = 256, bits: int = 4, group_size: int = 128, padded_rows: int | None = None) -> QuantizedDeviceWeight:
+def weight(
+    rows: int = 16, cols: int = 256, bits: int = 4, group_size: int = 128, padded_rows: int | None = None,
+    scale_format: ScaleFormat = ScaleFormat.BF16,
+) -> QuantizedDeviceWeight:
     streams = StreamSet()  # logical buffers: the checks run before any launch
     stored = padded_rows or rows
     qweight = DeviceBuffer(streams, stored * cols * bits // 8, "w.q")
     scales = DeviceBuffer(streams, max(stored * cols // max(group_size, 1) * 2, 16), "w.q.scales")
-    return QuantizedDeviceWeight(qweight, scales, rows, cols, bits, group_size)
+    return QuantizedDeviceWeight(qweight, scales, rows, cols, bits, group_size, scale_format)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +84,9 @@ def weight(rows: int = 16, cols: int = 256, bits: int = 4, group_size: int = 128
         (weight(bits=3), "3-bit"),
         (weight(rows=20, padded_rows=32), None),  # 3 octets, padded to 4
         (weight(rows=20, padded_rows=24), "qweight"),  # the padding octet is missing
+        (weight(bits=4, group_size=64, scale_format=ScaleFormat.FP16), None),  # Q4G64
+        (weight(bits=8, group_size=32, scale_format=ScaleFormat.FP16), None),  # W8G32
+        (weight(bits=4, group_size=128, scale_format=ScaleFormat.FP16), r"not \(4, 128\)"),  # no such kernel
     ],
 )
 def test_weights_the_kernels_cannot_read_are_refused(w: QuantizedDeviceWeight, message: str | None) -> None:
@@ -99,7 +119,7 @@ def test_swiglu_needs_whole_octets_of_outputs() -> None:
 
 def test_gemv_issues_weight_loads_before_waiting_for_the_previous_kernel() -> None:
     bodies = entry_bodies(family_ptx("gemv_quant", "sm_90a"))
-    for name in ("gemv_int4_b1", "gemv_int8_b8", "gemv_int4_g32"):
+    for name in ("gemv_int4_b1", "gemv_int8_b8", "gemv_int4_g32", "gemv_int4_g64_f16s", "gemv_int8_b1_f16s"):
         body = bodies[name]
         assert body.index("ld.global.nc.L1::no_allocate") < body.index("griddepcontrol.wait"), name
         assert body.index("griddepcontrol.wait") < body.index("mma.sync"), name
@@ -110,7 +130,8 @@ def test_dequantization_masks_come_from_registers_not_immediates() -> None:
     # instructions on sm_90a); the kernels read the masks once from dequant_mask_table instead.
     masks = {"0x000F000F": "983055", "0x007F007F": "8323199", "0x00800080": "8388736"}
     bodies = entry_bodies(family_ptx("gemv_quant", "sm_90a"))
-    for name in ("gemv_int4_b1", "gemv_int8_b8", "gemv_int4_g32", "dequantize_int8_bf16"):
+    for name in ("gemv_int4_b1", "gemv_int8_b8", "gemv_int4_g32", "dequantize_int8_bf16", "gemv_int8_g32_f16s",
+                 "dequantize_int4_f16s_bf16"):
         body = bodies[name]
         assert "ld.volatile.global.u32" in body, name
         for hex_value, decimal in masks.items():

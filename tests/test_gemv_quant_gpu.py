@@ -14,7 +14,7 @@ from ninfer_rt.cli import main
 from ninfer_rt.cuda import ops, quant_ops
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
-from ninfer_rt.quantize.format import QuantizedWeight
+from ninfer_rt.quantize.format import QuantizedWeight, ScaleFormat, signed, unpack
 from ninfer_rt.quantize.layouts import concat_rows, dequantize
 from ninfer_rt.quantize.quantizer import quantize
 from ninfer_rt.testing.tiny import make_tiny_model
@@ -44,7 +44,7 @@ def upload(gpu: OneStream, w: QuantizedWeight) -> QuantizedDeviceWeight:
     """As the CUDA executor does: the weight in the GPU layout (concat_rows of one part)."""
     d = concat_rows([w])
     n, k = d.shape
-    return QuantizedDeviceWeight(gpu.upload(d.qweight), gpu.upload(d.scales), n, k, d.bits, d.group_size)
+    return QuantizedDeviceWeight(gpu.upload(d.qweight), gpu.upload(d.scales), n, k, d.bits, d.group_size, d.scale_format)
 
 
 def reference(x: np.ndarray, w: QuantizedWeight) -> np.ndarray:
@@ -106,11 +106,59 @@ def test_swiglu_epilogue_is_bit_identical_to_gemv_then_silu_mul(
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize(("n", "k", "group"), [(131, 256, 64), (1000, 4096, 128), (7, 32 * 8, 32), (24, 640, 128)])
-def test_dequantize_is_the_reference_rounded_to_bf16(gpu: OneStream, bits: int, n: int, k: int, group: int) -> None:
-    rng = np.random.default_rng(n + bits)
-    w = quantized(rng, n, k, bits, group)
+def fp16_scaled(rng: np.random.Generator, n: int, k: int, bits: int, group: int) -> QuantizedWeight:
+    """Codes over the whole int range (widened Q5/Q6/W8 codes lie inside it) and fp16 multipliers of both
+    signs over 3 decades of row magnitude, as a `.ninfer` artifact's weights are bound."""
+    codes = rng.integers(0, 1 << bits, (n, k)).astype(np.uint8)
+    packed = codes if bits == 8 else codes[:, 0::2] | (codes[:, 1::2] << 4)
+    scales = rng.standard_normal((n, k // group)) * rng.uniform(1e-4, 1e-1, (n, 1))
+    return QuantizedWeight(bits, group, np.ascontiguousarray(packed), scales.astype(np.float16))
+
+
+def exact_products(w: QuantizedWeight) -> np.ndarray:
+    """q * multiplier in float64, unrounded: the GEMV applies each multiplier, widened exactly to f32, to
+    the f32 sums of q * x (the format's values, dequantize(), round each product to bf16 besides)."""
+    q = signed(unpack(w.qweight, w.bits), w.bits).astype(np.float64)
+    return q * np.repeat(w.scales.astype(np.float64), w.group_size, axis=1)
+
+
+@pytest.mark.parametrize("warps", quant_ops.WARPS)
+@pytest.mark.parametrize(("bits", "group"), quant_ops.F16S_FORMATS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize(("n", "k"), [(131, 256), (1000, 4096), (77, 640), (100, 12288)])
+def test_fp16_scale_gemv_matches_float64_and_writes_only_its_rows(
+    gpu: OneStream, bits: int, group: int, rows: int, n: int, k: int, warps: int
+) -> None:
+    rng = np.random.default_rng(rows * 7919 + n + bits + group)
+    x, w = bf16_random(rng, rows, k), fp16_scaled(rng, n, k, bits, group)
+    y = gpu.poisoned((rows + 1) * n * 2)
+    quant_ops.gemv(gpu.lib, gpu.stream, gpu.upload(x), upload(gpu, w), y, rows, warps=warps)
+    out = gpu.download(y, BF16, (rows + 1, n)).astype(np.float64)
+    assert relative_l2(out[:rows], x.astype(np.float64) @ exact_products(w).T) < 4e-3
+    assert np.isnan(out[rows]).all()
+
+
+@pytest.mark.parametrize(("bits", "group"), quant_ops.F16S_FORMATS)
+def test_fp16_scale_gemv_f32_epilogue_keeps_the_exact_products(gpu: OneStream, bits: int, group: int) -> None:
+    rng = np.random.default_rng(bits + group)
+    x, w = bf16_random(rng, 3, 1024), fp16_scaled(rng, 517, 1024, bits, group)
+    y = gpu.poisoned(3 * 517 * 4)
+    quant_ops.gemv(gpu.lib, gpu.stream, gpu.upload(x), upload(gpu, w), y, 3, Epilogue.STORE_F32)
+    assert relative_l2(gpu.download(y, np.float32, (3, 517)), x.astype(np.float64) @ exact_products(w).T) < 1e-5
+
+
+DEQUANTIZE_CASES = [
+    *[(bits, n, k, group, quantized) for bits in (4, 8) for n, k, group in [(131, 256, 64), (1000, 4096, 128), (7, 256, 32), (24, 640, 128)]],
+    *[(bits, n, k, group, fp16_scaled) for bits, group in quant_ops.F16S_FORMATS for n, k in [(131, 256), (1000, 4096), (24, 640)]],
+]
+
+
+@pytest.mark.parametrize(("bits", "n", "k", "group", "make"), DEQUANTIZE_CASES)
+def test_dequantize_is_the_reference_rounded_to_bf16(gpu: OneStream, bits: int, n: int, k: int, group: int, make) -> None:  # noqa: ANN001
+    """Bit for bit; with fp16 scales that is the format's own value, bf16(q * multiplier), which NInfer's
+    decoder gives and the numpy executor computes with."""
+    rng = np.random.default_rng(n + bits + group)
+    w = make(rng, n, k, bits, group)
     out = gpu.poisoned((n + 1) * k * 2)
     quant_ops.dequantize(gpu.lib, gpu.stream, upload(gpu, w), out)
     got = gpu.download(out, np.uint16, ((n + 1) * k,))

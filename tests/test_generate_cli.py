@@ -66,6 +66,8 @@ def test_chat_without_prefix_caching_recomputes_every_turn(tiny_qwen3: Path) -> 
         (["--model", "{model}", "--prompt", "x", "--kv-dtype", "fp4"], "'--kv-dtype'"),
         (["--model", "{model}", "--prompt", "x", "--kv-capacity", "lots"], "'auto' or a positive page count"),
         (["--model", "{model}", "--prompt", "x", "--no-such-flag"], "No such option"),
+        (["--model", "{model}", "--prompt", "x", "--device", "cuda", "--tensor-parallel", "2"], "needs the NCCL path, which is not built"),
+        (["--model", "{model}", "--prompt", "x", "--device", "cpu", "--tensor-parallel", "3"], "4 attention heads do not split evenly"),
     ],
 )
 def test_command_line_mistakes_exit_2_with_one_line(tiny_qwen3: Path, args: list[str], message: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ninfer_rt.quantize.writer import quantize_checkpoint
+from ninfer_rt.quantize_checkpoint.writer import quantize_checkpoint
 from ninfer_rt.model.hybrid_weights import GatedAttentionWeights, LinearAttentionWeights, split_query_gate
 from ninfer_rt.quantize.format import QuantizedWeight
 from ninfer_rt.quantize.layouts import dequantize

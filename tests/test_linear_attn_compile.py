@@ -1,11 +1,11 @@
 """Gated DeltaNet families on the CPU: NVRTC compiles them for every target arch with every kernel the
-wrappers launch (the PDL contract is checked for every family by test_pdl_contract.py), the wrappers'
-constants are the kernels' constexprs, and the wrappers' launch shapes, kernel choice and declared accesses
-are right, for the fused and the split chunked forms (a recording library, no GPU)."""
+wrappers launch (the PDL contract is checked for every family by test_pdl_contract.py, the mirrored
+constants by test_linear_attn_constants.py), the split passes' shared memory fits the devices, and the
+wrappers' launch shapes, kernel choice and declared accesses are right, for the fused and the split chunked
+forms (a recording library, no GPU)."""
 
 from __future__ import annotations
 
-import re
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +26,6 @@ from ninfer_rt.kv.states import StateSlotPool, StateSpec
 from ninfer_rt.model.executor import LinearAttentionParams, LinearAttentionShape, StepBatch
 from ninfer_rt.ordering import Span
 from test_attention_compile import RecordingLibrary
-from test_attention_plan_constants import constexpr_int
 
 TARGET_ARCHS = ("sm_80", "sm_90a", "sm_120a")
 SM120_SMEM = 101_376  # opt-in shared memory per block: sm_120 (RTX 5090)
@@ -62,43 +61,11 @@ def test_the_chunked_kernel_fits_sm120_with_narrow_column_groups_and_hopper_with
         ops.chunk_columns(128, 128, 64 * 1024)
 
 
-# (source file, constexpr name, the Python constant it must equal)
-MIRRORED = [
-    ("gdn_delta_rule_common.cuh", "kChunk", ops.CHUNK),
-    ("gdn_delta_rule_common.cuh", "kRecurrentMaxRows", ops.RECURRENT_MAX_ROWS),
-    ("gdn_delta_rule.cu", "kChunkThreads", ops.CHUNK_THREADS),
-    ("gdn_delta_rule.cu", "kRecurrentColumns", ops.RECURRENT_COLUMNS),
-    ("gdn_chunked_split.cu", "kSplitThreads", ops.SPLIT_THREADS),
-    ("gdn_chunked_split.cu", "kOutputColumns", ops.SPLIT_OUTPUT_COLUMNS),
-]
-
-
-@pytest.mark.parametrize(("source", "name", "value"), MIRRORED, ids=[f"{s}:{n}" for s, n, _ in MIRRORED])
-def test_python_constant_equals_the_kernel_constexpr(source: str, name: str, value: int) -> None:
-    assert constexpr_int(source, name) == value
-
-
 def test_every_split_pass_fits_sm120_and_two_blocks_fit_an_h200_sm() -> None:
     for key_dim in ops.KEY_DIMS:
         for columns in (16, 32):
             assert max(ops.split_smem_bytes(key_dim, columns)) <= SM120_SMEM
             assert 2 * max(ops.split_smem_bytes(key_dim, columns)) <= 228 * 1024 - 2 * 1024  # per SM, less 1 KiB per block
-
-
-@pytest.mark.parametrize("key_dim", ops.KEY_DIMS)
-@pytest.mark.parametrize("columns", [16, 32])
-def test_split_smem_bytes_are_the_kernels_kfloats(key_dim: int, columns: int) -> None:
-    """Each pass's `static constexpr int kFloats = ...;`, read from the source and evaluated at (dk, cv)."""
-    source = (Path(__file__).resolve().parents[1] / "kernels_src" / "gdn_chunked_split.cu").read_text()
-    stride = re.search(r"constexpr int operand_stride\(int columns\) \{\s*return columns \+ (\d+);", source)
-    padding = int(stride.group(1))
-    names = {"DK": key_dim, "CV": columns, "kChunk": ops.CHUNK, "kOutputStride": ops.SPLIT_OUTPUT_COLUMNS + padding,
-             "kStride": columns + padding}
-    floats = []
-    for struct in ("TermsSmem", "CarrySmem", "OutputSmem"):
-        [expr] = re.findall(rf"struct {struct} {{[^}}]*?static constexpr int kFloats = ([^;]+);", source)
-        floats.append(eval(re.sub(r"[A-Za-z]\w*", lambda m: str(names[m.group(0)]), expr)))  # noqa: S307 - our own source
-    assert ops.split_smem_bytes(key_dim, columns) == tuple(4 * n for n in floats)
 
 
 def test_geometry_refuses_what_is_not_instantiated() -> None:

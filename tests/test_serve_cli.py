@@ -46,6 +46,15 @@ def test_a_bad_flag_value_exits_2_with_one_line(tiny_qwen3: Path, flag: list[str
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_configuration_the_engine_refuses_at_load_is_the_one_line_itself(tiny_qwen3: Path) -> None:
+    # refused once the weights are read (no MTP weights); --kv-capacity auto's plan that does not fit the
+    # device (MemoryPlanError, tests/test_memory_plan.py) ends the same way on a GPU
+    result = run_serve("--model", str(tiny_qwen3), "--device", "cpu", "--port", str(free_port()), "--spec", "mtp")
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "Error: --spec mtp: the checkpoint has no MTP weights (no mtp.* tensors); use --spec none"
+
+
 def test_the_cli_group_has_the_serve_command() -> None:
     console_script = Path(sys.executable).parent / "ninfer-rt"
     result = subprocess.run([str(console_script), "serve", "--help"], capture_output=True, text=True, timeout=60)

@@ -1,7 +1,7 @@
 """Decode attention bandwidth: flash-decoding (split + combine) at batch 1 over a paged KV cache.
 
 Qwen3-8B attention shape (32 q heads, 8 kv heads, head_dim 128), one new token, contexts 256 / 8192 /
-114812, bf16 and int8 KV; the cases and their timing are ninfer_rt.kernel_benches.bench_decode_attention's
+114812, bf16 and int8 KV; the cases and their timing are ninfer_rt.kernel_dev.bench_attention.bench_decode_attention's
 (also `ninfer-rt kernels bench decode_attention`). Each measurement replays a CUDA graph of at least `--reps`
 back-to-back launches of the two kernels, so Python launch overhead is not timed; the median over `--repeats`
 replays (after warm-up) is reported per launch. Launches rotate over copies of the KV cache (at least
@@ -11,7 +11,7 @@ Bytes moved = KV bytes read (K and V values, plus the f32 scales for int8); the 
 
     python tools/bench_attention.py [--contexts 256,8192,114812] [--kv bf16,int8]
 
---prefill times prefill attention instead (ninfer_rt.kernel_benches.bench_prefill_attention, the split count as
+--prefill times prefill attention instead (ninfer_rt.kernel_dev.bench_attention.bench_prefill_attention, the split count as
 the executor picks it): the agent turn (531 new rows over 114,812 keys) and an 8192-token causal chunk, in
 TFLOP/s counting 4 * attended pairs * head_dim * q heads:
 
@@ -25,7 +25,7 @@ import argparse
 from bench_decode import append_results, print_table, run_info
 from ninfer_rt.cuda.benchmark import BenchSession
 from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.kernel_benches import bench_decode_attention, bench_prefill_attention
+from ninfer_rt.kernel_dev.bench_attention import bench_decode_attention, bench_prefill_attention
 from ninfer_rt.model.shapes import SHAPES
 
 H200_BYTES_PER_S = 4.28e12

@@ -1,7 +1,7 @@
 """Gated DeltaNet delta rule at the Qwen3.6-27B layer shape (16 key heads, 48 value heads of 128), beside fla-core.
 
 Ours (kernels_src/gdn_delta_rule.cu through ninfer_rt.cuda.linear_attn_ops; the cases are
-ninfer_rt.kernel_benches_gdn's, also `ninfer-rt kernels bench gdn_delta_rule`):
+ninfer_rt.kernel_dev.bench_gdn's, also `ninfer-rt kernels bench gdn_delta_rule`):
 - recurrent: one sequence of T = 1 (decode) and T = 4 rows (verification, keeping only the final state as
   fla does, and keeping all four states as a k=3 verify pass does), the state updated in place in its slot;
 - layer: the whole decode op of a layer (conv + SiLU, recurrent delta rule, gated norm);
@@ -30,7 +30,7 @@ from bench_decode import append_results, print_table, run_info
 from ninfer_rt.cuda import linear_attn_ops as ops
 from ninfer_rt.cuda.benchmark import BenchSession, copy_bandwidth
 from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.kernel_benches_gdn import LAYERS, QWEN3_6_27B, DeltaRuleCase, state_bytes
+from ninfer_rt.kernel_dev.bench_gdn import LAYERS, QWEN3_6_27B, DeltaRuleCase, state_bytes
 
 HEADS = QWEN3_6_27B
 STATE_BYTES = state_bytes(HEADS)

@@ -1,7 +1,7 @@
 """Decode GEMV bandwidth on model shapes, against the device's copy bandwidth measured in the same run.
 Appends JSON lines to bench/results/kernels.jsonl.
 
-The cases and their timing are ninfer_rt.kernel_benches.bench_gemv's (also `ninfer-rt kernels bench gemv`):
+The cases and their timing are ninfer_rt.kernel_dev.bench_rows.bench_gemv's (also `ninfer-rt kernels bench gemv`):
 each measurement replays a CUDA graph of back-to-back launches (so Python launch overhead is not timed:
 eager launches measured a ~35 us per-launch floor that was the host, not the kernel) and reports the
 median over replays, per launch. Launches rotate over copies of the weight matrix, at least
@@ -18,7 +18,7 @@ import argparse
 from bench_decode import append_results, print_table, run_info
 from ninfer_rt.cuda.benchmark import BenchSession, copy_bandwidth
 from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.kernel_benches import bench_gemv
+from ninfer_rt.kernel_dev.bench_rows import bench_gemv
 from ninfer_rt.model.shapes import SHAPES
 
 

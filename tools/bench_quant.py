@@ -18,12 +18,8 @@ from ninfer_rt.cuda.benchmark import BenchSession, cold_copies, copy_bandwidth
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
-from ninfer_rt.kernel_benches import gemv_shapes
-
-try:  # the model shapes moved from kernel_benches to model/shapes.py
-    from ninfer_rt.model.shapes import SHAPES
-except ImportError:
-    from ninfer_rt.kernel_benches import SHAPES
+from ninfer_rt.kernel_dev.cases import gemv_shapes
+from ninfer_rt.model.shapes import SHAPES
 
 LAYER_OPS = ("qkv", "o_proj", "gate_up+swiglu", "down")
 TARGETS = {4: 0.75, 8: 0.80}  # issue 10: batch-1 decode, fraction of the copy roofline

@@ -25,7 +25,7 @@ import numpy as np
 
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.weights import expected_tensors
-from ninfer_rt.quantize.writer import quantized_names
+from ninfer_rt.quantize_checkpoint.writer import quantized_names
 from ninfer_rt.testing.shaped import write_random_weights
 from ninfer_rt.testing.tiny import write_json
 
@@ -40,7 +40,7 @@ SHAPE_27B = {
 CHILD = """
 import json, sys, time
 from pathlib import Path
-from ninfer_rt.quantize.writer import quantize_checkpoint
+from ninfer_rt.quantize_checkpoint.writer import quantize_checkpoint
 start = time.perf_counter()
 quantize_checkpoint(Path(sys.argv[1]), Path(sys.argv[2]), 4, 128)
 seconds = time.perf_counter() - start

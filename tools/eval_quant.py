@@ -27,7 +27,7 @@ from ninfer_rt.engine.build import EngineConfig
 from ninfer_rt.engine.engine import Engine
 from ninfer_rt.model.layers import forward
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.quantize.writer import quantize_checkpoint
+from ninfer_rt.quantize_checkpoint.writer import quantize_checkpoint
 from ninfer_rt.shipped import default_model_dir
 from ninfer_rt.testing.tiny import ENDOFTEXT
 from tiny_corpus import eval_windows, python_sources, read_texts, source_roots, split, token_stream

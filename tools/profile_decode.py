@@ -35,7 +35,7 @@ from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.exec.cuda_graphs import GraphedForward
-from ninfer_rt.kernel_benches import Shape, gemv_shapes
+from ninfer_rt.kernel_dev.cases import Shape, gemv_shapes
 from ninfer_rt.model.shapes import SHAPES
 
 GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")  # what the device does, in CUPTI's trace categories

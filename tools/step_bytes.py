@@ -17,7 +17,7 @@ import numpy as np
 
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.weights import expected_tensors
-from ninfer_rt.quantize.writer import EMBEDDING, quantized_names
+from ninfer_rt.quantize_checkpoint.writer import EMBEDDING, quantized_names
 
 QUANT_GROUP = 128
 

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ninfer_rt.cli.errors import BadUsage, OneLineErrors
-from ninfer_rt.cli.options import engine_config, engine_options
+from ninfer_rt.cli.options import engine_config, engine_options, from_flags
 from ninfer_rt.engine.build import EngineError
 from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.output import RequestStats
@@ -47,7 +47,7 @@ def generate(model_dir: str | None, prompt: str | None, prompt_file: Any, chat: 
     if sum(x is not None and x is not False for x in (prompt, prompt_file, chat or None)) != 1:
         raise BadUsage("give exactly one of --prompt, --prompt-file or --chat")
     try:
-        params = _sampling_params(options)
+        params = from_flags(SamplingParams, options)
         engine = Engine.load(model_dir, engine_config(options))
     except ValueError as err:  # bad sampling values, or an unreadable config/tokenizer/weights
         raise BadUsage(str(err)) from None
@@ -57,16 +57,6 @@ def generate(model_dir: str | None, prompt: str | None, prompt_file: Any, chat: 
         _chat(engine, params)
     else:
         _stream(engine, prompt if prompt is not None else prompt_file.read(), params)
-
-
-def _sampling_params(options: dict[str, Any]) -> SamplingParams:
-    return SamplingParams(
-        temperature=options["temperature"],
-        top_p=options["top_p"],
-        top_k=options["top_k"],
-        seed=options["seed"],
-        max_tokens=options["max_tokens"],
-    )
 
 
 def _stream(engine: Engine, prompt: str, params: SamplingParams) -> str:

@@ -25,7 +25,7 @@ from ninfer_rt.cuda.compiler import (
     resolve_arch,
 )
 from ninfer_rt.cuda.driver import device_count, open_device
-from ninfer_rt.kernel_dev import (
+from ninfer_rt.kernel_dev.loop import (
     POLL_SECONDS,
     TARGET_ARCHS,
     describe_compile_error,
@@ -36,7 +36,7 @@ from ninfer_rt.kernel_dev import (
     run_tests,
     watch,
 )
-from ninfer_rt.kernel_benches import BENCHES
+from ninfer_rt.kernel_dev.benches import BENCHES
 from ninfer_rt.model.shapes import SHAPES
 
 DEFAULT_SHAPE = "qwen3-8b"
@@ -143,7 +143,7 @@ def bench_command(shape: str, launches: int, repeats: int, names: tuple[str, ...
     for name in names:
         bench = BENCHES.get(name)
         if bench is None:
-            click.echo(f"\n{name}: no benchmark registered (add one to ninfer_rt/kernel_benches.py BENCHES)")
+            click.echo(f"\n{name}: no benchmark registered (add one to ninfer_rt/kernel_dev/benches.py BENCHES)")
             continue
         click.echo(f"\n{name}\n" + _bench_table(bench(session, SHAPES[shape]), roofline))
     session.close()

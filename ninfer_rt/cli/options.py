@@ -1,17 +1,21 @@
-"""The engine flags that `generate` and `serve` share, and the EngineConfig built from them."""
+"""The engine flags that `generate` and `serve` share, and the EngineConfig built from them: a flag sets the
+config field (or, for `generate`, the SamplingParams field) of its own name."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import click
 
 from ninfer_rt.cuda.driver import device_count
 from ninfer_rt.cuda.fault_drill import ALLOW_ENV, check_allowed
-from ninfer_rt.engine.build import EngineConfig
+from ninfer_rt.engine.build import EngineConfig, require_tensor_parallel_path, resolve_device
 from ninfer_rt.engine.spec_vocab import DEFAULT_DRAFT_VOCAB
 from ninfer_rt.kv.memory_plan import SnapshotBudget
+
+T = TypeVar("T")
 
 _OPTIONS = [
     click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]), help="auto: the GPU when one is present."),
@@ -39,6 +43,10 @@ _OPTIONS = [
         help="Hybrid models: memory (e.g. 4GiB) or count of saved Gated DeltaNet states; default: planned with --kv-capacity.",
     ),
     click.option(
+        "--tensor-parallel", default=1, show_default=True, type=click.IntRange(min=1),
+        help="Split the model over N ranks (on the CPU: N simulated ranks; the GPUs' NCCL path is not built).",
+    ),
+    click.option(
         "--debug-fault-after", type=int, default=None, hidden=True,
         help=f"The fault drill: an out-of-bounds write after N device ops; needs {ALLOW_ENV}=1.",
     ),
@@ -54,25 +62,19 @@ def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def engine_config(options: dict[str, Any]) -> EngineConfig:
     """The engine's share of a command's flags; a ValueError (one line for the CLI) when they cannot work here."""
+    require_tensor_parallel_path(resolve_device(options["device"]), options["tensor_parallel"])
     if options["device"] == "cuda" and device_count() == 0:
         raise ValueError("--device cuda: no CUDA GPU is visible here (no driver or no device); use --device cpu")
     if options["debug_fault_after"] is not None:
         check_allowed(options["debug_fault_after"])  # FaultDrillRefused is a ValueError: one line, exit 2
-    return EngineConfig(
-        device=options["device"],
-        max_context=options["max_context"],
-        kv_capacity=options["kv_capacity"],
-        max_concurrency=options["max_concurrency"],
-        kv_dtype=options["kv_dtype"],
-        prefix_caching=options["prefix_caching"],
-        verify_ordering=options["verify_ordering"] or None,
-        overlap=options["overlap"],
-        spec=options["spec"],
-        draft_tokens=options["draft_tokens"],
-        lm_head_draft=options["lm_head_draft"],
-        state_snapshot_budget=options["state_snapshot_budget"],
-        debug_fault_after=options["debug_fault_after"],
-    )
+    return from_flags(EngineConfig, options, verify_ordering=options["verify_ordering"] or None)
+
+
+def from_flags(cls: type[T], options: Mapping[str, Any], **overrides: Any) -> T:
+    """The dataclass `cls` with each field that a flag of the same name sets taken from `options` (a field no
+    flag names keeps its default), then `overrides`."""
+    named = {field.name: options[field.name] for field in dataclasses.fields(cls) if field.name in options}
+    return cls(**(named | overrides))
 
 
 def _snapshot_budget(value: str | None) -> str | None:

@@ -1,8 +1,8 @@
-"""`ninfer-rt quantize`: a bf16 checkpoint -> the project's groupwise int4/int8 checkpoint (quantize/writer.py).
+"""`ninfer-rt quantize`: a bf16 checkpoint -> the project's groupwise int4/int8 checkpoint (quantize_checkpoint/writer.py).
 
 With --calibration-text, windows of that text run through the numpy executor first; each linear layer's
 mean x x^T (over its inputs) then weights the scale search and drives GPTQ's choice of codes
-(quantize/calibration.py, quantize/quantizer.py).
+(quantize_checkpoint/calibration.py, quantize/quantizer.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from ninfer_rt.cli.errors import BadUsage, OneLineErrors
-from ninfer_rt.quantize.writer import quantize_checkpoint
+from ninfer_rt.quantize_checkpoint.writer import quantize_checkpoint
 
 
 @click.command("quantize", cls=OneLineErrors)

@@ -15,11 +15,13 @@ from typing import Any
 import click
 
 from ninfer_rt.cli.errors import OneLineErrors
-from ninfer_rt.cli.options import engine_config, engine_options
-from ninfer_rt.serve.intake import default_max_body_bytes
-from ninfer_rt.serve.server import START_UP_FAILED, Listen, run_server
-from ninfer_rt.serve.state import ServeConfig, sampling_defaults
 from ninfer_rt.cli.model_path import model_frontend
+from ninfer_rt.cli.options import engine_config, engine_options
+from ninfer_rt.engine.build import EngineError
+from ninfer_rt.kv.memory_plan import MemoryPlanError
+from ninfer_rt.serve.intake import default_max_body_bytes
+from ninfer_rt.serve.server import Listen, ModelLoadFailed, run_server
+from ninfer_rt.serve.state import ServeConfig, sampling_defaults
 from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
 
 
@@ -57,10 +59,19 @@ def serve(model_dir: str | None, **options: Any) -> None:
     _check_port_free(options["host"], options["port"])
     logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     listen = Listen(host=options["host"], port=options["port"], log_level=options["log_level"])
-    status = run_server(model_path, config, _serve_config(model_path, frontend, options), listen)
-    if status == START_UP_FAILED:  # the log has the reason; a supervisor's one line says where it stopped
-        raise click.UsageError(f"--model {model_path}: the model failed to load")
+    try:
+        status = run_server(model_path, config, _serve_config(model_path, frontend, options), listen)
+    except ModelLoadFailed as failed:
+        raise click.UsageError(_load_failure_line(model_path, failed.cause)) from None
     sys.exit(status)
+
+
+def _load_failure_line(model_path: Path, cause: Exception | None) -> str:
+    """A configuration the engine refuses (stores that do not fit the device, flags the checkpoint cannot
+    serve) is the one line itself, naming its flag; any other failure points at the log, which has it."""
+    if isinstance(cause, (MemoryPlanError, EngineError)):
+        return str(cause)
+    return f"--model {model_path}: the model failed to load"
 
 
 def _check_port_free(host: str, port: int) -> None:

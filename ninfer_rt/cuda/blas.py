@@ -13,12 +13,11 @@ declared as written by every GEMM on that stream, so two streams can never share
 
 from __future__ import annotations
 
-import threading
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ninfer_rt.cuda.driver import Device
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.ops import _require_bytes
 from ninfer_rt.cuda.streams import Stream, StreamSet, require_stream
@@ -81,18 +80,6 @@ def _lt():  # noqa: ANN202 - the nvmath module; imported lazily so CPU-only inst
     return cublasLt
 
 
-_handles: dict[int, int] = {}
-_handles_lock = threading.Lock()
-
-
-def _handle(device: Device) -> int:
-    """One cuBLASLt handle per device, for the process (handles are thread-safe and stream-agnostic)."""
-    with _handles_lock:
-        if device.ordinal not in _handles:
-            _handles[device.ordinal] = _call(_lt().create, "cublasLtCreate")
-        return _handles[device.ordinal]
-
-
 def _call(fn, what: str, *args: object) -> object:  # noqa: ANN001
     try:
         return fn(*args)
@@ -113,7 +100,8 @@ class _Plan:
 
 @dataclass
 class Blas:
-    """GEMMs of one device. Plans are cached per shape; workspaces per stream."""
+    """GEMMs of one device, owned by its executor. Plans are cached per shape; workspaces per stream; the
+    cuBLASLt handle is this object's, destroyed by `close` or when the Blas is collected."""
 
     streams: StreamSet
     workspace_bytes: int = WORKSPACE_BYTES
@@ -124,7 +112,8 @@ class Blas:
         if self.streams.device is None:
             raise ValueError("Blas needs a device StreamSet (the numpy executor multiplies with numpy)")
         self._lt = _lt()
-        self._handle = _handle(self.streams.device)
+        self._handle = _call(self._lt.create, "cublasLtCreate")
+        self._destroy_handle = weakref.finalize(self, self._lt.destroy, self._handle)
 
     def gemm(
         self, stream: object, x: Buffer, w: Buffer, out: Buffer, shape: GemmShape, *, label: str = "gemm", lane: object = None
@@ -201,4 +190,5 @@ class Blas:
         for workspace in self._workspaces.values():
             workspace.free()
         self._workspaces.clear()
+        self._destroy_handle()
 

@@ -89,6 +89,10 @@ class Device:
         return int(free)
 
 
+# The one module-level device state in the package, by the driver's design: a device's primary context is
+# process-global (cuDevicePrimaryCtxRetain hands every caller the same context), so ninfer_rt retains it once
+# per device and keeps it for the life of the process; a release while any executor's buffers live would
+# destroy them with it.
 _init_lock = threading.Lock()
 _contexts: dict[int, tuple[Device, object]] = {}
 

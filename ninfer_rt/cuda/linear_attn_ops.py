@@ -24,6 +24,7 @@ from ninfer_rt.cuda.ops import StepRows, _require_bytes, _require_positive
 from ninfer_rt.cuda.streams import require_stream
 from ninfer_rt.ordering.verifier import Resource
 
+# The kernels' constants, mirrored from kernels_src/gdn_*.cu and checked against them (test_linear_attn_constants).
 CONV_KERNEL = 4  # the conv kernel instantiated (gdn_conv_silu_k4)
 CONV_THREADS = 128  # kConvThreads
 CONV_ROWS_PER_SPLIT = 64  # rows of one sequence per conv block; at least CONV_KERNEL - 1

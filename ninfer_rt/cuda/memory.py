@@ -63,7 +63,9 @@ class DeviceBuffer(Buffer):
     def __init__(self, owner: StreamSet, nbytes: int, name: str) -> None:
         super().__init__(owner, nbytes, name)
         if owner.logical:
-            self._bytes = np.zeros(self.nbytes, np.uint8)
+            # written, not np.zeros' lazily mapped pages: resident from the start like cuMemAlloc's, so host
+            # RSS shows the pools' size at once rather than growing as pages are first touched
+            self._bytes = np.full(self.nbytes, 0, np.uint8)
             self.on_device = False  # logical: host memory standing in for device memory
         else:
             self.ptr = int(check(cu.cuMemAlloc(self.nbytes), f"cuMemAlloc({name}, {self.nbytes})"))

@@ -15,6 +15,7 @@ from ninfer_rt.cuda.linear_ops import Epilogue, _require_device_bytes, gemv_buck
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.ops import _require_positive
 from ninfer_rt.cuda.streams import require_stream
+from ninfer_rt.quantize.format import ScaleFormat
 
 _TILE_ROWS = 16  # weight rows per block (two octets: the rows of an m16n8k16 mma)
 _OCTET_ROWS = 8
@@ -27,6 +28,10 @@ MIN_GROUP_SIZE = 32  # a run of 32 inputs (8 per lane of an mma's 4) shares one 
 _EPILOGUE_CODE = {Epilogue.STORE: 0, Epilogue.RESIDUAL: 1, Epilogue.SWIGLU: 2, Epilogue.STORE_F32: 3}
 _GEMV_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.I32, Arg.I32)
 _DEQUANT_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.I64, Arg.I32, Arg.I32, Arg.I32)
+# (bits, group size) with fp16-scale kernels: the `.ninfer` formats as bound (Q4G64; Q5G64 / Q6G64 widened to
+# int8; W8G32).
+F16S_FORMATS = ((4, 64), (8, 64), (8, 32))
+_SCALE_SUFFIX = {ScaleFormat.BF16: "", ScaleFormat.FP16: "_f16s"}
 
 
 @dataclass(eq=False)
@@ -34,11 +39,12 @@ class QuantizedDeviceWeight:
     """A quantized weight [rows, cols] on the device: codes and scales in the GPU layout (LAYOUT_OCTETS)."""
 
     qweight: DeviceBuffer  # uint8 [octets, cols / column_inputs, 32, 16]
-    scales: DeviceBuffer  # bf16 [octets, cols / group_size, 8]
+    scales: DeviceBuffer  # bf16 or fp16 (scale_format) [octets, cols / group_size, 8]
     rows: int
     cols: int
     bits: int
     group_size: int
+    scale_format: ScaleFormat = ScaleFormat.BF16
 
     @property
     def buffer(self) -> DeviceBuffer:
@@ -83,16 +89,23 @@ class QuantizedDeviceWeight:
             )
         if self.cols % self.column_inputs:
             raise ValueError(f"{op}: int{self.bits} weights need cols % {self.column_inputs} == 0, got cols={self.cols}")
+        if self.scale_format is ScaleFormat.FP16 and (self.bits, self.group_size) not in F16S_FORMATS:
+            raise ValueError(
+                f"{op}: fp16 scales have kernels for (bits, group) in {F16S_FORMATS}, not ({self.bits}, {self.group_size})"
+            )
         _require_device_bytes(op, qweight=(self.qweight, self.code_bytes), scales=(self.scales, self.scale_bytes))
 
 
-def gemv_spec(bits: int, rows: int, group_size: int = 128, warps: int = WARPS[0]) -> KernelSpec:
+def gemv_spec(
+    bits: int, rows: int, group_size: int = 128, warps: int = WARPS[0], scale_format: ScaleFormat = ScaleFormat.BF16
+) -> KernelSpec:
     """gemv_int<bits>_b<bucket> for groups of at least a column; gemv_int<bits>_g<group> (rows <= 8) for
-    smaller groups, which need a scale per segment of a column; `_w16` for 16 warps per block."""
+    smaller groups, which need a scale per segment of a column; then `_f16s` for fp16 scales, `_w16` for 16
+    warps per block."""
     bucket = gemv_bucket("gemv_quant", rows, "dequantize + cuBLASLt above")
     if warps not in WARPS:
         raise ValueError(f"gemv_quant: {warps} warps per block, kernels exist for {WARPS}")
-    suffix = "" if warps == WARPS[0] else f"_w{warps}"
+    suffix = _SCALE_SUFFIX[scale_format] + ("" if warps == WARPS[0] else f"_w{warps}")
     if group_size < 4 * CHUNK_BYTES * 8 // bits:
         return KernelSpec("gemv_quant", f"gemv_int{bits}_g{group_size}{suffix}", _GEMV_SIGNATURE)
     return KernelSpec("gemv_quant", f"gemv_int{bits}_b{bucket}{suffix}", _GEMV_SIGNATURE)
@@ -111,7 +124,7 @@ def gemv_launch(
     n = _outputs(w, epilogue)
     tiles = n // _OCTET_ROWS if epilogue is Epilogue.SWIGLU else -(-n // _TILE_ROWS)
     warps = gemv_warps(tiles, sm_count) if warps is None else warps
-    return gemv_spec(w.bits, rows, w.group_size, warps), tiles, 32 * warps
+    return gemv_spec(w.bits, rows, w.group_size, warps, w.scale_format), tiles, 32 * warps
 
 
 def gemv_warps(tiles: int, sm_count: int) -> int:
@@ -121,8 +134,8 @@ def gemv_warps(tiles: int, sm_count: int) -> int:
     return WARPS[1] if tiles <= 2 * sm_count else WARPS[0]
 
 
-def dequantize_spec(bits: int) -> KernelSpec:
-    return KernelSpec("gemv_quant", f"dequantize_int{bits}_bf16", _DEQUANT_SIGNATURE)
+def dequantize_spec(bits: int, scale_format: ScaleFormat = ScaleFormat.BF16) -> KernelSpec:
+    return KernelSpec("gemv_quant", f"dequantize_int{bits}{_SCALE_SUFFIX[scale_format]}_bf16", _DEQUANT_SIGNATURE)
 
 
 def gemv(
@@ -167,14 +180,14 @@ def dequantize(
     lib: KernelLibrary, stream: object, w: QuantizedDeviceWeight, out: Buffer, *, label: str = "dequantize",
     lane: object = None,
 ) -> None:
-    """out bf16 [w.rows, w.cols] = the dequantized weight (each value rounded to bf16 once): the prefill
-    path multiplies it with cuBLASLt."""
+    """out bf16 [w.rows, w.cols] = the dequantized weight (each value rounded to bf16 once, which for fp16
+    scales is the value their format defines): the prefill path multiplies it with cuBLASLt."""
     stream = require_stream(stream)
     w.check("dequantize")
     _require_device_bytes("dequantize", out=(out, w.rows * w.cols * 2))
     chunks = w.code_bytes // CHUNK_BYTES  # padding rows included; the kernel skips them
     blocks = min(_MAX_DEQUANT_BLOCKS, -(-chunks // _DEQUANT_THREADS))
-    lib.kernel(dequantize_spec(w.bits)).launch(
+    lib.kernel(dequantize_spec(w.bits, w.scale_format)).launch(
         stream, blocks, _DEQUANT_THREADS, out, w.qweight, w.scales, chunks, w.rows, w.cols, w.group_log2,
         label=label, reads=(w.qweight.resource, w.scales.resource), writes=(out.resource,), lane=lane,
     )

@@ -25,6 +25,8 @@ from ninfer_rt.engine.spec_vocab import DraftVocab
 from ninfer_rt.engine.stores import StoreOptions, make_state_ledger, state_spec, store_sizes
 from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.exec.numpy_exec import NumpyExecutor
+from ninfer_rt.exec.numpy_rank_stores import rank_major_kv_spec, rank_major_state_spec
+from ninfer_rt.exec.numpy_tensor_parallel import TensorParallelExecutor
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.kv.manager import KVManager
 from ninfer_rt.kv.memory_plan import SnapshotBudget
@@ -32,6 +34,7 @@ from ninfer_rt.model.executor import Executor, StepForward
 from ninfer_rt.model.layers import PreparedModel, attention_shape, prepare_model
 from ninfer_rt.model.mtp import prepare_mtp
 from ninfer_rt.model.config import ModelConfig
+from ninfer_rt.model.tensor_parallel import TensorParallelError, TensorParallelPlan, plan_for, shard_weights
 from ninfer_rt.model.weights import ModelWeights
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -66,6 +69,7 @@ class EngineConfig:
     snapshot_interval: int = 16384  # hybrids: also save the state every this many tokens of a long prompt
     debug_fault_after: int | None = None  # the fault drill (cuda/fault_drill.py): a fault after this many ops
     cpu_precision: str = "float32"  # the numpy executor's math (and a hybrid's CPU state slots): float64 for golden runs
+    tensor_parallel: int = 1  # ranks the model is split over (simulated ranks on the CPU)
 
     def __post_init__(self) -> None:
         if isinstance(self.kv_dtype, str):
@@ -84,6 +88,10 @@ class EngineConfig:
             SnapshotBudget.parse(self.state_snapshot_budget)  # raises naming the flag
         if self.cpu_precision not in CPU_PRECISIONS:
             raise ValueError(f"cpu_precision must be one of {CPU_PRECISIONS}, got {self.cpu_precision!r}")
+        if self.tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be at least 1, got {self.tensor_parallel}")
+        if self.tensor_parallel > 1 and self.lm_head_draft is not None:
+            raise ValueError("--lm-head-draft is not built with --tensor-parallel; leave one of them out")
         if self.snapshot_interval < 0:
             raise ValueError(f"snapshot_interval must be 0 (never) or positive, got {self.snapshot_interval}")
 
@@ -127,10 +135,14 @@ def build(
     if config.spec == "mtp" and weights.mtp is None:
         raise EngineError("--spec mtp: the checkpoint has no MTP weights (no mtp.* tensors); use --spec none")
     device = resolve_device(config.device)
+    require_tensor_parallel_path(device, config.tensor_parallel)
+    plan = plan_for(weights.config, config.tensor_parallel)
+    if plan.ranks > 1:
+        weights = shard_weights(weights, plan)
     clock = time.perf_counter()
     streams = StreamSet(open_device() if device == "cuda" else None, verify=config.verify_ordering)
     max_context = min(config.max_context, weights.config.max_position_embeddings)
-    executor = make_executor(config, streams, max_context)
+    executor = make_executor(config, streams, max_context, plan)
     startup.kernels, clock = time.perf_counter() - clock, time.perf_counter()
     model = prepare_model(executor, weights)
     drafter = make_drafter(executor, weights, model, config, token_frequencies)  # before KV sizing
@@ -140,6 +152,9 @@ def build(
     # The stores are sized last: `--kv-capacity auto` splits what the weights and activations left free.
     options = store_options(weights.config, config, max_context)
     state = state_spec(weights.config, streams.device, np.dtype(config.cpu_precision))
+    if plan.ranks > 1:  # one store for every rank, rank-major (exec/numpy_rank_stores.py)
+        options = replace(options, kv_page=rank_major_kv_spec(options.kv_page, plan))
+        state = state and rank_major_state_spec(state, plan)
     sizes = store_sizes(options, state, streams.device)
     states = make_state_ledger(streams, executor.compute, state, options, sizes.snapshots)
     kv = KVCache(streams, replace(options.kv_page, num_pages=sizes.kv_pages))
@@ -178,7 +193,18 @@ def max_step_rows(config: EngineConfig) -> int:
     return config.token_budget + config.max_concurrency * drafts
 
 
-def make_executor(config: EngineConfig, streams: StreamSet, max_context: int) -> Executor:
+def require_tensor_parallel_path(device: str, ranks: int) -> None:
+    """Tensor parallelism runs as simulated ranks on the CPU; the GPUs' NCCL path is not built."""
+    if ranks > 1 and device == "cuda":
+        raise TensorParallelError(
+            f"--tensor-parallel {ranks}: multi-GPU tensor parallelism needs the NCCL path, which is not built; "
+            "--device cpu runs the ranks simulated"
+        )
+
+
+def make_executor(config: EngineConfig, streams: StreamSet, max_context: int, plan: TensorParallelPlan) -> Executor:
+    if streams.device is None and plan.ranks > 1:
+        return TensorParallelExecutor(streams, plan, dtype=np.dtype(config.cpu_precision))
     if streams.device is None:
         return NumpyExecutor(streams, dtype=np.dtype(config.cpu_precision))
     return CudaExecutor(

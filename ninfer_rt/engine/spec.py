@@ -64,6 +64,7 @@ from ninfer_rt.model.executor import Executor, StepBatch, StepForward, Tensor, W
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import EagerMTPSteps, MTPSteps, PreparedMTP
 from ninfer_rt.model.weights import ModelWeights
+from ninfer_rt.quantize.layouts import dense_rows
 
 
 def lookahead(draft_tokens: int) -> int:
@@ -147,7 +148,7 @@ class DraftHead:
 
     def _rows(self) -> np.ndarray:
         stored = self.weights.draft_head.rows_for(self.vocab.ids) if self.weights.draft_head is not None else None
-        return stored if stored is not None else np.asarray(self.weights.lm_head)[self.vocab.ids]
+        return stored if stored is not None else dense_rows(self.weights.lm_head, self.vocab.ids)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ class _Tracked:
     input_end: int
     branch_points: set[int] = field(default_factory=set)
     pass_start: int = 0  # position before the pending verify pass
+    last_snapshot: Snapshot | None = None  # restored or written: a prefix of the state, superseded by the next write
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class StateLedger:
         else:
             self.snapshots.restore(snapshot, ring.live_slot, self.compute, lane=lane)
             self.counters.resumed_tokens += start
-        tracked = _Tracked(ring, start, len(request.prompt_ids))
+        tracked = _Tracked(ring, start, len(request.prompt_ids), last_snapshot=snapshot)
         if match_end > start:
             tracked.branch_points.add(match_end)
         self.tracked[request.request_id] = tracked
@@ -159,16 +160,21 @@ class StateLedger:
         if tracked is None:
             return
         if finished and seq is not None and tracked.position == seq.num_tokens and not tracked.ring.awaiting_accept:
-            self._write(tracked, seq, tracked.position, request.request_id)
+            # the end of input stays current beside it: a client that re-renders the reply differently
+            # (dropped or edited reasoning) resumes there
+            self._write(tracked, seq, tracked.position, request.request_id, supersede=False)
         tracked.ring.release(fence if self.snapshots is None else self.compute.record())
 
     def stats(self) -> SlotStats:
         return self.pool.stats()
 
-    def _write(self, tracked: _Tracked, seq: SequenceKV, position: int, lane: str) -> None:
+    def _write(self, tracked: _Tracked, seq: SequenceKV, position: int, lane: str, supersede: bool = True) -> None:
         if self.snapshots is None or position == 0 or not seq.pages:
             return
         key = SnapshotKey.of(seq.hashes, seq.token_ids, position, self.snapshots.page_size)
         covering = seq.pages[(position - 1) // self.snapshots.page_size]
-        self.snapshots.write(key, tracked.ring.live_slot, self.compute, covering_page=covering, lane=lane)
+        tracked.last_snapshot = self.snapshots.write(
+            key, tracked.ring.live_slot, self.compute, covering_page=covering, lane=lane,
+            supersedes=tracked.last_snapshot if supersede else None,
+        )
         self.counters.writes += 1

@@ -2,7 +2,8 @@
 
 Dense weights become bf16 device tensors; zero-centred norm gains are prepared as f32 1 + w and PARAMETER
 weights (conv taps, A_log, dt_bias, the gated norm's gain) as f32, read at that precision by their kernels.
-Groupwise-int weights keep their format on the device (QuantizedDeviceWeight); a prefill step wider than
+Groupwise-int weights keep their format on the device (QuantizedDeviceWeight), scale format included (bf16,
+or a `.ninfer` artifact's fp16, uploaded as stored); a prefill step wider than
 the decode GEMV dequantizes one into a single bf16 scratch matrix sized for the largest, for cuBLASLt.
 Benchmarks may build weights on the device themselves and `adopt_weight` them.
 """
@@ -75,7 +76,7 @@ class DeviceWeights:
         tensor = QuantizedDeviceWeight(
             DeviceBuffer(self.streams, weight.qweight.nbytes, f"w.{name}"),
             DeviceBuffer(self.streams, weight.scales.nbytes, f"w.{name}.scales"),
-            rows, cols, weight.bits, weight.group_size,
+            rows, cols, weight.bits, weight.group_size, weight.scale_format,
         )
         self.upload(tensor.qweight, weight.qweight, label=f"upload {name}")
         self.upload(tensor.scales, weight.scales, label=f"upload {name}.scales")

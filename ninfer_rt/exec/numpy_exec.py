@@ -19,7 +19,7 @@ from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
 from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.exec.numpy_gated_attention import apply_partial_neox_rope, gate_output
 from ninfer_rt.exec.numpy_state_slots import run_linear_attention
-from ninfer_rt.kv.cache import KVCache, KVDtype, KVLayer, page_resource
+from ninfer_rt.kv.cache import KVCache, KVDtype, KVLayer
 from ninfer_rt.kv.states import StateSlotPool
 from ninfer_rt.model.executor import AttentionParams, AttentionShape, LinearAttentionParams, StepBatch, WeightRole
 from ninfer_rt.model.layers import PreparedModel
@@ -158,7 +158,24 @@ def causal_gqa_attention(
     return out.transpose(1, 0, 2, 3).reshape(n, shape.q_size)
 
 
-class NumpyExecutor:
+class HostSteps:
+    """What an executor on host memory lacks: reservations, graphed steps, sampling on the device. Steps run
+    op by op and tokens are sampled on the host."""
+
+    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
+        """Nothing: host memory is allocated as the ops run."""
+
+    def graphed_forward(self, model: PreparedModel, kv: KVCache, states: StateSlotPool | None = None) -> None:
+        return None
+
+    def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> None:
+        return None
+
+    def device_sampler(self) -> None:
+        return None
+
+
+class NumpyExecutor(HostSteps):
     """The reference Executor (see model/executor.py). Tensors are numpy arrays of `dtype`."""
 
     def __init__(
@@ -167,11 +184,12 @@ class NumpyExecutor:
         dtype: type = np.float32,
         staging_slots: int = 2 * len(STEP_INPUTS),
         staging_bytes: int = 1 << 20,
+        compute_name: str = "compute",
     ) -> None:
         if not streams.logical:
             raise ValueError("NumpyExecutor runs on a logical StreamSet (no device)")
         self.streams = streams
-        self.compute = streams.create("compute")
+        self.compute = streams.create(compute_name)
         self.dtype = np.dtype(dtype)
         self.inputs = StepInputs(streams, staging_slots, staging_bytes)
         self._feed = DeviceBuffer(streams, 4, "step.feed")  # grows with the fed rows
@@ -200,31 +218,31 @@ class NumpyExecutor:
     def prepare_rope(self, inv_freq: np.ndarray, attention_scaling: float) -> RopeTable:
         return RopeTable(np.asarray(inv_freq, dtype=np.float64), float(attention_scaling))
 
-    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
-        """Nothing: host memory is allocated as the ops run."""
-
-    # -- capabilities: none; steps run op by op and tokens are sampled on the host ----------------------
-
-    def graphed_forward(self, model: PreparedModel, kv: KVCache, states: StateSlotPool | None = None) -> None:
-        return None
-
-    def graphed_mtp_steps(self, model: PreparedModel, mtp: PreparedMTP, kv: KVCache) -> None:
-        return None
-
-    def device_sampler(self) -> None:
-        return None
-
     # -- step --------------------------------------------------------------------------------------------
 
     def begin_step(self, batch: StepBatch, kv: KVCache) -> None:
         self._lane = tuple(batch.lanes) or None
-        self._pages_read = tuple(page_resource(p) for p in sorted(batch.pages_read()))
-        self._pages_written = tuple(page_resource(p) for p in sorted(batch.pages_written(kv.spec.page_size)))
+        self._pages_read = tuple(kv.page_resource(p) for p in sorted(batch.pages_read()))
+        self._pages_written = tuple(kv.page_resource(p) for p in sorted(batch.pages_written(kv.spec.page_size)))
         self._state_slots = batch.state_slots.copy()
         self._state_targets = batch.state_targets.copy()
         self.inputs.publish(self.compute, batch, self._lane)
 
     def embed(self, table: np.ndarray) -> np.ndarray:
+        return self._embed("embed", lambda ids: table[ids])
+
+    def embed_vocab_shard(self, table: np.ndarray, first_id: int) -> np.ndarray:
+        """embed over a vocabulary shard: `table` holds the rows of ids first_id.., other ids embed as
+        zeros (tensor parallelism sums the ranks' shards)."""
+
+        def gather(ids: np.ndarray) -> np.ndarray:
+            local = ids - first_id
+            inside = (local >= 0) & (local < table.shape[0])
+            return np.where(inside[:, None], table[np.where(inside, local, 0)], 0).astype(table.dtype)
+
+        return self._embed("embed (vocabulary shard)", gather)
+
+    def _embed(self, label: str, gather: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         def run() -> np.ndarray:
             ids = self.inputs.read("token_ids")
             if ids.size and ids.min() < 0:
@@ -232,9 +250,9 @@ class NumpyExecutor:
                     raise ValueError(f"token id {int(ids.min())} refers past the {self._fed_rows} fed rows")
                 fed = self._feed.view(np.int32, (self._fed_rows,))
                 ids = np.where(ids < 0, fed[np.maximum(-ids - 1, 0)], ids)
-            return table[ids]
+            return gather(ids)
 
-        return self._op("embed", run, reads=(*self.inputs.resources("token_ids"), self._feed.resource))
+        return self._op(label, run, reads=(*self.inputs.resources("token_ids"), self._feed.resource))
 
     def rmsnorm(
         self, x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None

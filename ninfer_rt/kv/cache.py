@@ -12,48 +12,13 @@ declares the two pages.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.streams import Stream, StreamSet
-
-
-
-class KVDtype(enum.Enum):
-    """What the K/V pages hold: bf16 values, or int8 values with a float32 scale per (page, slot, kv head).
-    F32 serves golden tests against float32 references only (the CUDA kernels read bf16 or int8)."""
-
-    BF16 = "bf16"
-    INT8 = "int8"
-    F32 = "f32"
-
-    @classmethod
-    def parse(cls, text: str) -> KVDtype:
-        """The dtype a flag or config names ('bf16', 'int8', 'f32')."""
-        try:
-            return cls(text)
-        except ValueError:
-            raise ValueError(f"kv dtype must be one of {[d.value for d in cls]}, got {text!r}") from None
-
-    @property
-    def element_dtype(self) -> np.dtype:
-        return _ELEMENT_DTYPES[self]
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per K or V element."""
-        return self.element_dtype.itemsize
-
-    @property
-    def has_scales(self) -> bool:
-        return self is KVDtype.INT8
-
-
-_ELEMENT_DTYPES = {KVDtype.BF16: np.dtype(ml_dtypes.bfloat16), KVDtype.INT8: np.dtype(np.int8), KVDtype.F32: np.dtype(np.float32)}
+from ninfer_rt.model.kv_dtype import KVDtype
 
 
 def page_resource(page: int) -> tuple[str, int]:
@@ -130,6 +95,10 @@ class KVCache:
             )
             for i in range(spec.num_layers)
         ]
+
+    def page_resource(self, page: int) -> tuple[str, int]:
+        """What an op on page `page` of every layer declares."""
+        return page_resource(page)
 
     def copy_page(self, src: int, dst: int, stream: Stream, *, lane: object = None) -> None:
         """Enqueue on `stream` the copy of page `src` into page `dst` for every layer (values and scales)."""

@@ -4,6 +4,8 @@ Lifecycle of one request (every call is made by the engine between steps, never 
 
 1. `match(prompt)` — the cached prefix (full pages, maybe a partial tail); raises ContextTooLong if the
    prompt can never fit. The prompt's last token is never matched: it must be computed for its logits.
+   A hybrid's caller cuts the match at its deepest state snapshot (`PrefixMatch.truncated`) before
+   admitting it: the pages past that point are computed again, into private pages.
 2. `can_admit(match, prefill_tokens)` — whether admitting it now, plus the pages for its first chunk, fits.
 3. `admit(prompt, match, stream, copy_stream)` — shares the full-page hits (reference counts) and, for a
    tail hit, prepares the copy-on-write (step i).

@@ -24,6 +24,8 @@ from ninfer_rt.kv.states import StateSpec
 GIB = 1 << 30
 DEFAULT_SNAPSHOTS_PER_LANE = 8
 SNAPSHOT_SHARE = 0.25
+CPU_TOKENS_PER_SNAPSHOT = 2048
+CPU_SNAPSHOT_BYTES = 512 << 20
 
 
 def safety_margin(total_memory: int) -> int:
@@ -69,7 +71,7 @@ class MemoryPlan:
     state_slots: int
     slot_bytes: int
     snapshots: int
-    snapshot_bytes: int  # one record: a slot's bytes plus the MTP bridge's hidden row
+    snapshot_bytes: int  # one record: a slot's bytes (the engine's snapshots keep no hidden row)
     headroom: int  # free bytes no store claims (beyond the margin)
 
     @property
@@ -103,7 +105,6 @@ def plan_memory(
     max_context: int,
     state: StateSpec | None = None,
     ring_depth: int = 1,
-    hidden_bytes: int = 0,
     budget: SnapshotBudget | None = None,
 ) -> MemoryPlan:
     """The split of `free_bytes` (what is free after the weights) between the three stores."""
@@ -114,10 +115,11 @@ def plan_memory(
     left = available - slots * slot_bytes
     if left < lanes * page_bytes:
         raise MemoryPlanError(
-            f"the device has {available / GIB:.2f} GiB after the weights and a {margin / GIB:.2f} GiB margin: "
-            f"not enough for {slots} state slots ({slots * slot_bytes / GIB:.2f} GiB) and a KV page per lane"
+            f"--max-concurrency {lanes}: {slots} state slots ({slots * slot_bytes / GIB:.2f} GiB) and a KV page "
+            f"per lane do not fit: the weights take {weights_bytes / GIB:.2f} GiB, {free_bytes / GIB:.2f} GiB is "
+            f"left, less a {margin / GIB:.2f} GiB margin for activations"
         )
-    record = slot_bytes + hidden_bytes
+    record = slot_bytes
     snapshots = _snapshots(left - lanes * page_bytes, record, lanes, budget) if state is not None else 0
     left -= snapshots * record
     pages = left // page_bytes
@@ -125,6 +127,15 @@ def plan_memory(
         weights_bytes, margin, int(pages), page_bytes, page.page_size, lanes, max_context, slots, slot_bytes,
         snapshots, record, int(left - pages * page_bytes),
     )
+
+
+def cpu_snapshots(kv_pages: int, page_size: int, lanes: int, record_bytes: int) -> int:
+    """The default snapshot count on the CPU, where memory does not bound it: one per
+    CPU_TOKENS_PER_SNAPSHOT tokens the KV pool can keep cached (a snapshot lives no longer than the page
+    it ends in), so the resume points of every conversation the pool retains fit, within
+    CPU_SNAPSHOT_BYTES and never fewer than the GPU's default."""
+    by_pool = kv_pages * page_size // CPU_TOKENS_PER_SNAPSHOT
+    return max(DEFAULT_SNAPSHOTS_PER_LANE * lanes, min(by_pool, CPU_SNAPSHOT_BYTES // record_bytes))
 
 
 def _snapshots(spare: int, record: int, lanes: int, budget: SnapshotBudget | None) -> int:

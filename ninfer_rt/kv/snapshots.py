@@ -23,8 +23,18 @@ past its deepest snapshot: two conversations diverge there), and every `interval
 prefill (a later prompt sharing only part of it resumes close to its divergence). The engine cuts prefill
 chunks at these points: a state exists only at the end of a computed span.
 
-Eviction: a fixed budget of records (`capacity`; bytes are converted with `records_for_budget`), least
-recently used (written or restored) first, and with their covering page (above).
+Eviction: a fixed budget of records (`capacity`; bytes are converted with `records_for_budget`), and
+with their covering page (above). Which record a new write takes: a superseded snapshot first, least
+recently used first, then any, least recently used first. A snapshot is superseded when the sequence that
+restored or wrote it writes a deeper one (`write(..., supersedes=)`): the deeper one's prefix contains it,
+so only a request that diverges before the deeper position (a branch off a periodic snapshot) still needs
+it. The engine (engine/state_ledger.py) keeps a turn's end of input current beside its end of
+generation: the next turn resumes from the latter when the client sends the reply back unchanged, from
+the former when it re-renders it differently. Each conversation's two resume points thus outlive the
+stale snapshots of every conversation: with N conversations taking turns and a budget of 2N records,
+every next turn resumes (tests/test_snapshot_retention.py), where plain LRU, with 2-3 writes a turn,
+evicted each conversation's resume points before its next turn. Restoring a snapshot makes it current
+again (the restorer supersedes it once it writes past it).
 
 Ordering (rules 4 and 5): `write` (slot -> record) and `restore` (record -> slot) are copies on the given
 stream with declared accesses (the slot's span, the record's span). The write records a fence; every
@@ -79,6 +89,7 @@ class Snapshot:
     write_fence: Event  # recorded behind the write's copies
     ident: int = field(default_factory=itertools.count().__next__)
     alive: bool = True
+    superseded: bool = False  # a deeper snapshot of the same sequence exists: evicted first
 
     @property
     def position(self) -> int:
@@ -153,10 +164,14 @@ class SnapshotStore:
         covering_page: int | None,
         hidden: tuple[Buffer, int] | None = None,
         lane: object = None,
+        supersedes: Snapshot | None = None,
     ) -> Snapshot:
         """Save the state in `slot` (and the hidden row at (buffer, offset)) as the snapshot `key`, on
         `stream`, which must already be ordered after the kernel that wrote the slot. An existing snapshot
-        of the same key is returned as it is (states of one prefix are equal)."""
+        of the same key is returned as it is (states of one prefix are equal). `supersedes`: the snapshot
+        this sequence last restored or wrote, a prefix of this one, now evicted before the others."""
+        if supersedes is not None and supersedes.position < key.position:
+            supersedes.superseded = True
         existing = self.find(key)
         if existing is not None:
             self._touch(existing)
@@ -165,7 +180,7 @@ class SnapshotStore:
         if hidden is not None and not self.hidden_bytes:
             raise ValueError("this snapshot store keeps no hidden row (hidden_bytes=0)")
         if not self._records.can_allocate(1):
-            self._evict(next(iter(self._lru.values())))
+            self._evict(self._victims()[0])
         [record] = self._records.allocate(1, stream)  # waits on the fences of the record's last readers
         label = f"snapshot write @{key.position} (slot {slot} -> record {record})"
         stream.copy(self.buffer, self.slots.buffer, self.state_bytes, self._offset(record), self.slots.offset(slot), label=label, lane=lane)
@@ -192,6 +207,7 @@ class SnapshotStore:
         self._records.release([snap.record], stream.record())
         self.slots.mark_written(slot)
         self.restores += 1
+        snap.superseded = False
         self._touch(snap)
 
     def resource(self, snap: Snapshot) -> Span:
@@ -206,8 +222,8 @@ class SnapshotStore:
             self._evict(snap)
 
     def evict(self, n: int) -> int:
-        """Drop up to `n` least recently used snapshots (memory pressure); returns how many."""
-        victims = list(self._lru.values())[:n]
+        """Drop up to `n` snapshots in eviction order (memory pressure); returns how many."""
+        victims = self._victims()[:n]
         for snap in victims:
             self._evict(snap)
         return len(victims)
@@ -241,6 +257,10 @@ class SnapshotStore:
         self._by_parent.setdefault(snap.key.parent, []).append(snap)
         if snap.covering_page is not None:
             self._by_page.setdefault(snap.covering_page, set()).add(snap)
+
+    def _victims(self) -> list[Snapshot]:
+        """Every snapshot in eviction order: superseded ones first, each group least recently used first."""
+        return sorted(self._lru.values(), key=lambda snap: not snap.superseded)  # stable: LRU within a group
 
     def _touch(self, snap: Snapshot) -> None:
         self._lru.move_to_end(snap.ident)

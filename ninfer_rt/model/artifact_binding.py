@@ -1,12 +1,15 @@
-"""A qwen3_6_27b `.ninfer` artifact bound to the hybrid model definition, dequantized on the host.
+"""A qwen3_6_27b `.ninfer` artifact bound to the hybrid model definition, its grouped formats kept quantized.
 
 The artifact carries no config.json: the widths come from its tensors' shapes (hidden from the embedding,
 heads from the query rows over the query-norm width, GDN heads from `a_log` and the gated-norm width, whose
 key and value heads share one width) and the rest from the facts NInfer's inventory fixes (RoPE theta,
 rotary fraction, norm epsilon, native context, one MTP layer). Fused parents are split by rows into the
 projections ModelWeights holds; the GDN `[q | k | v]` GEMM input is re-fused from `query_key` and the
-value half of `value_z`. Values decode to bfloat16 exactly (every grouped format reconstructs through
-bf16), except the FP32 `A_log` / `dt_bias`. The frontend resources are materialised, byte for byte, in a
+value half of `value_z`. Grouped tensors bind as QuantizedWeight (artifact/quantized.py: Q4G64 as int4,
+the others widened to int8, fp16 multipliers kept), except the token embedding and the draft head, which
+are read by row and decode to bfloat16 on the host; `quantized=False` decodes every tensor so (every
+grouped format reconstructs through bf16 exactly), the FP32 `A_log` / `dt_bias` staying FP32. Splitting and
+re-fusing move codes and scales only; a fused parent of two formats is widened to the wider. The frontend resources are materialised, byte for byte, in a
 cache directory named by their digest, so the Tokenizer and chat template read them as a model directory.
 """
 
@@ -25,10 +28,13 @@ import numpy as np
 
 from ninfer_rt.artifact import Artifact, ArtifactError
 from ninfer_rt.artifact import qwen3_6_27b as inv
+from ninfer_rt.artifact.quantized import binds_quantized, quantized_weight
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.hybrid_config import FULL_ATTENTION
 from ninfer_rt.model.hybrid_weights import GatedAttentionWeights, LinearAttentionWeights
 from ninfer_rt.model.weights import DraftHeadWeights, HybridLayerWeights, ModelWeights, MTPWeights
+from ninfer_rt.quantize.format import Linear, QuantizedWeight
+from ninfer_rt.quantize.layouts import dense, split_rows, stack_rows
 
 ARTIFACT_SUFFIX = ".ninfer"
 
@@ -43,16 +49,16 @@ def is_artifact_path(path: str | Path) -> bool:
     return Path(path).suffix == ARTIFACT_SUFFIX and Path(path).is_file()
 
 
-def load_artifact_model(path: str | Path, cache_root: Path | None = None) -> ArtifactModel:
-    """Opens, checks and binds the artifact; raises ArtifactError (one line naming the file) when it is not
-    a complete qwen3_6_27b artifact."""
+def load_artifact_model(path: str | Path, cache_root: Path | None = None, *, quantized: bool = True) -> ArtifactModel:
+    """Opens, checks and binds the artifact (grouped tensors kept quantized unless `quantized` is False);
+    raises ArtifactError (one line naming the file) when it is not a complete qwen3_6_27b artifact."""
     try:
         with Artifact(path) as artifact:
             _check_inventory(artifact)
             frontend_dir = materialise_frontend(artifact, cache_root or _cache_root())
             config = artifact_config(artifact, json.loads(artifact.resource(_frontend("generation_config.json"))))
             return ArtifactModel(
-                weights=artifact_weights(artifact, config),
+                weights=artifact_weights(artifact, config, quantized),
                 frontend_dir=frontend_dir,
             )
     except (ArtifactError, ValueError, KeyError) as exc:
@@ -144,21 +150,38 @@ def artifact_config(artifact: Artifact, generation_config: dict[str, Any]) -> Mo
 
 
 class _Values:
-    """Decoded tensors: bfloat16 (exact for every format but FP32), FP32 kept as float32."""
+    """The tensors as bound: grouped ones quantized (when asked and bindable), the rest decoded."""
 
-    def __init__(self, artifact: Artifact) -> None:
+    def __init__(self, artifact: Artifact, quantized: bool) -> None:
         self._artifact = artifact
+        self._quantized = quantized
 
-    def __call__(self, name: str) -> np.ndarray:
+    def __call__(self, name: str) -> Linear:
+        obj = self._artifact.object(name)
+        if self._quantized and binds_quantized(obj):
+            return quantized_weight(obj, self._artifact.payload(name))
+        return self.decoded(name)
+
+    def decoded(self, name: str) -> np.ndarray:
+        """bfloat16 (exact for every format but FP32), FP32 kept as float32."""
         values = self._artifact.tensor_values(name)
         return values if self._artifact.objects[name].format == "FP32" else values.astype(ml_dtypes.bfloat16)
 
 
-def _rows(matrix: np.ndarray, *sizes: int) -> list[np.ndarray]:
+def _rows(matrix: Linear, *sizes: int) -> list[Linear]:
     """The fused parent's row blocks, in physical order; the sizes must cover every row."""
+    if isinstance(matrix, QuantizedWeight):
+        return split_rows(matrix, *sizes)
     if sum(sizes) != matrix.shape[0]:
         raise ArtifactError(f"a fused parent of {matrix.shape[0]} rows does not split into {list(sizes)}")
     return np.split(matrix, np.cumsum(sizes)[:-1])
+
+
+def _fused(*parts: Linear) -> Linear:
+    """Row blocks of (possibly) different formats as one matrix: quantized when every block is."""
+    if all(isinstance(part, QuantizedWeight) for part in parts):
+        return stack_rows(parts)  # type: ignore[arg-type]
+    return np.concatenate([dense(part, ml_dtypes.bfloat16) for part in parts])
 
 
 def _gated_attention(values: _Values, prefix: str, cfg: ModelConfig, fused: tuple[str, ...]) -> GatedAttentionWeights:
@@ -170,7 +193,7 @@ def _gated_attention(values: _Values, prefix: str, cfg: ModelConfig, fused: tupl
         gate, v = _rows(values(prefix + fused[1]), q_dim, kv_dim)
     return GatedAttentionWeights(
         q_proj=q, gate_proj=gate, k_proj=k, v_proj=v, o_proj=values(prefix + "output"),
-        q_norm=values(prefix + "query_norm"), k_norm=values(prefix + "key_norm"),
+        q_norm=values.decoded(prefix + "query_norm"), k_norm=values.decoded(prefix + "key_norm"),
     )
 
 
@@ -179,14 +202,14 @@ def _linear_attention(values: _Values, prefix: str, cfg: ModelConfig) -> LinearA
     value_dim = cfg.linear_attention.num_value_heads * cfg.linear_attention.value_head_dim
     value, z = _rows(values(prefix + "value_z"), value_dim, value_dim)
     return LinearAttentionWeights(
-        in_proj_qkv=np.concatenate([values(prefix + "query_key"), value]),
+        in_proj_qkv=_fused(values(prefix + "query_key"), value),
         in_proj_z=z,
         in_proj_b=values(prefix + "b_projection"),
         in_proj_a=values(prefix + "a_projection"),
-        conv_weight=np.ascontiguousarray(values(prefix + "convolution").T),
-        A_log=values(prefix + "a_log"),
-        dt_bias=values(prefix + "dt_bias"),
-        norm=values(prefix + "norm"),
+        conv_weight=np.ascontiguousarray(values.decoded(prefix + "convolution").T),
+        A_log=values.decoded(prefix + "a_log"),
+        dt_bias=values.decoded(prefix + "dt_bias"),
+        norm=values.decoded(prefix + "norm"),
         out_proj=values(prefix + "output"),
     )
 
@@ -194,13 +217,13 @@ def _linear_attention(values: _Values, prefix: str, cfg: ModelConfig) -> LinearA
 def _layer(values: _Values, prefix: str, cfg: ModelConfig, mixer: GatedAttentionWeights | LinearAttentionWeights) -> HybridLayerWeights:
     gate, up = _rows(values(prefix + "mlp/gate_up"), cfg.intermediate_size, cfg.intermediate_size)
     return HybridLayerWeights(
-        input_norm=values(prefix + "input_norm"), post_norm=values(prefix + "post_attention_norm"),
+        input_norm=values.decoded(prefix + "input_norm"), post_norm=values.decoded(prefix + "post_attention_norm"),
         gate_proj=gate, up_proj=up, down_proj=values(prefix + "mlp/down"), mixer=mixer,
     )
 
 
-def artifact_weights(artifact: Artifact, cfg: ModelConfig) -> ModelWeights:
-    values = _Values(artifact)
+def artifact_weights(artifact: Artifact, cfg: ModelConfig, quantized: bool = True) -> ModelWeights:
+    values = _Values(artifact, quantized)
     layers = []
     for layer in range(cfg.num_hidden_layers):
         prefix = inv.layer_prefix(layer)
@@ -211,12 +234,13 @@ def artifact_weights(artifact: Artifact, cfg: ModelConfig) -> ModelWeights:
         layers.append(_layer(values, prefix, cfg, mixer))
     mtp_layer = _layer(values, "mtp/layer/", cfg, _gated_attention(values, "mtp/layer/attention/", cfg, ("query_key_gate_value",)))
     mtp = MTPWeights(
-        fc=values("mtp/input_projection"), norm_embedding=values("mtp/embedding_norm"),
-        norm_hidden=values("mtp/hidden_norm"), layer=mtp_layer, norm=values("mtp/final_norm"),
+        fc=values("mtp/input_projection"), norm_embedding=values.decoded("mtp/embedding_norm"),
+        norm_hidden=values.decoded("mtp/hidden_norm"), layer=mtp_layer, norm=values.decoded("mtp/final_norm"),
     )
-    draft_head = DraftHeadWeights(np.array(artifact.tensor_values(inv.DRAFT_HEAD_TOKEN_IDS), np.int64), values(inv.DRAFT_HEAD))
+    token_ids = np.array(artifact.tensor_values(inv.DRAFT_HEAD_TOKEN_IDS), np.int64)
+    draft_head = DraftHeadWeights(token_ids, values.decoded(inv.DRAFT_HEAD))  # rows picked per draft vocabulary
     return ModelWeights(
-        config=cfg, embed=values(inv.EMBEDDING), layers=layers, norm=values(inv.FINAL_NORM),
+        config=cfg, embed=values.decoded(inv.EMBEDDING), layers=layers, norm=values.decoded(inv.FINAL_NORM),
         lm_head=values(inv.OUTPUT_HEAD), mtp=mtp, draft_head=draft_head,
     )
 

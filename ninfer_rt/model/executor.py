@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from ninfer_rt.cuda.streams import Stream, StreamSet
+from ninfer_rt.model.kv_dtype import KVDtype
 
 if TYPE_CHECKING:  # the model modules are written against this one
     from ninfer_rt.model.layers import ForwardOutput, PreparedModel
@@ -212,10 +213,9 @@ class Executor(Protocol):
         """NeoX RoPE with these inverse frequencies (pair i rotates dims i and i+D/2); cos/sin are scaled by
         `attention_scaling` (YaRN's mscale) as transformers does."""
 
-    def reserve_attention(self, shape: AttentionShape, kv_dtype: object) -> None:
+    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
         """Allocate now what the attention of the longest steps will need (before the KV cache takes what
-        memory is left), so no step allocates it later. `kv_dtype` is the KV spec's (kv/cache.py's
-        KVDtype, which the model passes through without opening)."""
+        memory is left), so no step allocates it later. `kv_dtype` is the KV spec's."""
 
     def begin_step(self, batch: StepBatch, kv: PagedKV) -> None:
         """Publish the step's inputs (ids, positions, block tables, slots) in the compute stream's order."""

@@ -1,5 +1,5 @@
 """Named model shapes: the Hugging Face config fields of the models ninfer-rt is benchmarked and replayed
-on. Benchmarks build random-weight models of these shapes on the GPU (ninfer_rt/kernel_benches.py,
+on. Benchmarks build random-weight models of these shapes on the GPU (ninfer_rt/kernel_dev/,
 tools/bench_decode.py); tools/make_shaped_model.py writes them as checkpoints for the engine and server.
 
 A hybrid shape (Qwen3.5/3.6: Gated DeltaNet + gated attention + MTP) carries `full_attention_interval`

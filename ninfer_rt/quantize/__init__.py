@@ -1,1 +1,2 @@
-"""Groupwise integer weights: the format and its layouts, the quantizer, GPTQ/AWQ import, and checkpoint writing."""
+"""Groupwise integer weights: the format and its layouts, the schemes checkpoints declare, the quantizer, and
+GPTQ/AWQ/fp8 import. Below the model, which loads them; writing a quantized checkpoint is quantize_checkpoint/."""

@@ -4,7 +4,7 @@ The layout (docs/ARCHITECTURE.md "Groupwise-int weights"; kernels_src/gemv_quant
 weight W [out, in] is stored as
   ``<name>.qweight`` uint8 [out, in * bits / 8]: codes u = q + 2^(bits-1) (offset binary), row-major along
       the input. int4: byte j of a row holds input 2j in its low nibble and input 2j+1 in its high nibble.
-  ``<name>.scales`` bf16 [out, in / group_size]
+  ``<name>.scales`` bf16 [out, in / group_size] (fp16 for artifact weights: ScaleFormat)
 and W[o, i] = (u[o, i] - 2^(bits-1)) * scales[o, i // group_size]. Symmetric: no zero points. Offset binary
 makes GPTQ's symmetric codes (zero point 8) the stored codes unchanged, and lets the GPU build floats
 from codes with a single OR (see gemv_quant.cu). A scale may be negative: the grid then runs from
@@ -12,11 +12,18 @@ from codes with a single OR (see gemv_quant.cu). A scale may be negative: the gr
 
 On the GPU the codes and scales are rearranged once, at load time, into LAYOUT_OCTETS (layouts.py), which
 QuantizedWeight also holds.
+
+The scales' number format (ScaleFormat) is part of the format: bf16 for the project's checkpoints, fp16 for
+the group multipliers of NInfer's `.ninfer` artifacts, bound without conversion (an fp16 multiplier does not
+fit bf16). It also fixes what a weight's value is: the exact product q * scale for bf16 scales (as above);
+bf16(q * scale), the product rounded once to bfloat16, for fp16 scales, which is the value NInfer's decoder
+defines for its formats.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import ml_dtypes
 import numpy as np
@@ -45,6 +52,24 @@ class QuantFormatError(ValueError):
     """A quantized checkpoint (or quantization request) ninfer-rt cannot represent; one-line message."""
 
 
+class ScaleFormat(Enum):
+    """The number format of a weight's group scales (module docstring: it fixes the weight's values)."""
+
+    BF16 = "bf16"  # W = q * scale, exact
+    FP16 = "fp16"  # W = bf16(q * scale): NInfer's multipliers and its decoder's rounding
+
+    @property
+    def dtype(self) -> np.dtype:
+        return BF16 if self is ScaleFormat.BF16 else np.dtype(np.float16)
+
+    @classmethod
+    def of(cls, dtype: np.dtype) -> ScaleFormat:
+        for fmt in cls:
+            if fmt.dtype == dtype:
+                return fmt
+        raise QuantFormatError(f"scales must be bf16 or float16, got {dtype}")
+
+
 def column_inputs(bits: int) -> int:
     """Inputs per column of the octet layout: 4 lanes x one 16-byte chunk (int4: 128, int8: 64)."""
     return 4 * (128 // bits)
@@ -66,8 +91,9 @@ class QuantizedWeight:
     def __post_init__(self) -> None:
         if self.bits not in SUPPORTED_BITS:
             raise QuantFormatError(f"{self.bits}-bit weights are not supported (only {SUPPORTED_BITS})")
-        if self.qweight.dtype != np.uint8 or self.scales.dtype != BF16:
-            raise QuantFormatError(f"qweight must be uint8 and scales bf16, got {self.qweight.dtype}, {self.scales.dtype}")
+        if self.qweight.dtype != np.uint8:
+            raise QuantFormatError(f"qweight must be uint8, got {self.qweight.dtype}")
+        ScaleFormat.of(self.scales.dtype)
         out, in_features = self.shape
         if self.layout == LAYOUT_OCTETS:
             octets = self.qweight.shape[0]
@@ -93,6 +119,11 @@ class QuantizedWeight:
         if self.layout == LAYOUT_OCTETS:
             return self.out_features, self.qweight.shape[1] * column_inputs(self.bits)
         return self.qweight.shape[0], self.qweight.shape[1] * 8 // self.bits
+
+    @property
+    def scale_format(self) -> ScaleFormat:
+        """Given by the scales' dtype, so that it cannot disagree with them."""
+        return ScaleFormat.of(self.scales.dtype)
 
     @property
     def nbytes(self) -> int:

@@ -22,6 +22,7 @@ from ninfer_rt.quantize.format import (
     Linear,
     QuantFormatError,
     QuantizedWeight,
+    ScaleFormat,
     column_inputs,
     pack,
     signed,
@@ -37,17 +38,30 @@ INT8_RUN_ORDER = np.array([0, 2, 1, 3, 4, 6, 5, 7])
 
 
 def dequantize(weight: QuantizedWeight, dtype: type = np.float32) -> np.ndarray:
-    """W [out, in] in ``dtype`` (exact for float32 and wider: q and bf16 scales multiply exactly)."""
+    """W [out, in] in ``dtype``, exact for float32 and wider: q times a bf16 or fp16 scale is exact in
+    float32 (at most 8 + 11 significant bits), and fp16-scale values are then rounded once to bf16, as
+    their format defines (ScaleFormat)."""
     weight = rows_layout(weight)
     out, in_features = weight.shape
-    q = signed(unpack(weight.qweight, weight.bits), weight.bits).astype(dtype)
-    scales = np.repeat(weight.scales.astype(dtype), weight.group_size, axis=1)
-    return (q * scales).reshape(out, in_features)
+    wide = np.float64 if np.dtype(dtype).itemsize > 4 else np.float32
+    q = signed(unpack(weight.qweight, weight.bits), weight.bits).astype(wide)
+    values = q * np.repeat(weight.scales.astype(wide), weight.group_size, axis=1)
+    if weight.scale_format is ScaleFormat.FP16:
+        values = values.astype(np.float32).astype(BF16)
+    return values.astype(dtype).reshape(out, in_features)
 
 
 def dense(part: Linear, dtype: type) -> np.ndarray:
     """A checkpoint array or a quantized weight as a dense array of ``dtype``."""
     return dequantize(part, dtype) if isinstance(part, QuantizedWeight) else np.asarray(part, dtype=dtype)
+
+
+def dense_rows(part: Linear, ids: np.ndarray) -> np.ndarray:
+    """Rows `ids` of a checkpoint array (in its dtype) or of a quantized weight (dequantized, float32: exact)."""
+    if not isinstance(part, QuantizedWeight):
+        return np.asarray(part)[ids]
+    weight = rows_layout(part)
+    return dequantize(QuantizedWeight(weight.bits, weight.group_size, weight.qweight[ids], weight.scales[ids]))
 
 
 def concat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
@@ -63,11 +77,27 @@ def stack_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
     group_sizes = {p.group_size for p in parts}
     if len(group_sizes) != 1:
         raise QuantFormatError(f"cannot fuse weights with different group sizes {sorted(group_sizes)}")
+    scale_formats = {p.scale_format.value for p in parts}
+    if len(scale_formats) != 1:
+        raise QuantFormatError(f"cannot fuse weights with different scale formats {sorted(scale_formats)}")
     bits = max(p.bits for p in parts)
     qweights = [p.qweight if p.bits == bits else _widen(p.qweight, p.bits, bits) for p in parts]
     return QuantizedWeight(
         bits, parts[0].group_size, np.concatenate(qweights, axis=0), np.concatenate([p.scales for p in parts], axis=0)
     )
+
+
+def split_rows(weight: QuantizedWeight, *sizes: int) -> list[QuantizedWeight]:
+    """The row blocks of a fused weight, in order (stack_rows' inverse); the sizes must cover every row.
+    Blocks are views of the codes and scales: a group never spans rows."""
+    weight = rows_layout(weight)
+    if sum(sizes) != weight.shape[0]:
+        raise QuantFormatError(f"a fused weight of {weight.shape[0]} rows does not split into {list(sizes)}")
+    bounds = np.cumsum(sizes)[:-1]
+    return [
+        QuantizedWeight(weight.bits, weight.group_size, qweight, scales)
+        for qweight, scales in zip(np.split(weight.qweight, bounds), np.split(weight.scales, bounds))
+    ]
 
 
 
@@ -96,7 +126,7 @@ def device_layout(weight: QuantizedWeight) -> QuantizedWeight:
     else:
         chunks = np.ascontiguousarray(runs_of[..., INT8_RUN_ORDER])
     qweight = chunks.reshape(octets, in_features // column, LANES, 16)
-    scales = np.zeros((octets * OCTET_ROWS, weight.scales.shape[1]), BF16)
+    scales = np.zeros((octets * OCTET_ROWS, weight.scales.shape[1]), weight.scales.dtype)
     scales[:out] = weight.scales
     scales = np.ascontiguousarray(scales.reshape(octets, OCTET_ROWS, -1).transpose(0, 2, 1))
     return QuantizedWeight(bits, weight.group_size, qweight, scales, LAYOUT_OCTETS, out)

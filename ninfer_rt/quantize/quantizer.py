@@ -1,8 +1,8 @@
 """The quantizer: a float weight -> QuantizedWeight, by a scale search and, with calibration, GPTQ.
 
 quantize() searches each group's scale (clipping, grid orientation, least-squares refit) instead of taking
-absmax; given calibration statistics (`ninfer-rt quantize --calibration-text`, calibration.py) it weights
-that search by the inputs' mean square and picks the codes by GPTQ.
+absmax; given calibration statistics (`ninfer-rt quantize --calibration-text`,
+quantize_checkpoint/calibration.py) it weights that search by the inputs' mean square and picks the codes by GPTQ.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from ninfer_rt.quantize.format import (
     SUPPORTED_BITS,
     QuantFormatError,
     QuantizedWeight,
+    ScaleFormat,
     Shape,
     check_group_size,
 )
@@ -57,6 +58,8 @@ class QuantScheme:
         if self.method == FP8:
             return from_fp8_blocks(stored["weight"], stored[SCALE_SUFFIX], self.block)
         if self.method == QUANT_METHOD:
+            if stored["scales"].dtype != ScaleFormat.BF16.dtype:  # the checkpoint layout's (LAYOUT_DOC)
+                raise QuantFormatError(f"{QUANT_METHOD} scales must be bf16, got {stored['scales'].dtype}")
             return QuantizedWeight(self.bits, self.group_size, stored["qweight"], stored["scales"])
         if self.method == "gptq":
             return from_gptq(

@@ -67,6 +67,7 @@ def _load(state: ServerState, load_backend: Callable[[], GenerationBackend], con
         log.info("model loaded; serving")
     except Exception as exc:  # noqa: BLE001 — any load failure is fatal and must reach the log and /health
         state.fatal = f"model failed to load: {exc}"
+        state.load_error = exc
         log.error(state.fatal)
         state.on_fatal()
 

@@ -21,6 +21,7 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._token_totals = (0, 0)  # (prompt, cached) tokens, for the hit ratio
+        self._restores_counted = 0  # the snapshot store's restores already added to the counter
         r = self.registry
         self.requests = Counter("ninfer_requests", "Finished HTTP requests", ["endpoint", "status"], registry=r)
         self.unexpected_errors = Counter(
@@ -66,7 +67,7 @@ class ServerMetrics:
         self.state_slots = Gauge("ninfer_state_slots", "Linear-attention state slots by state", ["state"], registry=r)
         self.snapshots = Gauge("ninfer_state_snapshots", "Saved linear-attention states", registry=r)
         self.snapshot_bytes = Gauge("ninfer_state_snapshot_bytes", "Device bytes the saved states hold", registry=r)
-        self.snapshot_restores = Gauge("ninfer_state_snapshot_restores", "States restored into a new sequence, since start", registry=r)
+        self.snapshot_restores = Counter("ninfer_state_snapshot_restores", "States restored into a new sequence", registry=r)
         self.prompt_tokens_computed = Counter(
             "ninfer_prompt_tokens_computed", "Prompt tokens the engine computed (not skipped by the prefix cache)", registry=r
         )
@@ -105,7 +106,9 @@ class ServerMetrics:
         if load.snapshots is not None:
             self.snapshots.set(load.snapshots.count)
             self.snapshot_bytes.set(load.snapshots.bytes)
-            self.snapshot_restores.set(load.snapshots.restores)
+            # the store counts restores since start; the counter takes what was added since the last scrape
+            self.snapshot_restores.inc(load.snapshots.restores - self._restores_counted)
+            self._restores_counted = load.snapshots.restores
 
     def token_gap(self, seconds: float) -> None:
         self.inter_token.observe(seconds)

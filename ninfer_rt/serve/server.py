@@ -31,12 +31,17 @@ class Listen:
     log_level: str = "info"
 
 
-START_UP_FAILED = 2
+class ModelLoadFailed(Exception):
+    """The model never loaded; `cause` says why (the log has its traceback)."""
+
+    def __init__(self, cause: Exception | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 def run_server(model_path: Path, engine_config: EngineConfig, serve_config: ServeConfig, listen: Listen) -> int:
-    """Serves until SIGTERM/SIGINT (returns 0 once drained) or a fatal engine error (returns 1, or
-    START_UP_FAILED when the model never loaded)."""
+    """Serves until SIGTERM/SIGINT (returns 0 once drained) or a fatal engine error (returns 1); raises
+    ModelLoadFailed when the model never loaded."""
     app = create_app(lambda: EngineBackend.start(lambda: Engine.load(model_path, engine_config)), serve_config)
     if serve_config.api_key is None:
         log.warning("no --api-key: anyone who can reach %s:%s can use this server", listen.host, listen.port)
@@ -49,6 +54,6 @@ def run_server(model_path: Path, engine_config: EngineConfig, serve_config: Serv
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()
-    if state.fatal is not None:
-        return 1 if state.backend is not None else START_UP_FAILED
-    return 0
+    if state.fatal is not None and state.backend is None:
+        raise ModelLoadFailed(state.load_error)
+    return 1 if state.fatal is not None else 0

@@ -92,6 +92,7 @@ class ServerState:
     backend: GenerationBackend | None = None  # set once the backend and the intake workers are up
     intake: Intake | None = None
     fatal: str | None = None
+    load_error: Exception | None = None  # why the backend never loaded (the start-up line says it)
     in_flight: int = 0
     on_fatal: Callable[[], None] = lambda: None  # set by the runner: stop the server so the process exits
 

@@ -44,7 +44,7 @@ from ninfer_rt.model.shapes import hybrid_text_config, is_hybrid_shape
 from ninfer_rt.model.weights import SHARD_INDEX, Shape, expected_tensors
 from ninfer_rt.quantize.format import check_group_size
 from ninfer_rt.quantize.scheme import quantization_config
-from ninfer_rt.quantize.writer import quantized_names
+from ninfer_rt.quantize_checkpoint.writer import quantized_names
 from ninfer_rt.testing.tiny import (
     ENDOFTEXT, IM_END, WEIGHT_STD, TinyModelSpec, config_json, trained_tokenizer, write_json, write_tokenizer_files,
 )

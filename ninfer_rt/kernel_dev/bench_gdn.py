@@ -1,5 +1,5 @@
 """The Gated DeltaNet families' benchmarks (kernels_src/gdn_conv.cu, gdn_delta_rule.cu), registered in
-kernel_benches.BENCHES and used by tools/bench_gdn.py.
+benches.BENCHES and used by tools/bench_gdn.py.
 
 A case is one sequence over a state-slot pool of LAYERS layers; launch i runs layer i % LAYERS, so a graph
 of LAYERS launches touches distinct layer states as a real step does and the recurrent update streams its

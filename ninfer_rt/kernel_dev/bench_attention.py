@@ -1,191 +1,21 @@
-"""Each kernel family's benchmark on a model's shapes: the decode (and prefill) launches the model makes.
-
-A bench function takes a `BenchSession` and a shape (ninfer_rt.model.shapes) and returns one `Measurement` per case
-(median seconds per launch, the unique bytes a launch moves and its flops), timed by
-`ninfer_rt.cuda.benchmark` (graph-replayed, inputs the model reads from HBM rotated past the L2).
-`ninfer-rt kernels bench` and tools/bench_{kernels,attention}.py print them.
-"""
+"""The attention families' benchmarks (rope_kv, decode and prefill attention, kv_widen) on a model's shapes:
+one sequence per case over K/V pages rotated past the L2, pages in the shuffled order a prefix cache leaves."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-
 import numpy as np
 
-from ninfer_rt.cuda import attention_ops, attention_plan, linear_ops, ops, quant_ops, sampling_ops
+from ninfer_rt.cuda import attention_ops, attention_plan
 from ninfer_rt.cuda.attention_ops import AttentionStep, DecodeWorkspace, PagedKV, PrefillWorkspace, RopeArgs, StepInputs, WidenedKV
 from ninfer_rt.cuda.attention_plan import PAGE_SIZE, KVVariant, PrefillPlan
 from ninfer_rt.cuda.benchmark import BenchSession, Measurement, cold_copies
-from ninfer_rt.cuda.linear_ops import Epilogue
-from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
-from ninfer_rt.engine.request import SamplingParams
-from ninfer_rt.engine.sampling import pack_device_params
-from ninfer_rt.kernel_benches_gdn import bench_gdn_conv, bench_gdn_delta_rule
+from ninfer_rt.kernel_dev.cases import BF16, EPS, F32, Shape, attention_shape, row_cases
 from ninfer_rt.model.executor import AttentionShape
 
-DECODE_ROWS = (1, 8)  # batch-1 decode and the widest speculative verify step
-PREFILL_TOKENS = 4096  # one prefill chunk
 DECODE_CONTEXTS = (256, 8192, 114812)  # a fresh chat, a typical agent turn, the longest agent context
 # (chunk, context): a fresh prompt, a chunk after a 28k prefix, an agent turn (531 new tokens after 114,281 cached)
 PREFILL_CASES = ((4096, 4096), (4096, 32768), (531, 114812))
 KV_KINDS = attention_plan.CACHE_VARIANTS
-QUANT_BITS = (4, 8)
-QUANT_GROUP = 128
-EPS = 1e-6
-BF16, F32, I32 = 2, 4, 4
-
-Shape = dict[str, int]
-BenchFunction = Callable[[BenchSession, Shape], list[Measurement]]
-
-
-def gemv_shapes(shape: Shape) -> dict[str, tuple[int, int, Epilogue]]:
-    """label -> (n, k, epilogue) of a decoder layer's projections and the lm_head; n is the output width
-    (SwiGLU reads 2n weight rows)."""
-    h, i, d = shape["hidden_size"], shape["intermediate_size"], shape["head_dim"]
-    q, kv = shape["num_attention_heads"] * d, shape["num_key_value_heads"] * d
-    return {
-        "qkv": (q + 2 * kv, h, Epilogue.STORE),
-        "o_proj": (h, q, Epilogue.STORE),
-        "gate_up+swiglu": (i, h, Epilogue.SWIGLU),
-        "down": (h, i, Epilogue.STORE),
-        "lm_head(f32)": (shape["vocab_size"], h, Epilogue.STORE_F32),
-    }
-
-
-def attention_shape(shape: Shape) -> AttentionShape:
-    return AttentionShape(shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"], EPS)
-
-
-def _row_cases() -> list[tuple[str, int]]:
-    return [*((f"rows={r}", r) for r in DECODE_ROWS), (f"rows={PREFILL_TOKENS}", PREFILL_TOKENS)]
-
-
-# -- elementwise and row families -------------------------------------------------------------------------
-
-
-def bench_rmsnorm(s: BenchSession, shape: Shape) -> list[Measurement]:
-    h = shape["hidden_size"]
-    results = []
-    for case, rows in _row_cases():
-        xs, w, out = s.cold(rows * h * BF16, "x"), s.filled(h * BF16, "w"), s.filled(rows * h * BF16, "out")
-        seconds = s.time(lambda i: ops.rmsnorm(s.lib, s.stream, xs[i % len(xs)], w, out, rows, h, EPS), len(xs))
-        results.append(Measurement("rmsnorm_bf16", case, seconds, 2 * rows * h * BF16 + h * BF16))
-        residuals = s.cold(rows * h * BF16, "residual")
-        seconds = s.time(
-            lambda i: ops.rmsnorm(s.lib, s.stream, xs[i % len(xs)], w, out, rows, h, EPS, residuals[i % len(residuals)]),
-            len(residuals),
-        )
-        results.append(Measurement("rmsnorm_residual_bf16", case, seconds, 4 * rows * h * BF16 + h * BF16))
-        s.release()
-    return results
-
-
-def bench_activation(s: BenchSession, shape: Shape) -> list[Measurement]:
-    inter = shape["intermediate_size"]
-    results = []
-    for case, rows in _row_cases():
-        gate_ups, out = s.cold(rows * 2 * inter * BF16, "gate_up"), s.filled(rows * inter * BF16, "out")
-        seconds = s.time(lambda i: ops.silu_mul(s.lib, s.stream, gate_ups[i % len(gate_ups)], out, rows, inter), len(gate_ups))
-        results.append(Measurement("silu_mul_bf16", case, seconds, 3 * rows * inter * BF16))
-        s.release()
-    return results
-
-
-def bench_embedding(s: BenchSession, shape: Shape) -> list[Measurement]:
-    vocab, h = shape["vocab_size"], shape["hidden_size"]
-    table = s.filled(vocab * h * BF16, "embed")  # rows drawn at random from a table far larger than L2
-    results = []
-    for case, rows in _row_cases():
-        ids = s.upload(np.random.default_rng(0).integers(0, vocab, rows, dtype=np.int32), "ids")
-        out = s.filled(rows * h * BF16, "out")
-        seconds = s.time(lambda _: linear_ops.gather_rows(s.lib, s.stream, table, vocab, out, rows, h, ids))
-        results.append(Measurement("gather_rows_bf16", case, seconds, 2 * rows * h * BF16 + rows * I32))
-    s.release()
-    return results
-
-
-# (label, SamplingParams fields) of the sampling cases: the passes each makes are in sampling_ops.sample_launches
-SAMPLING_CASES = (
-    ("greedy", dict(temperature=0.0)),
-    ("T=1", dict(temperature=1.0)),
-    ("top_p=0.95", dict(temperature=0.7, top_p=0.95)),
-    ("top_k=20 top_p=0.95", dict(temperature=0.6, top_k=20, top_p=0.95)),  # Qwen3's recommended thinking setting
-)
-
-
-def bench_sampling(s: BenchSession, shape: Shape) -> list[Measurement]:
-    vocab = shape["vocab_size"]
-    rng = np.random.default_rng(0)
-    results = []
-    for rows in DECODE_ROWS:
-        # The logits were just written by the lm_head GEMV: hot in L2 in the model's step too. Model-like
-        # values (N(0, 3)), not the random bf16 bits of `filled`, whose near-flat softmax is no real row.
-        logits = s.upload((3 * rng.standard_normal((rows, vocab))).astype(np.float32), "logits")
-        out = s.filled(rows * I32, "out")
-        moved = rows * vocab * F32 + rows * I32
-        scratch = s.filled(sampling_ops.argmax_scratch_bytes(rows), "argmax.scratch")
-        s.stream.memset(scratch, 0)
-        seconds = s.time(lambda _: sampling_ops.argmax(s.lib, s.stream, logits, out, rows, vocab, scratch))
-        results.append(Measurement("argmax_f32", f"rows={rows} vocab={vocab}", seconds, moved))
-        scratch = s.filled(sampling_ops.sample_scratch_bytes(rows), "sample.scratch")
-        s.stream.memset(scratch, 0)
-        for label, fields in SAMPLING_CASES:
-            packed = pack_device_params([(SamplingParams(**fields), 0.5)] * rows, vocab)
-            params = s.upload(packed, "params")
-            flags = packed[:, sampling_ops.FLAGS_WORD]
-            passes = len(sampling_ops.sample_launches(flags))
-            seconds = s.time(lambda _: sampling_ops.sample(s.lib, s.stream, logits, out, rows, vocab, params, flags, scratch))
-            case = f"{label} rows={rows} vocab={vocab} passes={passes}"
-            results.append(Measurement("sample (all passes)", case, seconds, passes * moved, params={"passes": passes}))
-        s.release()
-    return results
-
-
-# -- GEMV -----------------------------------------------------------------------------------------------------
-
-
-def bench_gemv(s: BenchSession, shape: Shape, row_counts: tuple[int, ...] = DECODE_ROWS) -> list[Measurement]:
-    results = []
-    for label, (n, k, epilogue) in gemv_shapes(shape).items():
-        w_rows = 2 * n if epilogue is Epilogue.SWIGLU else n
-        weights = s.cold(w_rows * k * BF16, "w")
-        for rows in row_counts:
-            x, y = s.filled(rows * k * BF16, "x"), s.filled(rows * n * epilogue.out_bytes, "y")
-            seconds = s.time(
-                lambda i: linear_ops.gemv(s.lib, s.stream, x, weights[i % len(weights)], y, rows, n, k, epilogue), len(weights)
-            )
-            moved = w_rows * k * BF16 + rows * k * BF16 + rows * n * epilogue.out_bytes
-            name, case = linear_ops.gemv_spec(epilogue, rows).name, f"{label} {n}x{k} rows={rows}"
-            params = {"op": label, "n": n, "k": k, "rows": rows, "weight_copies": len(weights)}
-            results.append(Measurement(name, case, seconds, moved, 2 * rows * w_rows * k, params))
-        s.release()
-    return results
-
-
-def bench_gemv_quant(s: BenchSession, shape: Shape) -> list[Measurement]:
-    results = []
-    for bits in QUANT_BITS:
-        for label, (n, k, epilogue) in gemv_shapes(shape).items():
-            w_rows = 2 * n if epilogue is Epilogue.SWIGLU else n
-            code_bytes, scale_bytes = w_rows * k * bits // 8, w_rows * (k // QUANT_GROUP) * BF16
-            copies = cold_copies(s.device, code_bytes + scale_bytes)
-            weights = [
-                QuantizedDeviceWeight(q, sc, w_rows, k, bits, QUANT_GROUP)
-                for q, sc in zip(s.cold(code_bytes, "qweight", copies), s.cold(scale_bytes, "scales", copies))
-            ]
-            for rows in DECODE_ROWS:
-                x, y = s.filled(rows * k * BF16, "x"), s.filled(rows * n * epilogue.out_bytes, "y")
-                seconds = s.time(lambda i: quant_ops.gemv(s.lib, s.stream, x, weights[i % len(weights)], y, rows, epilogue), len(weights))
-                moved = code_bytes + scale_bytes + rows * k * BF16 + rows * n * epilogue.out_bytes
-                case = f"int{bits} {label} {n}x{k} rows={rows}"
-                spec = quant_ops.gemv_launch(weights[0], rows, epilogue, s.device.sm_count)[0]
-                results.append(Measurement(spec.name, case, seconds, moved, 2 * rows * w_rows * k))
-            s.release()
-    return results
-
-
-# -- attention ------------------------------------------------------------------------------------------------
 
 
 def kv_bytes(shape: AttentionShape, tokens: int, kv_dtype: KVVariant) -> int:
@@ -225,7 +55,7 @@ def bench_rope_kv(s: BenchSession, shape: Shape) -> list[Measurement]:
     hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
     results = []
     for kv_dtype in KV_KINDS:
-        for case, tokens in _row_cases():
+        for case, tokens in row_cases():
             pages = -(-tokens // PAGE_SIZE)
             layers = _kv_layers(s, attn, pages, kv_dtype)
             inputs = _step_inputs(s, [tokens], tokens, pages)
@@ -384,22 +214,3 @@ def bench_kv_widen(s: BenchSession, shape: Shape, contexts: tuple[int, ...] = (8
         results.append(Measurement(attention_plan.WIDEN_INT8_KV.name, f"context={context}", seconds, moved))
         s.release()
     return results
-
-
-BENCHES: dict[str, BenchFunction] = {
-    "rmsnorm": bench_rmsnorm,
-    "activation": bench_activation,
-    "embedding": bench_embedding,
-    "sampling": bench_sampling,
-    "gemv": bench_gemv,
-    "gemv_quant": bench_gemv_quant,
-    "rope_kv": bench_rope_kv,
-    "decode_attention": bench_decode_attention,
-    "prefill_attention": bench_prefill_attention,
-    # time the sm_90a kernels and the mma.sync one in the same run
-    "prefill_attention_sm90": bench_prefill_attention,  # bf16, and int8 widened
-    "prefill_attention_sm90_int8": partial(bench_prefill_attention, kv_kinds=(KVVariant.INT8,)),
-    "kv_widen": bench_kv_widen,
-    "gdn_conv": bench_gdn_conv,
-    "gdn_delta_rule": bench_gdn_delta_rule,
-}

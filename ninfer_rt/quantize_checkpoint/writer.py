@@ -28,11 +28,11 @@ from tqdm import tqdm
 
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.weights import SHARD_INDEX, Checkpoint, load_checkpoint, stored_name
-from ninfer_rt.quantize.calibration import input_hessians
+from ninfer_rt.quantize_checkpoint.calibration import input_hessians
 from ninfer_rt.quantize.format import BF16, SUPPORTED_BITS, QuantFormatError, QuantizedWeight, check_group_size
 from ninfer_rt.quantize.quantizer import quantize
 from ninfer_rt.quantize.scheme import quantization_config, scheme_from_dir
-from ninfer_rt.quantize.shard_writer import PlannedTensor, plan_shards, write_shard
+from ninfer_rt.quantize_checkpoint.shard_writer import PlannedTensor, plan_shards, write_shard
 
 SHARD_BYTES = 2 << 30
 COPY_CHUNK_BYTES = 64 << 20  # bytes of a pass-through tensor copied between page releases
