@@ -1,5 +1,5 @@
-"""The Gated DeltaNet families' benchmarks (kernels_src/gdn_conv.cu, gdn_delta_rule.cu), registered in
-benches.BENCHES and used by tools/bench_gdn.py.
+"""The Gated DeltaNet families' benchmarks (kernels_src/gdn_conv.cu, gdn_delta_rule.cu, gdn_chunked_split.cu),
+registered in benches.BENCHES and used by tools/bench_gdn.py.
 
 A case is one sequence over a state-slot pool of LAYERS layers; launch i runs layer i % LAYERS, so a graph
 of LAYERS launches touches distinct layer states as a real step does and the recurrent update streams its
@@ -111,7 +111,7 @@ def bench_gdn_conv(s: BenchSession, shape: Shape) -> list[Measurement]:
 
 def bench_gdn_delta_rule(s: BenchSession, shape: Shape) -> list[Measurement]:
     """The recurrent cases (bytes: the states read and written), the chunked prefill (bytes: one state in,
-    one out) with the device's column group and split in three passes, and the gated norm of a decode row."""
+    one out) with the device's column group, and the gated norm of a decode row."""
     heads, results = gdn_heads(shape), []
     for rows, targets in RECURRENT_CASES:
         case = DeltaRuleCase(s, heads, rows, targets)
@@ -126,7 +126,20 @@ def bench_gdn_delta_rule(s: BenchSession, shape: Shape) -> list[Measurement]:
         case = DeltaRuleCase(s, heads, rows, 1)
         seconds = s.time(case.delta_rule(columns), LAYERS)
         results.append(Measurement(ops.chunked_spec(heads.key_dim, columns).name, f"rows={rows}", seconds, 2 * state_bytes(heads)))
+        s.release()
+    return results
+
+
+def bench_gdn_chunked_split(s: BenchSession, shape: Shape) -> list[Measurement]:
+    """The chunked prefill split in three passes: whole (bytes: one state in, one out) and each pass alone."""
+    heads, results = gdn_heads(shape), []
+    specs = ops.split_specs(heads.key_dim, ops.SPLIT_CARRY_COLUMNS)
+    for rows in CHUNKED_ROWS:
+        case = DeltaRuleCase(s, heads, rows, 1)
         seconds = s.time(case.delta_rule(ops.SPLIT_CARRY_COLUMNS, split=True), LAYERS)
-        results.append(Measurement("gdn_split (3 passes)", f"rows={rows}", seconds, 2 * state_bytes(heads)))
+        results.append(Measurement("gdn_split (three passes)", f"rows={rows}", seconds, 2 * state_bytes(heads)))
+        for spec, name in zip(specs, ops.SPLIT_PASSES):
+            seconds = s.time(case.delta_rule(ops.SPLIT_CARRY_COLUMNS, split=True, passes=(name,)), LAYERS)
+            results.append(Measurement(spec.name, f"rows={rows}", seconds, 2 * state_bytes(heads)))
         s.release()
     return results
