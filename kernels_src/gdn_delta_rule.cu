@@ -38,37 +38,12 @@
 // the 27B shape's 192 blocks are one wave. Expected, not yet measured: ~5-7 us per chunk, ~60 us for 531
 // rows and ~0.8 ms for 8,192 on an H200.
 #include "attention_common.cuh"
-#include "gdn_common.cuh"
+#include "gdn_delta_rule_common.cuh"
 #include "gdn_split_mma.cuh"
 
-constexpr int kRecurrentMaxRows = 8;  // numpy_delta_rule.RECURRENT_MAX_ROWS
 constexpr int kRecurrentThreads = 128;
 constexpr int kRecurrentColumns = 16;  // 4 lanes x float4
-constexpr int kChunk = 64;
 constexpr int kChunkThreads = 256;
-
-struct DeltaRuleArgs {
-    float* out;
-    const bf16* conv;
-    const bf16* x;
-    int x_stride;
-    int gate_column;
-    const float* a_log;
-    const float* dt_bias;
-    StateSlots states;
-    const int* query_start;
-    int key_heads;
-    int value_heads;
-    int value_dim;
-
-    __forceinline__ int conv_channels(int dk) const { return 2 * key_heads * dk + value_heads * value_dim; }
-    // beta and the decay e^g of (row, head).
-    __forceinline__ void gating(long long row, int head, float decay_rate, float bias, float& beta, float& g) const {
-        const bf16* gates = x + row * x_stride + gate_column;
-        beta = gdn_sigmoid(__bfloat162float(gates[head]));
-        g = -decay_rate * gdn_softplus(__bfloat162float(gates[value_heads + head]) + bias);
-    }
-};
 
 // -- recurrent ------------------------------------------------------------------------------------------
 
@@ -233,21 +208,12 @@ __forceinline__ void load_chunk(const ChunkSmem<DK, CV>& sm, const DeltaRuleArgs
     for (int r = warp; r < kChunk; r += kChunkThreads / 32) {
         const bool valid = r < length;
         const long long row = first_row + r;
-        const bf16* qk = p.conv + row * channels + key_head * DK;
-        float qv[DK / 32], kv[DK / 32], qq = 0.0f, kk = 0.0f;
+        float qv[DK / 32], kv[DK / 32];
+        p.normalised_row<DK>(qv, kv, row, key_head, valid);
 #pragma unroll
         for (int e = 0; e < DK / 32; ++e) {
-            qv[e] = valid ? __bfloat162float(qk[lane + 32 * e]) : 0.0f;
-            kv[e] = valid ? __bfloat162float(qk[p.key_heads * DK + lane + 32 * e]) : 0.0f;
-            qq += qv[e] * qv[e];
-            kk += kv[e] * kv[e];
-        }
-        const float q_scale = rsqrtf(warp_sum(qq) + kL2NormEps) * rsqrtf((float)DK);
-        const float k_scale = rsqrtf(warp_sum(kk) + kL2NormEps);
-#pragma unroll
-        for (int e = 0; e < DK / 32; ++e) {
-            sm.q[r * (DK + 1) + lane + 32 * e] = qv[e] * q_scale;
-            sm.k[r * (DK + 1) + lane + 32 * e] = kv[e] * k_scale;
+            sm.q[r * (DK + 1) + lane + 32 * e] = qv[e];
+            sm.k[r * (DK + 1) + lane + 32 * e] = kv[e];
         }
         const bf16* v_row = p.conv + row * channels + 2 * p.key_heads * DK + head * p.value_dim + column0;
         if (lane < CV) sm.v[r * CV + lane] = valid ? __bfloat162float(v_row[lane]) : 0.0f;
@@ -258,55 +224,6 @@ __forceinline__ void load_chunk(const ChunkSmem<DK, CV>& sm, const DeltaRuleArgs
             sm.beta[r] = beta;
         }
     }
-}
-
-// Inclusive prefix sum of cum[0..63] by warp 0 (two rows per lane).
-__forceinline__ void prefix_sum_64(float* cum) {
-    if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    const float a = cum[2 * lane], b = cum[2 * lane + 1];
-    float inclusive = a + b;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-        const float up = __shfl_up_sync(0xffffffffu, inclusive, offset);
-        if (lane >= offset) inclusive += up;
-    }
-    const float before = inclusive - (a + b);
-    cum[2 * lane] = before + a;
-    cum[2 * lane + 1] = inclusive;
-}
-
-// t = (I + a)^-1 for strictly lower triangular a [64][64] by doubling the inverted diagonal blocks:
-// inv([[X, 0], [C, Y]]) = [[X^-1, 0], [-Y^-1 C X^-1, Y^-1]]. t starts as the identity. The lower-left
-// blocks of a are consumed (they are never read again: later levels read blocks below the merged ones).
-__forceinline__ void invert_unit_lower(float* a, float* t) {
-    for (int size = 1; size < kChunk; size <<= 1) {
-        const int items = (kChunk / (2 * size)) * size * size;
-        for (int phase = 0; phase < 3; ++phase) {
-            for (int idx = threadIdx.x; idx < items; idx += blockDim.x) {
-                const int pair = idx / (size * size), i = (idx / size) % size, j = idx % size;
-                const int c0 = pair * 2 * size, r0 = c0 + size;
-                float* out = &t[(r0 + i) * kChunk + c0 + j];
-                if (phase == 0) {  // C X^-1 into t's lower-left block (zero until now)
-                    float acc = 0.0f;
-                    for (int l = j; l < size; ++l) acc += a[(r0 + i) * kChunk + c0 + l] * t[(c0 + l) * kChunk + c0 + j];
-                    *out = acc;
-                } else if (phase == 1) {  // -Y^-1 (C X^-1) into a's consumed block
-                    float acc = 0.0f;
-                    for (int l = 0; l <= i; ++l) acc += t[(r0 + i) * kChunk + r0 + l] * t[(r0 + l) * kChunk + c0 + j];
-                    a[(r0 + i) * kChunk + c0 + j] = -acc;
-                } else {
-                    *out = a[(r0 + i) * kChunk + c0 + j];
-                }
-            }
-            __syncthreads();
-        }
-    }
-}
-
-template <int DK, int CV>
-__forceinline__ void store_state(const ChunkSmem<DK, CV>& sm, float* dst, int value_dim) {
-    for (int idx = threadIdx.x; idx < DK * CV; idx += blockDim.x) dst[(long long)(idx / CV) * value_dim + idx % CV] = sm.s[idx];
 }
 
 // One chunk of `length` rows starting at sequence row `pos`; S (sm.s) is the state before it, after it on
@@ -399,16 +316,15 @@ __forceinline__ void chunked(const DeltaRuleArgs& p) {
     if (rows.length <= kRecurrentMaxRows) return;  // the recurrent kernel's (uniform over the block)
     const int key_head = head / (p.value_heads / p.key_heads);
     const long long tile = (long long)head * DK * p.value_dim + column0;
-    const float* src = p.states.recurrent(p.states.slots[seq]) + tile;
-    for (int idx = threadIdx.x; idx < DK * CV; idx += blockDim.x) sm.s[idx] = src[(long long)(idx / CV) * p.value_dim + idx % CV];
+    load_tile<DK, CV>(sm.s, p.states.recurrent(p.states.slots[seq]) + tile, p.value_dim);
     __syncthreads();  // the whole tile is read before any target (maybe the source slot) is written
     const int initial_target = p.states.target_after(seq, 0, rows.length);
-    if (initial_target >= 0) store_state(sm, p.states.recurrent(initial_target) + tile, p.value_dim);
+    if (initial_target >= 0) store_tile<DK, CV>(sm.s, p.states.recurrent(initial_target) + tile, p.value_dim);
     for (int pos = 0; pos < rows.length;) {
         const int end = chunk_end(p.states, seq, pos, rows.length);
         chunk_step<DK, CV>(sm, p, rows.first + pos, end - pos, head, key_head, column0, decay_rate, bias);
         const int target = p.states.target_after(seq, end, rows.length);
-        if (target >= 0) store_state(sm, p.states.recurrent(target) + tile, p.value_dim);
+        if (target >= 0) store_tile<DK, CV>(sm.s, p.states.recurrent(target) + tile, p.value_dim);
         pos = end;
     }
 }
@@ -435,18 +351,6 @@ extern "C" __global__ void __launch_bounds__(128) gdn_gated_norm(bf16* y, const 
         }
     }
 }
-
-#define DELTA_RULE_PARAMS                                                                                      \
-    float *out, const bf16 *conv, const bf16 *x, int x_stride, int gate_column, const float *a_log,            \
-        const float *dt_bias, unsigned char *state_layer, long long slot_bytes, int conv_bytes,                 \
-        const int *state_slots, const int *state_targets, int num_targets, const int *query_start,             \
-        int key_heads, int value_heads, int value_dim
-#define DELTA_RULE_ARGS                                                                                        \
-    DeltaRuleArgs {                                                                                            \
-        out, conv, x, x_stride, gate_column, a_log, dt_bias,                                                   \
-            StateSlots{state_layer, slot_bytes, conv_bytes, state_slots, state_targets, num_targets},          \
-            query_start, key_heads, value_heads, value_dim                                                     \
-    }
 
 #define RECURRENT_KERNEL(DK)                                                                                   \
     extern "C" __global__ void __launch_bounds__(kRecurrentThreads) gdn_recurrent_d##DK(DELTA_RULE_PARAMS) {  \

@@ -1,7 +1,8 @@
 """The CUDA executor runs the hybrid (Gated DeltaNet + gated attention) forward of model/layers.py and agrees
 with the numpy executor on a tiny Qwen3.5 checkpoint that transformers wrote: a prefill, then 16 decode
 steps, the linear-attention state carried through its slot between steps; and two sequences of
-different lengths in one step (the recurrent and chunked delta rule side by side). Decode and verify
+different lengths in one step (the recurrent and chunked delta rule side by side), prefill through both
+chunked forms (NINFER_GDN_CHUNKED=fused|split). Decode and verify
 steps replayed from CUDA graphs equal eager steps bit for bit (logits and every state slot), one graph
 serving any slots, each replay declaring its own step's slots."""
 
@@ -117,7 +118,12 @@ def run_sequence(rt: Runtime, tokens: Sequence[int]) -> np.ndarray:
     return np.concatenate(logits)
 
 
-def test_prefill_and_decode_logits_match_the_numpy_executor(gpu_tiny_qwen3_5: Path) -> None:
+CHUNKED_FORMS = ("fused", "split")
+
+
+@pytest.mark.parametrize("form", CHUNKED_FORMS)
+def test_prefill_and_decode_logits_match_the_numpy_executor(gpu_tiny_qwen3_5: Path, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NINFER_GDN_CHUNKED", form)
     vocab = load_model_weights(gpu_tiny_qwen3_5).config.vocab_size
     tokens = random_tokens(vocab, PROMPT + DECODE_STEPS, seed=5)
     ours = run_sequence(runtime(gpu_tiny_qwen3_5, device=True), tokens)
@@ -126,7 +132,11 @@ def test_prefill_and_decode_logits_match_the_numpy_executor(gpu_tiny_qwen3_5: Pa
     assert error < TOLERANCE, f"CUDA vs numpy logits: relative error {error:.3e}"
 
 
-def test_a_step_of_a_prefill_beside_a_decode_gives_each_its_own_logits(gpu_tiny_qwen3_5: Path) -> None:
+@pytest.mark.parametrize("form", CHUNKED_FORMS)
+def test_a_step_of_a_prefill_beside_a_decode_gives_each_its_own_logits(
+    gpu_tiny_qwen3_5: Path, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NINFER_GDN_CHUNKED", form)
     vocab = load_model_weights(gpu_tiny_qwen3_5).config.vocab_size
     first, second = random_tokens(vocab, 12, seed=1), random_tokens(vocab, 70, seed=2)
     results = []

@@ -1,6 +1,8 @@
 """Gated DeltaNet families on the CPU: NVRTC compiles them for every target arch with every kernel the
-wrappers launch (the PDL contract is checked for every family by test_pdl_contract.py), and the wrappers'
-launch shapes, kernel choice and declared accesses are right (a recording library, no GPU)."""
+wrappers launch (the PDL contract is checked for every family by test_pdl_contract.py, the mirrored
+constants by test_linear_attn_constants.py), the split passes' shared memory fits the devices, and the
+wrappers' launch shapes, kernel choice and declared accesses are right, for the fused and the split chunked
+forms (a recording library, no GPU)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from ninfer_rt.cuda import gdn_split_plan
 from ninfer_rt.cuda import linear_attn_ops as ops
 from ninfer_rt.cuda.compiler import compile_family
 from ninfer_rt.cuda.memory import DeviceBuffer
@@ -33,7 +36,8 @@ HEADS_27B = ops.GdnHeads(key_heads=16, value_heads=48, key_dim=128, value_dim=12
 def kernel_names() -> dict[str, set[str]]:
     delta = {ops.GATED_NORM.name} | {ops.recurrent_spec(d).name for d in ops.KEY_DIMS}
     delta |= {ops.chunked_spec(d, c).name for d in ops.KEY_DIMS for c in ops.CHUNK_COLUMN_GROUPS}
-    return {"gdn_conv": {ops.CONV_SILU.name}, "gdn_delta_rule": delta}
+    split = {spec.name for d in ops.KEY_DIMS for c in (16, 32) for spec in ops.split_specs(d, c)}
+    return {"gdn_conv": {ops.CONV_SILU.name}, "gdn_delta_rule": delta, "gdn_chunked_split": split}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("arch", TARGET_ARCHS)
-@pytest.mark.parametrize("family", ["gdn_conv", "gdn_delta_rule"])
+@pytest.mark.parametrize("family", ["gdn_conv", "gdn_delta_rule", "gdn_chunked_split"])
 def test_family_compiles_with_every_kernel_the_wrappers_launch(family: str, arch: str, cache_dir: Path) -> None:
     cubin = compile_family(family, arch, cache=cache_dir).cubin
     missing = sorted(name for name in kernel_names()[family] if name.encode() + b"\0" not in cubin)
@@ -55,6 +59,13 @@ def test_the_chunked_kernel_fits_sm120_with_narrow_column_groups_and_hopper_with
     assert ops.chunk_columns(128, 128, SM90_SMEM) == 32
     with pytest.raises(ValueError, match="no column group"):
         ops.chunk_columns(128, 128, 64 * 1024)
+
+
+def test_every_split_pass_fits_sm120_and_two_blocks_fit_an_h200_sm() -> None:
+    for key_dim in ops.KEY_DIMS:
+        for columns in (16, 32):
+            assert max(ops.split_smem_bytes(key_dim, columns)) <= SM120_SMEM
+            assert 2 * max(ops.split_smem_bytes(key_dim, columns)) <= 228 * 1024 - 2 * 1024  # per SM, less 1 KiB per block
 
 
 def test_geometry_refuses_what_is_not_instantiated() -> None:
@@ -130,17 +141,59 @@ def test_delta_rule_refuses_short_buffers_before_launching() -> None:
     assert not lib.launches
 
 
+def split_workspace(query_lens: tuple[int, ...], num_targets: int, streams: StreamSet | None = None) -> ops.SplitWorkspace:
+    streams = streams or StreamSet(verify=False)
+    chunks = gdn_split_plan.chunk_bases(query_lens, num_targets)[-1]
+    sizes = gdn_split_plan.SplitWorkspace(sum(query_lens), chunks, 16, 48, 128, 128).sizes()
+    return ops.SplitWorkspace(*(DeviceBuffer(streams, n, name) for name, n in sizes.items()))
+
+
+def test_the_split_form_runs_three_passes_over_the_workspace_in_order() -> None:
+    query_lens = (1, 300, 70)
+    lib, f, ws = RecordingLibrary(), Fixture(query_lens, num_targets=2), split_workspace(query_lens, 2)
+    ops.delta_rule(lib, f.stream, f.step, HEADS_27B, f.gating, f.states, 32, ws)
+    names = [launch.name for launch in lib.launches]
+    assert names == ["gdn_recurrent_d128", "gdn_split_terms_d128", "gdn_split_carry_d128_c32", "gdn_split_out_d128"]
+    terms, carry, out = lib.launches[1:]
+    chunks_of_300 = 5 + 1  # the 64-grid and the target count 299
+    assert terms.grid == out.grid == (chunks_of_300, 48, 3) and carry.grid == (4, 48, 3)
+    assert (terms.smem, carry.smem, out.smem) == ops.split_smem_bytes(128, 32)
+    assert all(launch.args[-6:] == ws.buffers for launch in lib.launches[1:])
+    q, k, w, u, cum, h = (b.resource for b in ws.buffers)
+    assert {q, k, w, u, cum} <= set(terms.writes) and f.conv.resource in terms.reads
+    assert {w, k, u, cum} <= set(carry.reads) and {u, h} <= set(carry.writes)
+    assert set(f.step.slots_read) <= set(carry.reads) and set(f.step.slots_written) <= set(carry.writes)
+    assert {q, k, u, cum, h} <= set(out.reads) and out.writes == (f.gating.out.resource,)
+    assert not set(f.step.slots_written) & set(terms.writes + out.writes), "only the carry pass writes states"
+
+
+def test_a_benchmark_can_launch_one_split_pass_alone() -> None:
+    lib, f, ws = RecordingLibrary(), Fixture((300,)), split_workspace((300,), 1)
+    ops.delta_rule(lib, f.stream, f.step, HEADS_27B, f.gating, f.states, 32, ws, split_passes=("gdn_split_carry",))
+    assert [launch.name for launch in lib.launches] == ["gdn_split_carry_d128_c32"]
+
+
+def test_the_split_form_refuses_a_workspace_short_of_the_steps_chunks() -> None:
+    lib, f = RecordingLibrary(), Fixture((300,), num_targets=2)
+    with pytest.raises(ValueError, match="h"):
+        ops.delta_rule(lib, f.stream, f.step, HEADS_27B, f.gating, f.states, 32, split_workspace((300,), 1))
+    assert not lib.launches
+
+
 # -- the executor's backend: one layer of a step (plan, then forward) ------------------------------------
 
 SHAPE_27B = LinearAttentionShape(16, 48, 128, 128, 4, 1e-6)
 
 
-def backend_run(query_lens: tuple[int, ...], slots: list[int], targets: list[list[int]], capturing: bool = False) -> tuple:
-    streams = StreamSet(verify=False)
-    lib = RecordingLibrary()
+def backend_run(
+    query_lens: tuple[int, ...], slots: list[int], targets: list[list[int]], capturing: bool = False, form: str = "fused",
+    backend: LinearAttentionBackend | None = None,
+) -> tuple:
+    streams = backend.streams if backend else StreamSet(verify=False)
+    lib = backend.library if backend else RecordingLibrary()
     lib.device.max_shared_memory_per_block_optin = SM90_SMEM
     pool = StateSlotPool(streams, StateSpec(2, 16, 48, 128, 128), num_slots=4)
-    backend = LinearAttentionBackend(lib, streams, streams.create("compute"), max_tokens=1024)
+    backend = backend or LinearAttentionBackend(lib, streams, streams.create("compute"), max_tokens=1024, chunked_form=form)
     rows = sum(query_lens)
 
     def buf(nbytes: int, name: str) -> SimpleNamespace:
@@ -154,11 +207,11 @@ def backend_run(query_lens: tuple[int, ...], slots: list[int], targets: list[lis
     backend.plan(step)
     with backend.capturing() if capturing else nullcontext():
         backend.forward(projected, out, params, pool, layer=1)
-    return lib, pool
+    return lib, pool, backend
 
 
 def test_a_layer_is_conv_then_delta_rule_then_gated_norm_over_the_layers_part_of_the_slots() -> None:
-    lib, pool = backend_run((1, 300), slots=[0, 2], targets=[[0], [3]])
+    lib, pool, _ = backend_run((1, 300), slots=[0, 2], targets=[[0], [3]])
     assert [launch.name for launch in lib.launches] == [
         "gdn_conv_silu_k4", "gdn_recurrent_d128", "gdn_chunked_d128_c32", "gdn_gated_norm",
     ]
@@ -167,6 +220,32 @@ def test_a_layer_is_conv_then_delta_rule_then_gated_norm_over_the_layers_part_of
     for launch in lib.launches[:3]:
         assert {pool.resource(0), pool.resource(2)} <= set(launch.reads)
         assert {pool.resource(0), pool.resource(3)} <= set(launch.writes) and pool.resource(2) not in launch.writes
+
+
+def test_the_split_form_is_chosen_by_the_environment_and_its_workspace_grows_with_the_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NINFER_GDN_CHUNKED", "split")
+    lib, _, backend = backend_run((1, 100), slots=[0, 2], targets=[[0], [3]], form=None)
+    assert [launch.name for launch in lib.launches] == [
+        "gdn_conv_silu_k4", "gdn_recurrent_d128", "gdn_split_terms_d128", "gdn_split_carry_d128_c32", "gdn_split_out_d128",
+        "gdn_gated_norm",
+    ]
+    first = lib.launches[2].args[-6:]
+    backend_run((1, 100), slots=[0, 2], targets=[[0], [3]], backend=backend)
+    assert lib.launches[8].args[-6:] == first, "a step that fits reuses the arrays"
+    backend_run((700,), slots=[0], targets=[[3]], backend=backend)
+    grown = lib.launches[-3].args[-6:]
+    assert grown != first and grown[-1].nbytes == 11 * 48 * 128 * 128 * 4  # the 700-row step's 11 chunk states
+    monkeypatch.setenv("NINFER_GDN_CHUNKED", "fast")
+    with pytest.raises(ValueError, match="NINFER_GDN_CHUNKED='fast'"):
+        backend_run((100,), slots=[0], targets=[[3]], form=None)
+
+
+def test_decode_steps_never_touch_the_split_workspace() -> None:
+    lib, _, backend = backend_run((1,), slots=[0], targets=[[0]], form="split")
+    backend_run((1, 8), slots=[0, 2], targets=[[0], [3]], backend=backend, capturing=True)
+    assert not any("split" in launch.name for launch in lib.launches)
 
 
 def test_scratch_is_never_allocated_inside_a_captured_step() -> None:

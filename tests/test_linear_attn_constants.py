@@ -1,5 +1,5 @@
 """linear_attn_ops' constants are the Gated DeltaNet kernels' own: each is read from kernels_src/gdn_*.cu (the
-`constexpr int`s, the instantiated kernels, the chunked kernel's shared-memory formula), so a kernel change
+`constexpr int`s, the instantiated kernels, the chunked kernels' shared-memory formulas), so a kernel change
 that is not mirrored in the launch wrappers fails here, on the CPU."""
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from ninfer_rt.exec import numpy_delta_rule
 # (source file, constexpr name, the Python constant it must equal)
 MIRRORED = [
     ("gdn_conv.cu", "kConvThreads", ops.CONV_THREADS),
-    ("gdn_delta_rule.cu", "kRecurrentMaxRows", ops.RECURRENT_MAX_ROWS),
-    ("gdn_delta_rule.cu", "kRecurrentMaxRows", numpy_delta_rule.RECURRENT_MAX_ROWS),
+    ("gdn_delta_rule_common.cuh", "kRecurrentMaxRows", ops.RECURRENT_MAX_ROWS),
+    ("gdn_delta_rule_common.cuh", "kRecurrentMaxRows", numpy_delta_rule.RECURRENT_MAX_ROWS),
     ("gdn_delta_rule.cu", "kRecurrentThreads", ops.RECURRENT_THREADS),
     ("gdn_delta_rule.cu", "kRecurrentColumns", ops.RECURRENT_COLUMNS),
-    ("gdn_delta_rule.cu", "kChunk", ops.CHUNK),
+    ("gdn_delta_rule_common.cuh", "kChunk", ops.CHUNK),
+    ("gdn_delta_rule_common.cuh", "kChunk", numpy_delta_rule.CHUNK),
     ("gdn_delta_rule.cu", "kChunkThreads", ops.CHUNK_THREADS),
+    ("gdn_chunked_split.cu", "kSplitThreads", ops.SPLIT_THREADS),
+    ("gdn_chunked_split.cu", "kOutputColumns", ops.SPLIT_OUTPUT_COLUMNS),
 ]
 
 
@@ -61,7 +64,7 @@ def test_every_column_group_divides_the_value_dim_multiple() -> None:
 def chunk_smem_floats(key_dim: int, columns: int) -> int:
     """gdn_delta_rule.cu's ChunkSmem<DK, CV>::kFloats, evaluated from the kernel's own expressions."""
     text = (KERNELS / "gdn_delta_rule.cu").read_text()
-    names = {"kChunk": constexpr_int("gdn_delta_rule.cu", "kChunk"), "DK": key_dim, "CV": columns}
+    names = {"kChunk": constexpr_int("gdn_delta_rule_common.cuh", "kChunk"), "DK": key_dim, "CV": columns}
     for name in ("kRowStride", "kQRegion", "kFloats"):
         (expression,) = re.findall(rf"static constexpr int {name} = (.+);", text)
         ternary = re.fullmatch(r"(.+) \? (.+) : (.+)", expression)
@@ -74,3 +77,26 @@ def chunk_smem_floats(key_dim: int, columns: int) -> int:
 @pytest.mark.parametrize(("key_dim", "columns"), list(itertools.product(ops.KEY_DIMS, ops.CHUNK_COLUMN_GROUPS)))
 def test_chunked_shared_memory_is_the_kernels(key_dim: int, columns: int) -> None:
     assert ops.chunked_smem_bytes(key_dim, columns) == 4 * chunk_smem_floats(key_dim, columns)
+
+
+def test_the_instantiated_split_kernels_are_the_ones_the_wrappers_name() -> None:
+    text = (KERNELS / "gdn_chunked_split.cu").read_text()
+    per_chunk = {int(d) for d in re.findall(r"^SPLIT_KERNELS\((\d+)\)", text, flags=re.MULTILINE)}
+    carry = {(int(d), int(c)) for d, c in re.findall(r"^CARRY_KERNEL\((\d+), (\d+)\)", text, flags=re.MULTILINE)}
+    assert per_chunk == set(ops.KEY_DIMS)
+    assert ops.SPLIT_CARRY_COLUMNS in ops.CHUNK_COLUMN_GROUPS
+    assert carry == set(itertools.product(ops.KEY_DIMS, ops.CHUNK_COLUMN_GROUPS))
+
+
+@pytest.mark.parametrize(("key_dim", "columns"), list(itertools.product(ops.KEY_DIMS, ops.CHUNK_COLUMN_GROUPS)))
+def test_split_shared_memory_is_the_kernels(key_dim: int, columns: int) -> None:
+    """Each pass's `static constexpr int kFloats = ...;`, read from gdn_chunked_split.cu and evaluated at (dk, cv)."""
+    text = (KERNELS / "gdn_chunked_split.cu").read_text()
+    (padding,) = re.findall(r"constexpr int operand_stride\(int columns\) \{\s*return columns \+ (\d+);", text)
+    names = {"DK": key_dim, "CV": columns, "kChunk": ops.CHUNK, "kOutputStride": ops.SPLIT_OUTPUT_COLUMNS + int(padding),
+             "kStride": columns + int(padding)}
+    floats = []
+    for struct in ("TermsSmem", "CarrySmem", "OutputSmem"):
+        (expression,) = re.findall(rf"struct {struct} {{[^}}]*?static constexpr int kFloats = ([^;]+);", text)
+        floats.append(eval(expression, {}, dict(names)))  # noqa: S307 - integer arithmetic from our own source
+    assert ops.split_smem_bytes(key_dim, columns) == tuple(4 * n for n in floats)

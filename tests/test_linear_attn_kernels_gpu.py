@@ -1,5 +1,6 @@
 """The Gated DeltaNet kernels against the numpy reference on the GPU (`pytest -m gpu`): the conv + SiLU
-with its windows, the recurrent and chunked delta rule with their saved states, the gated output norm.
+with its windows, the recurrent and chunked delta rule with their saved states (the chunked form fused in
+one kernel and split in three passes over a NaN-poisoned workspace), the gated output norm.
 
 Each case runs the three launches over one layer of a state-slot pool whose other bytes are NaN poison:
 odd lengths and lengths that are not multiples of 64, random initial states, several sequences, in-place
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 
 from gpu_session import POISON, OneStream
+from ninfer_rt.cuda import gdn_split_plan
 from ninfer_rt.cuda import linear_attn_ops as ops
 from ninfer_rt.cuda.linear_attn_ops import DeltaRuleArgs, GdnHeads, GdnStep, StateLayer
 from ninfer_rt.cuda.memory import Buffer, StagingRing
@@ -56,7 +58,11 @@ CASES = {
     "verify_k_plus_1": Case((4, 3), (0, 1), ((5, 6, 7, 0), (8, 9, 10, 1))),  # seq 1 also keeps the state after 0 rows
     "prefill_mixed": Case((531, 77, 1), (0, 1, 2), ((3,), (4,), (2,))),
     "prefill_cut_at_requests": Case((130, 9), (0, 1), ((-1, 3), (4, 5))),  # seq 1: states after 8 and 9 rows
+    # odd lengths around the 64-grid beside a decode row; three targets each (the states after len-2..len rows)
+    "prefill_odd_lengths": Case((299, 1, 63, 65, 190), (0, 1, 2, 6, 7), (
+        (3, 4, 0), (-1, -1, 1), (5, -1, 2), (8, 9, 6), (-1, 10, 11))),
 }
+FORMS = ("fused", "split")
 
 
 @pytest.fixture(scope="module")
@@ -136,10 +142,13 @@ def assert_relative(name: str, got: np.ndarray, ref: np.ndarray) -> None:
     assert error < DELTA_RTOL, f"{name}: relative L2 error {error:.2e}"
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("columns", [32, 16])
 @pytest.mark.parametrize("heads", GEOMETRIES, ids=lambda h: f"hk{h.key_heads}_hv{h.value_heads}_dk{h.key_dim}_dv{h.value_dim}")
 @pytest.mark.parametrize("case_name", list(CASES))
-def test_conv_delta_rule_and_gated_norm_match_the_reference(gpu: OneStream, case_name: str, heads: GdnHeads, columns: int) -> None:
+def test_conv_delta_rule_and_gated_norm_match_the_reference(
+    gpu: OneStream, case_name: str, heads: GdnHeads, columns: int, form: str
+) -> None:
     case = CASES[case_name]
     rng = np.random.default_rng(len(case_name) * 31 + heads.key_dim + columns)
     spec = StateSpec(2, heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim)
@@ -160,7 +169,7 @@ def test_conv_delta_rule_and_gated_norm_match_the_reference(gpu: OneStream, case
     args = DeltaRuleArgs(conv, x, gpu.upload(layer.a_log), gpu.upload(layer.dt_bias), o)
 
     ops.conv_silu(gpu.lib, gpu.stream, step, heads, x, gpu.upload(layer.conv_weight), conv, states)
-    ops.delta_rule(gpu.lib, gpu.stream, step, heads, args, states, columns)
+    ops.delta_rule(gpu.lib, gpu.stream, step, heads, args, states, columns, poisoned_workspace(gpu, step, heads) if form == "split" else None)
     ops.gated_norm(gpu.lib, gpu.stream, heads, o, x, gpu.upload(layer.norm), y, rows)
 
     after = gpu.download(pool.buffer, np.uint8, (pool.buffer.nbytes,))
@@ -187,6 +196,13 @@ def test_conv_delta_rule_and_gated_norm_match_the_reference(gpu: OneStream, case
     z = xs[:, heads.conv_channels : heads.conv_channels + heads.value_size].reshape(o_gpu.shape)
     norm_ref = gated_rms_norm(o_gpu.astype(np.float64), z, layer.norm.astype(np.float64), heads.norm_eps)
     assert_elementwise("gated norm", gpu.download(y, BF16, (rows, heads.value_size)), norm_ref.reshape(rows, -1), NORM_RTOL)
+
+
+def poisoned_workspace(gpu: OneStream, step: GdnStep, heads: GdnHeads) -> ops.SplitWorkspace:
+    """The split form's arrays, NaN-poisoned: a pass reading what no pass wrote shows up in the outputs."""
+    chunks = gdn_split_plan.chunk_bases(step.query_lens, step.num_targets)[-1]
+    shape = gdn_split_plan.SplitWorkspace(step.num_rows, chunks, heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim)
+    return ops.SplitWorkspace(*(gpu.poisoned(nbytes) for nbytes in shape.sizes().values()))
 
 
 def delta_rule_ref(

@@ -6,7 +6,9 @@ ninfer_rt.kernel_dev.bench_gdn's, also `ninfer-rt kernels bench gdn_delta_rule`)
   fla does, and keeping all four states as a k=3 verify pass does), the state updated in place in its slot;
 - layer: the whole decode op of a layer (conv + SiLU, recurrent delta rule, gated norm);
 - chunked: prefill of T = 531 and 8192 rows from an initial state to a final one, with the column group the
-  device takes (32 on an H200) and the portable one sm_120 takes (16).
+  device takes (32 on an H200) and the portable one sm_120 takes (16); with --split also the chunked form
+  split in three passes (kernels_src/gdn_chunked_split.cu, the executor's NINFER_GDN_CHUNKED=split) with
+  carry blocks of 32 and 16 columns, whole and each pass alone.
 Every graph replays one launch per layer over 48 distinct layer states (a 48-layer state slot, 144 MiB), as
 a real step touches them, so the recurrent update streams its 3 MiB state from HBM rather than L2. The
 recurrent fraction is of the copy bandwidth measured in the same run (ninfer_rt.cuda.benchmark), counting the
@@ -15,7 +17,7 @@ state bytes read and written. With `import fla` working (fla-core on the GPU mac
 48 value heads as transformers does, L2 norm in the kernel, 48 distinct initial states), captured in CUDA
 graphs too. Prints a table and appends JSON lines to bench/results/gdn.jsonl.
 
-    python tools/bench_gdn.py [--recurrent 1,4] [--chunked 531,8192] [--no-fla]
+    python tools/bench_gdn.py [--recurrent 1,4] [--chunked 531,8192] [--split] [--no-fla]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ HEADS = QWEN3_6_27B
 STATE_BYTES = state_bytes(HEADS)
 
 
-def our_rows(session: BenchSession, recurrent: list[int], chunked: list[int]) -> list[dict[str, object]]:
+def our_rows(session: BenchSession, recurrent: list[int], chunked: list[int], split: bool) -> list[dict[str, object]]:
     rows = []
     for t in recurrent:
         for targets in sorted({1, t}):
@@ -50,6 +52,14 @@ def our_rows(session: BenchSession, recurrent: list[int], chunked: list[int]) ->
             case = DeltaRuleCase(session, HEADS, t, 1)
             seconds = session.time(case.delta_rule(columns), LAYERS)
             rows.append(row(f"ninfer chunked c{columns}", t, 1, seconds, 2 * STATE_BYTES))
+            session.release()
+        for columns in (32, 16) if split else ():
+            case = DeltaRuleCase(session, HEADS, t, 1)
+            seconds = session.time(case.delta_rule(columns, split=True), LAYERS)
+            rows.append(row(f"ninfer split c{columns}", t, 1, seconds, 2 * STATE_BYTES))
+            for name in ops.SPLIT_PASSES:  # each pass alone, over the workspace the whole run left
+                seconds = session.time(case.delta_rule(columns, split=True, passes=(name,)), LAYERS)
+                rows.append(row(f"  {name} c{columns}", t, 1, seconds, 2 * STATE_BYTES))
             session.release()
     return rows
 
@@ -122,6 +132,7 @@ def main() -> None:
     parser.add_argument("--recurrent", default="1,4", help="rows of the recurrent cases")
     parser.add_argument("--chunked", default="531,8192", help="rows of the chunked cases")
     parser.add_argument("--repeats", type=int, default=30, help="timed replays (median)")
+    parser.add_argument("--split", action="store_true", help="also time the split chunked form (three passes)")
     parser.add_argument("--no-fla", action="store_true", help="skip fla-core even where it imports")
     args = parser.parse_args()
     recurrent, chunked = ([int(n) for n in text.split(",") if n] for text in (args.recurrent, args.chunked))
@@ -129,7 +140,7 @@ def main() -> None:
     session = BenchSession.open(open_device(0), repeats=args.repeats)
     info = run_info(session.device)
     bandwidth = copy_bandwidth(session.streams)
-    measured = our_rows(session, recurrent, chunked)
+    measured = our_rows(session, recurrent, chunked, args.split)
     session.close()
     if not args.no_fla:
         measured += fla_rows(recurrent, chunked, args.repeats)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks of the Qwen3.5 hybrid at the 27B shape, in one device command (~9 minutes on
 # an H200), most needed first: the GPU test suite, the Gated DeltaNet kernels beside fla-core (where it
-# imports), the 27B int4 checkpoint written directly, decode through the engine
+# imports) and the split chunked form, the 27B int4 checkpoint written directly, decode through the engine
 # (plain and MTP k=3 over a 32,768-row draft head) and the agent turn (114,281 cached + 531 new tokens, resumed
 # from a state snapshot), the graphed step at 27B for bf16/int8/int4 weights, start-up with a warm kernel cache,
 # and the dense qwen3-8b step as the regression check. Each step has its own time limit, so one slow step
@@ -29,6 +29,8 @@ parallel=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6")
 q27=/tmp/ninfer-shaped/qwen3.6-27b-int4
 step gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider $parallel tests
 step gdn 90 python3 tools/bench_gdn.py --chunked 531,8192,114812 --repeats 10
+# the chunked delta rule split in three passes (NINFER_GDN_CHUNKED=split), whole and pass by pass
+step gdn_split 60 python3 tools/bench_gdn.py --recurrent "" --chunked 531,8192 --split --no-fla --repeats 10
 step build_27b 60 bash -c "[ -d $q27 ] || python3 tools/make_shaped_model.py --shape qwen3.6-27b --bits 4 --out $q27"
 step engine_27b 180 python3 tools/bench_engine.py --model $q27 --context 256,7680 --kv-dtype int8 --max-tokens 64 \
   --draft-tokens 0,3 --lm-head-draft 32768 --agent-turn 114281,531

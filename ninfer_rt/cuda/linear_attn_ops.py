@@ -1,9 +1,9 @@
-"""Launch wrappers for the Gated DeltaNet families (kernels_src/gdn_conv.cu, kernels_src/gdn_delta_rule.cu).
+"""Launch wrappers for the Gated DeltaNet families (kernels_src/gdn_conv.cu, gdn_delta_rule.cu, gdn_chunked_split.cu).
 
 A layer's linear attention is four launches over the step's rows: the causal conv + SiLU (which also writes
 the target slots' conv windows), the recurrent delta rule for sequences of at most RECURRENT_MAX_ROWS rows
 and the chunked one for longer sequences (each kernel takes the whole step's tables and skips the other
-kind's sequences), then the gated output norm. The math of each kernel is documented at the top of its
+kind's sequences; or, given a workspace, the chunked form split into three passes), then the gated output norm. The math of each kernel is documented at the top of its
 .cu file.
 
 State slots are kv/states.py's; this package sits below kv/, so the caller hands each layer's slice of the
@@ -16,6 +16,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ninfer_rt.cuda import gdn_split_plan
+from ninfer_rt.cuda.gdn_split_plan import CHUNK, RECURRENT_MAX_ROWS
 from ninfer_rt.cuda.kernels import Arg, Kernel, KernelLibrary, KernelSpec
 from ninfer_rt.cuda.memory import Buffer
 from ninfer_rt.cuda.ops import StepRows, _require_bytes, _require_positive
@@ -26,14 +28,18 @@ from ninfer_rt.ordering.verifier import Resource
 CONV_KERNEL = 4  # the conv kernel instantiated (gdn_conv_silu_k4)
 CONV_THREADS = 128  # kConvThreads
 CONV_ROWS_PER_SPLIT = 64  # rows of one sequence per conv block; at least CONV_KERNEL - 1
-RECURRENT_MAX_ROWS = 8  # kRecurrentMaxRows: decode and k+1-row verification; longer sequences are chunked
 RECURRENT_THREADS = 128
 RECURRENT_COLUMNS = 16  # kRecurrentColumns: value columns per recurrent block
 VALUE_DIM_MULTIPLE = 32  # the value head dims every kernel's column groups divide
-CHUNK = 64
 CHUNK_THREADS = 256
 KEY_DIMS = (64, 128)  # key head dims instantiated
 CHUNK_COLUMN_GROUPS = (32, 16)  # value columns per chunked block, widest first
+SPLIT_THREADS = 256  # kSplitThreads
+SPLIT_OUTPUT_COLUMNS = 32  # kOutputColumns: the columns a whole-head pass covers at a time
+# value columns per block of the split form's sequential pass: at the 27B shape 192 blocks of 89 KiB, one wave
+# of two per H200 SM (16 columns would make 384 blocks, two waves); gdn_split_carry_d*_c16 is for the benchmark
+SPLIT_CARRY_COLUMNS = 32
+SPLIT_PASSES = ("gdn_split_terms", "gdn_split_carry", "gdn_split_out")  # launch labels, in order
 GATED_NORM_THREADS = 128
 _F32, _BF16, _I32 = 4, 2, 4
 
@@ -61,6 +67,27 @@ def chunked_smem_bytes(key_dim: int, columns: int) -> int:
     q_region = max(CHUNK * row_stride, 2 * CHUNK * CHUNK)
     floats = CHUNK * row_stride + q_region + CHUNK * (CHUNK + 1) + key_dim * columns + CHUNK * columns + 3 * CHUNK
     return _F32 * floats
+
+
+_SPLIT_SIGNATURE = _DELTA_RULE_SIGNATURE + (Arg.PTR,) * 6  # + the workspace: q, k, w, u, cum, h
+
+
+def split_specs(key_dim: int, carry_columns: int) -> tuple[KernelSpec, KernelSpec, KernelSpec]:
+    """The split chunked form's passes: chunk terms, state carry (`carry_columns` per block), outputs."""
+    return (
+        KernelSpec("gdn_chunked_split", f"gdn_split_terms_d{key_dim}", _SPLIT_SIGNATURE),
+        KernelSpec("gdn_chunked_split", f"gdn_split_carry_d{key_dim}_c{carry_columns}", _SPLIT_SIGNATURE),
+        KernelSpec("gdn_chunked_split", f"gdn_split_out_d{key_dim}", _SPLIT_SIGNATURE),
+    )
+
+
+def split_smem_bytes(key_dim: int, carry_columns: int) -> tuple[int, int, int]:
+    """gdn_chunked_split.cu's TermsSmem, CarrySmem and OutputSmem kFloats, in bytes, in split_specs' order."""
+    rows, wide, narrow = CHUNK * (key_dim + 1), SPLIT_OUTPUT_COLUMNS + 4, carry_columns + 4  # operand_stride
+    terms = rows + 2 * CHUNK * CHUNK + CHUNK * wide + 3 * CHUNK
+    carry = key_dim * narrow + 2 * rows + CHUNK * narrow + 2 * CHUNK
+    out = 2 * rows + CHUNK * (CHUNK + 1) + CHUNK * wide + CHUNK
+    return _F32 * terms, _F32 * carry, _F32 * out
 
 
 def chunk_columns(key_dim: int, value_dim: int, smem_limit: int) -> int:
@@ -207,9 +234,24 @@ class DeltaRuleArgs:
     out: Buffer
 
 
-def chunked_function(lib: KernelLibrary, key_dim: int, columns: int) -> Kernel:
-    """The chunked kernel, allowed its dynamic shared memory (raised past 48 KiB once)."""
-    spec, smem = chunked_spec(key_dim, columns), chunked_smem_bytes(key_dim, columns)
+@dataclass(frozen=True)
+class SplitWorkspace:
+    """The split chunked form's f32 arrays (gdn_split_plan.SplitWorkspace gives their sizes)."""
+
+    q: Buffer
+    k: Buffer
+    w: Buffer
+    u: Buffer
+    cum: Buffer
+    h: Buffer
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        return (self.q, self.k, self.w, self.u, self.cum, self.h)
+
+
+def smem_function(lib: KernelLibrary, spec: KernelSpec, smem: int) -> Kernel:
+    """A kernel allowed its dynamic shared memory (raised past 48 KiB once)."""
     function = lib.kernel(spec)
     if function.max_dynamic_smem < smem:
         function = lib.raise_dynamic_smem(spec, smem)
@@ -217,11 +259,13 @@ def chunked_function(lib: KernelLibrary, key_dim: int, columns: int) -> Kernel:
 
 
 def delta_rule(
-    lib: KernelLibrary, stream: object, step: GdnStep, heads: GdnHeads, args: DeltaRuleArgs, states: StateLayer, columns: int
+    lib: KernelLibrary, stream: object, step: GdnStep, heads: GdnHeads, args: DeltaRuleArgs, states: StateLayer, columns: int,
+    split: SplitWorkspace | None = None, split_passes: Sequence[str] = SPLIT_PASSES,
 ) -> None:
     """args.out = the gated delta rule over every sequence's rows from its slot's state, the targets' states
-    stored: the recurrent kernel for sequences of <= RECURRENT_MAX_ROWS rows, the chunked one (`columns`
-    value columns per block, chunk_columns) for longer ones."""
+    stored: the recurrent kernel for sequences of <= RECURRENT_MAX_ROWS rows, for longer ones the chunked
+    kernel (`columns` value columns per block, chunk_columns) or, given a workspace, its three split passes
+    (`columns` per block of the sequential one; a benchmark may launch some of `split_passes` alone)."""
     stream = require_stream(stream)
     _check_step("gdn_delta_rule", step)
     rows, hv = step.num_rows, heads.value_heads
@@ -242,10 +286,39 @@ def delta_rule(
             stream, (heads.value_dim // RECURRENT_COLUMNS, hv, step.num_seqs), RECURRENT_THREADS, *params,
             label="gdn_recurrent", reads=reads, writes=writes, lane=step.lane,
         )
-    if step.chunked:
-        chunked_function(lib, heads.key_dim, columns).launch(
+    if step.chunked and split is not None:
+        _split_passes(lib, stream, step, heads, args, params, split, columns, split_passes)
+    elif step.chunked:
+        smem = chunked_smem_bytes(heads.key_dim, columns)
+        smem_function(lib, chunked_spec(heads.key_dim, columns), smem).launch(
             stream, (heads.value_dim // columns, hv, step.num_seqs), CHUNK_THREADS, *params,
-            smem=chunked_smem_bytes(heads.key_dim, columns), label="gdn_chunked", reads=reads, writes=writes, lane=step.lane,
+            smem=smem, label="gdn_chunked", reads=reads, writes=writes, lane=step.lane,
+        )
+
+
+def _split_passes(
+    lib: KernelLibrary, stream: object, step: GdnStep, heads: GdnHeads, args: DeltaRuleArgs, params: tuple[object, ...],
+    ws: SplitWorkspace, columns: int, passes: Sequence[str],
+) -> None:
+    """gdn_chunked_split.cu's passes (those named in `passes`), each declaring the workspace arrays it reads
+    and writes."""
+    hv, chunks = heads.value_heads, gdn_split_plan.chunk_bases(step.query_lens, step.num_targets)[-1]
+    needed = gdn_split_plan.SplitWorkspace(step.num_rows, chunks, heads.key_heads, hv, heads.key_dim, heads.value_dim)
+    _require_bytes("gdn_split", **{name: (buf, size) for (name, size), buf in zip(needed.sizes().items(), ws.buffers)})
+    per_chunk = (gdn_split_plan.max_chunks(step.query_lens, step.num_targets), hv, step.num_seqs)
+    grids = (per_chunk, (heads.value_dim // columns, hv, step.num_seqs), per_chunk)
+    q, k, w, u, cum, h = (b.resource for b in ws.buffers)
+    accesses = (
+        ((args.conv.resource, args.x.resource, args.a_log.resource, args.dt_bias.resource, *step.tables), (q, k, w, u, cum)),
+        ((k, w, u, cum, *step.tables, *step.slots_read), (u, h, *step.slots_written)),
+        ((q, k, u, cum, h, *step.tables), (args.out.resource,)),
+    )
+    specs, smems = split_specs(heads.key_dim, columns), split_smem_bytes(heads.key_dim, columns)
+    for spec, smem, grid, (reads, writes), label in zip(specs, smems, grids, accesses, SPLIT_PASSES):
+        if label not in passes:
+            continue
+        smem_function(lib, spec, smem).launch(
+            stream, grid, SPLIT_THREADS, *params, *ws.buffers, smem=smem, label=label, reads=reads, writes=writes, lane=step.lane,
         )
 
 

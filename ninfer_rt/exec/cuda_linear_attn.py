@@ -10,20 +10,27 @@ once per step and keeps the step's published tables (query_start, state_slots, s
 copies of its slots, from which the slot spans every launch declares are built once per pool. Scratch (the
 conv output bf16 [max_tokens, C] and the delta rule's f32 output [max_tokens, Hv dv], per geometry) is made
 at the geometry's first step, outside any capture, and kept: a captured step replays over the same
-addresses, and allocating while `capturing()` raises instead. The launches of a step depend only on its
+addresses, and allocating while `capturing()` raises instead.
+
+NINFER_GDN_CHUNKED picks the chunked form of sequences above 8 rows: `fused` (gdn_delta_rule.cu's one kernel
+walking the chunks, the default) or `split` (gdn_chunked_split.cu's three passes). The split form's f32
+workspace (gdn_split_plan.SplitWorkspace: ~112 KiB a row and 3 MiB a chunk at the 27B shape) is sized by the
+largest step seen and grown, after the compute stream drains, when a longer one comes; prefill steps are
+eager, so growing never meets a capture. The launches of a step depend only on its
 query lengths and target width, never on the state values, so decode and verify steps can be captured;
 a replay declares the slot spans of its own step (`slot_spans`).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from ninfer_rt.cuda import linear_attn_ops
+from ninfer_rt.cuda import gdn_split_plan, linear_attn_ops
 from ninfer_rt.cuda.kernels import KernelLibrary
-from ninfer_rt.cuda.linear_attn_ops import DeltaRuleArgs, GdnHeads, GdnStep, StateLayer
+from ninfer_rt.cuda.linear_attn_ops import DeltaRuleArgs, GdnHeads, GdnStep, SplitWorkspace, StateLayer
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.exec.layer_backend import CaptureGuard, PublishedStep
@@ -33,6 +40,15 @@ from ninfer_rt.ordering.verifier import Resource
 
 STATE_INPUT_NAMES = ("query_start", "state_slots", "state_targets")
 MAX_STATE_TARGETS = linear_attn_ops.RECURRENT_MAX_ROWS  # a verify pass keeps the state after each of its rows
+CHUNKED_FORM_ENV = "NINFER_GDN_CHUNKED"
+CHUNKED_FORMS = ("fused", "split")
+
+
+def chunked_form_from_env() -> str:
+    form = os.environ.get(CHUNKED_FORM_ENV, "fused")
+    if form not in CHUNKED_FORMS:
+        raise ValueError(f"{CHUNKED_FORM_ENV}={form!r}: expected one of {', '.join(CHUNKED_FORMS)}")
+    return form
 
 
 def gdn_heads(shape: LinearAttentionShape) -> GdnHeads:
@@ -59,12 +75,18 @@ class _HostStep:
 class LinearAttentionBackend(CaptureGuard):
     """The Gated DeltaNet layers of one executor's steps on its compute stream (exec/layer_backend.LayerBackend)."""
 
-    def __init__(self, library: KernelLibrary, streams: StreamSet, stream: Stream, *, max_tokens: int) -> None:
+    def __init__(
+        self, library: KernelLibrary, streams: StreamSet, stream: Stream, *, max_tokens: int, chunked_form: str | None = None
+    ) -> None:
         self.library = library
         self.streams = streams
         self.stream = stream
         self.max_tokens = max_tokens
+        self.chunked_form = chunked_form or chunked_form_from_env()
+        if self.chunked_form not in CHUNKED_FORMS:
+            raise ValueError(f"chunked form {self.chunked_form!r}: expected one of {', '.join(CHUNKED_FORMS)}")
         self._scratch: dict[GdnHeads, _Scratch] = {}
+        self._split: dict[GdnHeads, tuple[gdn_split_plan.SplitWorkspace, SplitWorkspace]] = {}
         self._host: _HostStep | None = None
         self._steps: dict[int, GdnStep] = {}  # this step's, by the id of the pool it runs over
 
@@ -89,8 +111,11 @@ class LinearAttentionBackend(CaptureGuard):
         layer_states = StateLayer(states.buffer, spec.layer_offset(layer), spec.slot_bytes, spec.conv_bytes)
         linear_attn_ops.conv_silu(lib, stream, step, heads, projected, params.conv_weight.buffer, scratch.conv, layer_states)
         gating = DeltaRuleArgs(scratch.conv, projected, params.a_log.buffer, params.dt_bias.buffer, scratch.mixed)
-        columns = linear_attn_ops.chunk_columns(heads.key_dim, heads.value_dim, lib.device.max_shared_memory_per_block_optin)
-        linear_attn_ops.delta_rule(lib, stream, step, heads, gating, layer_states, columns)
+        if self.chunked_form == "split" and step.chunked:
+            split, columns = self._split_workspace(heads, step), linear_attn_ops.SPLIT_CARRY_COLUMNS
+        else:
+            split, columns = None, linear_attn_ops.chunk_columns(heads.key_dim, heads.value_dim, lib.device.max_shared_memory_per_block_optin)
+        linear_attn_ops.delta_rule(lib, stream, step, heads, gating, layer_states, columns, split)
         linear_attn_ops.gated_norm(
             lib, stream, heads, scratch.mixed, projected, params.norm.buffer, out, step.num_rows, lane=step.lane
         )
@@ -129,6 +154,28 @@ class LinearAttentionBackend(CaptureGuard):
                 DeviceBuffer(self.streams, self.max_tokens * heads.value_size * 4, f"gdn.mixed{name}"),
             )
         return self._scratch[heads]
+
+    def _split_workspace(self, heads: GdnHeads, step: GdnStep) -> SplitWorkspace:
+        """The split form's arrays for `step`, grown to the step's rows and chunks if they are short."""
+        chunks = gdn_split_plan.chunk_bases(step.query_lens, step.num_targets)[-1]
+        needed = gdn_split_plan.SplitWorkspace(step.num_rows, chunks, heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim)
+        held = self._split.get(heads)
+        if held is not None and held[0].covers(needed):
+            return held[1]
+        if self._capturing:
+            raise RuntimeError("linear attention: the split workspace would be allocated inside a captured step; run the step eagerly first")
+        if held is not None:
+            self.stream.record().synchronize()  # the old arrays' last readers are on this stream
+            for buffer in held[1].buffers:
+                buffer.free()
+        shape = gdn_split_plan.SplitWorkspace(
+            max(needed.rows, held[0].rows if held else 0), max(needed.chunks, held[0].chunks if held else 0),
+            heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim,
+        )
+        name = f"[{heads.value_heads}x{heads.value_dim}]"
+        arrays = SplitWorkspace(*(DeviceBuffer(self.streams, size, f"gdn.split.{key}{name}") for key, size in shape.sizes().items()))
+        self._split[heads] = (shape, arrays)
+        return arrays
 
 
 def _check_pool(states: StateSlotPool, shape: LinearAttentionShape) -> None:

@@ -1,5 +1,5 @@
-"""The Gated DeltaNet families' benchmarks (kernels_src/gdn_conv.cu, gdn_delta_rule.cu), registered in
-benches.BENCHES and used by tools/bench_gdn.py.
+"""The Gated DeltaNet families' benchmarks (kernels_src/gdn_conv.cu, gdn_delta_rule.cu, gdn_chunked_split.cu),
+registered in benches.BENCHES and used by tools/bench_gdn.py.
 
 A case is one sequence over a state-slot pool of LAYERS layers; launch i runs layer i % LAYERS, so a graph
 of LAYERS launches touches distinct layer states as a real step does and the recurrent update streams its
@@ -9,10 +9,12 @@ Qwen3.6-27B layer (16 key heads, 48 value heads of 128).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
 
+from ninfer_rt.cuda import gdn_split_plan
 from ninfer_rt.cuda import linear_attn_ops as ops
 from ninfer_rt.cuda.benchmark import BenchSession, Measurement
 from ninfer_rt.cuda.linear_attn_ops import DeltaRuleArgs, GdnHeads, GdnStep, StateLayer
@@ -68,9 +70,20 @@ class DeltaRuleCase:
         s = self.session
         return lambda i: ops.conv_silu(s.lib, s.stream, self.step, self.heads, self.x, self.conv_weight, self.conv, self.layers[i % LAYERS])
 
-    def delta_rule(self, columns: int) -> Callable[[int], None]:
-        s = self.session
-        return lambda i: ops.delta_rule(s.lib, s.stream, self.step, self.heads, self.args, self.layers[i % LAYERS], columns)
+    def delta_rule(self, columns: int, split: bool = False, passes: tuple[str, ...] = ops.SPLIT_PASSES) -> Callable[[int], None]:
+        """The delta rule; `split`: the chunked form's passes (`columns` per carry block) over a workspace."""
+        s, workspace = self.session, self.split_workspace if split else None
+        return lambda i: ops.delta_rule(
+            s.lib, s.stream, self.step, self.heads, self.args, self.layers[i % LAYERS], columns, workspace, passes
+        )
+
+    @functools.cached_property
+    def split_workspace(self) -> ops.SplitWorkspace:
+        """Made once per case: a pass timed alone runs over what the whole form left there."""
+        h, step = self.heads, self.step
+        chunks = gdn_split_plan.chunk_bases(step.query_lens, step.num_targets)[-1]
+        shape = gdn_split_plan.SplitWorkspace(self.rows, chunks, h.key_heads, h.value_heads, h.key_dim, h.value_dim)
+        return ops.SplitWorkspace(*(self.session.filled(n, f"split {name}") for name, n in shape.sizes().items()))
 
     def gated_norm(self) -> Callable[[int], None]:
         s = self.session
@@ -113,5 +126,20 @@ def bench_gdn_delta_rule(s: BenchSession, shape: Shape) -> list[Measurement]:
         case = DeltaRuleCase(s, heads, rows, 1)
         seconds = s.time(case.delta_rule(columns), LAYERS)
         results.append(Measurement(ops.chunked_spec(heads.key_dim, columns).name, f"rows={rows}", seconds, 2 * state_bytes(heads)))
+        s.release()
+    return results
+
+
+def bench_gdn_chunked_split(s: BenchSession, shape: Shape) -> list[Measurement]:
+    """The chunked prefill split in three passes: whole (bytes: one state in, one out) and each pass alone."""
+    heads, results = gdn_heads(shape), []
+    specs = ops.split_specs(heads.key_dim, ops.SPLIT_CARRY_COLUMNS)
+    for rows in CHUNKED_ROWS:
+        case = DeltaRuleCase(s, heads, rows, 1)
+        seconds = s.time(case.delta_rule(ops.SPLIT_CARRY_COLUMNS, split=True), LAYERS)
+        results.append(Measurement("gdn_split (three passes)", f"rows={rows}", seconds, 2 * state_bytes(heads)))
+        for spec, name in zip(specs, ops.SPLIT_PASSES):
+            seconds = s.time(case.delta_rule(ops.SPLIT_CARRY_COLUMNS, split=True, passes=(name,)), LAYERS)
+            results.append(Measurement(spec.name, f"rows={rows}", seconds, 2 * state_bytes(heads)))
         s.release()
     return results

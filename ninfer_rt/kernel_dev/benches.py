@@ -7,7 +7,7 @@ from functools import partial
 
 from ninfer_rt.cuda.attention_plan import KVVariant
 from ninfer_rt.kernel_dev.bench_attention import bench_decode_attention, bench_kv_widen, bench_prefill_attention, bench_rope_kv
-from ninfer_rt.kernel_dev.bench_gdn import bench_gdn_conv, bench_gdn_delta_rule
+from ninfer_rt.kernel_dev.bench_gdn import bench_gdn_chunked_split, bench_gdn_conv, bench_gdn_delta_rule
 from ninfer_rt.kernel_dev.bench_rows import bench_activation, bench_embedding, bench_gemv, bench_gemv_quant, bench_rmsnorm, bench_sampling
 from ninfer_rt.kernel_dev.cases import BenchFunction
 
@@ -27,4 +27,5 @@ BENCHES: dict[str, BenchFunction] = {
     "kv_widen": bench_kv_widen,
     "gdn_conv": bench_gdn_conv,
     "gdn_delta_rule": bench_gdn_delta_rule,
+    "gdn_chunked_split": bench_gdn_chunked_split,
 }

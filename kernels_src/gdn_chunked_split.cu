@@ -1,0 +1,451 @@
+// Gated DeltaNet: the chunked delta rule split into three passes, so that only the state update is sequential.
+//
+// Same math, prologue, tables and targets as gdn_chunked_d{dk}_c{group} (gdn_delta_rule.cu, whose header
+// defines them), for the sequences of more than 8 rows of a step; per (chunk, value head), UT/WY form:
+//   cum = cumsum(g),  D_ij = e^(cum_i - cum_j),  A = strict_tril(beta k k^T * D),  T = (I + A)^-1,
+//   w = T (beta e^cum k),  u = T (beta v)                                  state-independent: pass 1
+//   v_new = u - w S,  S' = e^cum_last S + (k e^(cum_last - cum))^T v_new  sequential over chunks: pass 2
+//   o = e^cum q S + tril(q k^T * D) v_new                                  given S before the chunk: pass 3
+// Chunks: cut at multiples of 64 from the sequence's first row and at every row count the targets may ask for
+// (len - S + 1 .. len - 1, padded targets included, so the chunks follow from the query lengths and the target
+// width alone); chunk_point gives the c-th cut in closed form (gdn_split_plan.py mirrors it). The chunks of
+// the step's chunked sequences are numbered consecutively (chunk_base): the number indexes the stored states.
+//
+// Workspace (f32, gdn_split_plan.SplitWorkspace), by flat row: q, k normalised [T, Hk, dk] (written by the
+// first value head of each key head), w [T, Hv, dk], u [T, Hv, dv] (pass 2 overwrites it with v_new),
+// cum [T, Hv]; by chunk number: h [chunks, Hv, dk, dv], the state before the chunk.
+//
+// Launch shapes, block 256 (8 warps, the split-bf16 warp tiles of gdn_split_mma.cuh):
+//   gdn_split_terms_d{dk}:       grid (max chunks of a sequence, Hv, B); blocks past their sequence's chunks exit.
+//   gdn_split_carry_d{dk}_c{cv}: grid (dv / cv, Hv, B), each walking its sequence's chunks in order.
+//   gdn_split_out_d{dk}:         grid (max chunks of a sequence, Hv, B).
+// Shared memory (split_smem_bytes in linear_attn_ops.py mirrors it) at dk 128: terms 74 KiB, carry 92 KiB (cv 32)
+// / 80 KiB (cv 16), out 90 KiB: all fit sm_120's 99 KiB; two blocks per H200 SM.
+//
+// Expected cost at the 27B shape (Hv 48, dk = dv = 128) on an H200 (132 SMs, 1.98 GHz, 4 schedulers of one
+// instruction a cycle per SM), not yet measured. Pass 2, cv 32: 192 blocks of 8 warps, one wave, two blocks on
+// 60 SMs. Its chunk loop is 999 SASS instructions on sm_90a (nvdisasm), ~2,170 issued per warp for a 64-row
+// chunk: v_new = u - w S 8 steps of 100 (6 HMMA each), the state update 4 steps of 158 (12 HMMA), the loads
+// (20 LDG.128 in flight at once, k's behind the v_new product), 16 STG.128 of the chunk's state, 3 barriers.
+// 16 warps x 2,170 / 4 schedulers = 8,700 issue cycles = 4.4 us a chunk where two blocks share an SM:
+// 8,192 rows (128 chunks) ~0.56 ms, 531 rows (9 chunks) ~40 us. Passes 1 and 3, roughly counted from their
+// products and the inverse's loops (~5,500 and ~6,300 instructions per warp, 16 warps per SM): ~11-13 us per wave of 264 blocks; 8,192 rows make 6,144
+// blocks (23 waves) each -> ~0.26 + 0.3 ms; 531 rows 432 blocks (2 waves) -> ~50 us. Total ~1.1 ms at 8,192
+// rows and ~90 us at 531 (fused: 7.68 ms and 541 us measured; fla-core 0.93 ms and 86 us). The same count
+// gives the fused kernel ~14 us a chunk against 60 us measured, so these are lower bounds until
+// `bench_gdn.py --split` times each pass; the sequential pass is the one to shorten next (the split of w and S
+// into bf16 pairs redone by every warp at every step is most of its instructions).
+#include "attention_common.cuh"
+#include "gdn_delta_rule_common.cuh"
+#include "gdn_split_mma.cuh"
+
+constexpr int kSplitThreads = 256;  // kSplitMmaWarps warps
+constexpr int kOutputColumns = 32;  // value columns per step of the passes that cover a whole head (u, o)
+
+// Row stride in shared memory of a `columns`-wide tile read as split_mma's b operand: lane (g, t) reads rows
+// 2t, 2t + 1 at column g, so rows 4 floats longer than a multiple of 32 land on 32 distinct banks (a stride of
+// 32 would put all four t of a column on one bank).
+constexpr int operand_stride(int columns) {
+    return columns + 4;
+}
+constexpr int kOutputStride = operand_stride(kOutputColumns);
+
+struct SplitWorkspace {
+    float* q;    // [T, Hk, DK]
+    float* k;    // [T, Hk, DK]
+    float* w;    // [T, Hv, DK]
+    float* u;    // [T, Hv, dv]: u, then v_new
+    float* cum;  // [T, Hv]
+    float* h;    // [chunks, Hv, DK, dv]
+};
+
+// -- chunks ---------------------------------------------------------------------------------------------
+
+__forceinline__ int first_extra_cut(int length, int num_targets) {
+    return max(1, length - num_targets + 1);
+}
+
+__forceinline__ int chunk_count(int length, int num_targets) {
+    int extra = 0;
+    for (int n = first_extra_cut(length, num_targets); n < length; ++n) extra += n % kChunk != 0;
+    return 1 + (length - 1) / kChunk + extra;
+}
+
+// The row count where chunk c starts (c = chunk_count: the length): the extra cut whose place among the sorted
+// cuts is c, else the multiple of 64 left after the extra cuts placed before c.
+__forceinline__ int chunk_point(int length, int num_targets, int c) {
+    if (c == 0) return 0;
+    int before = 0, rank = 0;
+    for (int n = first_extra_cut(length, num_targets); n < length; ++n) {
+        if (n % kChunk == 0) continue;
+        const int place = 1 + (n - 1) / kChunk + rank++;
+        if (place == c) return n;
+        before += place < c;
+    }
+    return min(length, kChunk * (c - before));
+}
+
+// The number of sequence `seq`'s first chunk: the chunks of the chunked sequences before it.
+__forceinline__ int chunk_base(const int* query_start, int seq, int num_targets) {
+    int base = 0;
+    for (int b = 0; b < seq; ++b) {
+        const int length = query_start[b + 1] - query_start[b];
+        if (length > kRecurrentMaxRows) base += chunk_count(length, num_targets);
+    }
+    return base;
+}
+
+struct SplitChunk {
+    long long first;  // flat row
+    int rows;         // 0: no such chunk
+    int number;
+};
+
+// Chunk c of sequence seq, for the per-chunk passes.
+__forceinline__ SplitChunk find_chunk(const DeltaRuleArgs& p, int seq, int c) {
+    const SequenceRows rows = sequence_rows(p.query_start, seq);
+    const int targets = p.states.num_targets;
+    if (rows.length <= kRecurrentMaxRows || c >= chunk_count(rows.length, targets)) return {0, 0, 0};
+    const int start = chunk_point(rows.length, targets, c);
+    return {rows.first + start, chunk_point(rows.length, targets, c + 1) - start, chunk_base(p.query_start, seq, targets) + c};
+}
+
+// A ROWS x COLUMNS block of f32 rows `src_stride` apart, rows >= `rows` zero, staged through registers: every
+// thread issues all its 16-byte loads before any store, so a block costs one memory latency, not one per row.
+template <int ROWS, int COLUMNS>
+struct Block {
+    static constexpr int kQuads = ROWS * COLUMNS / 4, kPerThread = (kQuads + kSplitThreads - 1) / kSplitThreads;
+    float4 values[kPerThread];
+
+    __forceinline__ void fetch(const float* src, long long src_stride, int rows) {
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+            const int quad = threadIdx.x + i * kSplitThreads, r = quad / (COLUMNS / 4), c = 4 * (quad % (COLUMNS / 4));
+            values[i] = quad < kQuads && r < rows ? *reinterpret_cast<const float4*>(src + r * src_stride + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+
+    // from tile[r * stride + c], all of its rows
+    __forceinline__ void take(const float* tile, int stride) {
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+            const int quad = threadIdx.x + i * kSplitThreads, r = quad / (COLUMNS / 4), c = 4 * (quad % (COLUMNS / 4));
+            if (quad >= kQuads) continue;
+            const float* at = tile + r * stride + c;
+            values[i] = make_float4(at[0], at[1], at[2], at[3]);
+        }
+    }
+
+    // to rows `dst_stride` apart, 16 bytes a store
+    __forceinline__ void store(float* dst, long long dst_stride) const {
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+            const int quad = threadIdx.x + i * kSplitThreads, r = quad / (COLUMNS / 4), c = 4 * (quad % (COLUMNS / 4));
+            if (quad < kQuads) *reinterpret_cast<float4*>(dst + r * dst_stride + c) = values[i];
+        }
+    }
+
+    // into tile[r * stride + c]
+    __forceinline__ void put(float* tile, int stride) const {
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+            const int quad = threadIdx.x + i * kSplitThreads, r = quad / (COLUMNS / 4), c = 4 * (quad % (COLUMNS / 4));
+            if (quad >= kQuads) continue;
+            float* dst = tile + r * stride + c;
+            dst[0] = values[i].x;
+            dst[1] = values[i].y;
+            dst[2] = values[i].z;
+            dst[3] = values[i].w;
+        }
+    }
+};
+
+// cum of the chunk's rows for value head `head` into cum[64] (padding rows 0), by the first 64 threads.
+__forceinline__ void load_cum(float* cum, const SplitWorkspace& ws, long long first, int length, int value_heads, int head) {
+    if (threadIdx.x < kChunk) cum[threadIdx.x] = threadIdx.x < length ? ws.cum[(first + threadIdx.x) * value_heads + head] : 0.0f;
+}
+
+__forceinline__ float* row_at(float* base, long long row, int heads, int head, int width) {
+    return base + (row * heads + head) * width;
+}
+
+// -- pass 1: the chunk's terms ------------------------------------------------------------------------------
+
+// k [64][DK+1], A and T [64][64], beta v of 32 columns [64][36], cum, beta, beta e^cum [64].
+template <int DK>
+struct TermsSmem {
+    static constexpr int kFloats = kChunk * (DK + 1) + 2 * kChunk * kChunk + kChunk * kOutputStride + 3 * kChunk;
+    float *k, *a, *t, *v, *cum, *beta, *scale;
+
+    __device__ explicit TermsSmem(float* base)
+        : k(base), a(k + kChunk * (DK + 1)), t(a + kChunk * kChunk), v(t + kChunk * kChunk), cum(v + kChunk * kOutputStride),
+          beta(cum + kChunk), scale(beta + kChunk) {}
+};
+
+// The prologue of the chunk's rows: k into shared memory, q and k into the workspace, cum, beta.
+template <int DK>
+__forceinline__ void load_terms_rows(const TermsSmem<DK>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws,
+                                     const SplitChunk& chunk, int head, float decay_rate, float bias) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ratio = p.value_heads / p.key_heads, key_head = head / ratio;
+    const bool stores_qk = head % ratio == 0;  // one value head per key head writes the shared q and k
+    for (int r = warp; r < kChunk; r += kSplitThreads / 32) {
+        const bool valid = r < chunk.rows;
+        const long long row = chunk.first + r;
+        float qv[DK / 32], kv[DK / 32];
+        p.normalised_row<DK>(qv, kv, row, key_head, valid);
+        float* q_out = row_at(ws.q, row, p.key_heads, key_head, DK);
+        float* k_out = row_at(ws.k, row, p.key_heads, key_head, DK);
+#pragma unroll
+        for (int e = 0; e < DK / 32; ++e) {
+            sm.k[r * (DK + 1) + lane + 32 * e] = kv[e];
+            if (valid && stores_qk) {
+                q_out[lane + 32 * e] = qv[e];
+                k_out[lane + 32 * e] = kv[e];
+            }
+        }
+        if (lane == 0) {
+            float beta = 0.0f, g = 0.0f;
+            if (valid) p.gating(row, head, decay_rate, bias, beta, g);
+            sm.cum[r] = g;
+            sm.beta[r] = beta;
+        }
+    }
+}
+
+template <int DK>
+__forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& ws) {
+    extern __shared__ float split_smem[];
+    const TermsSmem<DK> sm(split_smem);
+    const int head = blockIdx.y, warp = threadIdx.x >> 5;
+    const float decay_rate = expf(p.a_log[head]), bias = p.dt_bias[head];  // weights: before the wait
+    enter_dependent_kernel();
+    const SplitChunk chunk = find_chunk(p, blockIdx.z, blockIdx.x);
+    if (chunk.rows == 0) return;  // uniform over the block
+    load_terms_rows<DK>(sm, p, ws, chunk, head, decay_rate, bias);
+    __syncthreads();
+    prefix_sum_64(sm.cum);
+    __syncthreads();
+    if (threadIdx.x < kChunk) {
+        const int r = threadIdx.x;
+        sm.scale[r] = sm.beta[r] * expf(sm.cum[r]);
+        if (r < chunk.rows) *row_at(ws.cum, chunk.first + r, p.value_heads, head, 1) = sm.cum[r];
+    }
+    using Square = WarpTile<kChunk, kChunk>;
+    const Square square(warp);
+    float sq[Square::NT][4];
+    const auto k_at = [&](int m, int l) { return sm.k[m * (DK + 1) + l]; };
+    split_mma(sq, square.m0, square.n0, square.n0 <= square.m0 + 15 ? DK : 0, k_at, [&](int l, int n) { return k_at(n, l); });
+    square.each(sq, [&](int m, int n, float x) {
+        sm.a[m * kChunk + n] = m > n ? sm.beta[m] * x * expf(sm.cum[m] - sm.cum[n]) : 0.0f;
+        sm.t[m * kChunk + n] = m == n ? 1.0f : 0.0f;
+    });
+    __syncthreads();
+    invert_unit_lower(sm.a, sm.t);
+    const auto t_at = [&](int m, int l) { return sm.t[m * kChunk + l]; };
+    using Wide = WarpTile<kChunk, DK>;
+    const Wide wide(warp);
+    float wa[Wide::NT][4];
+    split_mma(wa, wide.m0, wide.n0, wide.m0 + 16, t_at, [&](int l, int n) { return sm.scale[l] * k_at(l, n); });
+    wide.each(wa, [&](int m, int n, float x) {
+        if (m < chunk.rows) row_at(ws.w, chunk.first + m, p.value_heads, head, DK)[n] = x;
+    });
+    using Narrow = WarpTile<kChunk, kOutputColumns>;
+    const Narrow narrow(warp);
+    const int channels = p.conv_channels(DK), v_column = 2 * p.key_heads * DK + head * p.value_dim;
+    for (int column0 = 0; column0 < p.value_dim; column0 += kOutputColumns) {
+        constexpr int kPerThread = kChunk * kOutputColumns / kSplitThreads;
+        float v[kPerThread];
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {  // every load issued before the first store
+            const int idx = threadIdx.x + i * kSplitThreads, r = idx / kOutputColumns, c = idx % kOutputColumns;
+            v[i] = r < chunk.rows ? __bfloat162float(p.conv[(chunk.first + r) * channels + v_column + column0 + c]) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+            const int idx = threadIdx.x + i * kSplitThreads;
+            sm.v[idx / kOutputColumns * kOutputStride + idx % kOutputColumns] = sm.beta[idx / kOutputColumns] * v[i];
+        }
+        __syncthreads();
+        float ua[Narrow::NT][4];
+        split_mma(ua, narrow.m0, narrow.n0, narrow.m0 + 16, t_at, [&](int l, int n) { return sm.v[l * kOutputStride + n]; });
+        narrow.each(ua, [&](int m, int n, float x) {
+            if (m < chunk.rows) row_at(ws.u, chunk.first + m, p.value_heads, head, p.value_dim)[column0 + n] = x;
+        });
+        __syncthreads();
+    }
+}
+
+// -- pass 2: the state through the chunks ---------------------------------------------------------------
+
+// S [DK][CV + 4], w and k [64][DK+1], u / v_new [64][CV + 4], cum and the tail decays [64].
+template <int DK, int CV>
+struct CarrySmem {
+    static constexpr int kStride = operand_stride(CV);  // of S and v
+    static constexpr int kFloats = DK * kStride + 2 * kChunk * (DK + 1) + kChunk * kStride + 2 * kChunk;
+    float *s, *w, *k, *v, *cum, *tail;
+
+    __device__ explicit CarrySmem(float* base)
+        : s(base), w(s + DK * kStride), k(w + kChunk * (DK + 1)), v(k + kChunk * (DK + 1)), cum(v + kChunk * kStride), tail(cum + kChunk) {}
+};
+
+// One chunk of `length` rows from flat row `first`: S (sm.s) before it, after it on return; v_new over u.
+template <int DK, int CV>
+__forceinline__ void carry_chunk(const CarrySmem<DK, CV>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws, long long first,
+                                 int length, int head, int key_head, int column0) {
+    const int warp = threadIdx.x >> 5;
+    Block<kChunk, DK> w;
+    Block<kChunk, CV> u;
+    w.fetch(row_at(ws.w, first, p.value_heads, head, DK), (long long)p.value_heads * DK, length);
+    u.fetch(row_at(ws.u, first, p.value_heads, head, p.value_dim) + column0, (long long)p.value_heads * p.value_dim, length);
+    load_cum(sm.cum, ws, first, length, p.value_heads, head);
+    w.put(sm.w, DK + 1);
+    u.put(sm.v, sm.kStride);
+    __syncthreads();
+    Block<kChunk, DK> k;  // in flight while v_new is computed (staging w and k together would spill at cv 32)
+    k.fetch(row_at(ws.k, first, p.key_heads, key_head, DK), (long long)p.key_heads * DK, length);
+    const float last = sm.cum[length - 1];
+    if (threadIdx.x < kChunk) sm.tail[threadIdx.x] = expf(last - sm.cum[threadIdx.x]);  // padding rows: k = 0
+    using Narrow = WarpTile<kChunk, CV>;
+    const Narrow narrow(warp);
+    float nv[Narrow::NT][4];
+    split_mma(nv, narrow.m0, narrow.n0, DK, [&](int m, int l) { return sm.w[m * (DK + 1) + l]; },
+              [&](int l, int n) { return sm.s[l * sm.kStride + n]; });
+    narrow.each(nv, [&](int m, int n, float x) {
+        const float v_new = sm.v[m * sm.kStride + n] - x;
+        sm.v[m * sm.kStride + n] = v_new;
+        if (m < length) row_at(ws.u, first + m, p.value_heads, head, p.value_dim)[column0 + n] = v_new;
+    });
+    k.put(sm.k, DK + 1);
+    __syncthreads();
+    using State = WarpTile<DK, CV>;
+    const State state(warp);
+    float update[State::NT][4];
+    split_mma(update, state.m0, state.n0, (length + 15) & ~15, [&](int d, int l) { return sm.k[l * (DK + 1) + d] * sm.tail[l]; },
+              [&](int l, int n) { return sm.v[l * sm.kStride + n]; });
+    const float total = expf(last);
+    state.each(update, [&](int d, int n, float x) { sm.s[d * sm.kStride + n] = total * sm.s[d * sm.kStride + n] + x; });
+    __syncthreads();
+}
+
+// The state tile after `count` rows into `chunk_state` (unless null) and the target that asks for it, if any.
+template <int DK, int CV>
+__forceinline__ void keep_state(const float* tile_smem, float* chunk_state, const StateSlots& states, int seq, int count,
+                                int length, long long tile, int value_dim) {
+    Block<DK, CV> state;
+    state.take(tile_smem, operand_stride(CV));
+    if (chunk_state != nullptr) state.store(chunk_state, value_dim);
+    const int target = states.target_after(seq, count, length);
+    if (target >= 0) state.store(states.recurrent(target) + tile, value_dim);
+}
+
+template <int DK, int CV>
+__forceinline__ void carry_states(const DeltaRuleArgs& p, const SplitWorkspace& ws) {
+    extern __shared__ float split_smem[];
+    const CarrySmem<DK, CV> sm(split_smem);
+    const int head = blockIdx.y, seq = blockIdx.z, column0 = blockIdx.x * CV;
+    enter_dependent_kernel();
+    const SequenceRows rows = sequence_rows(p.query_start, seq);
+    if (rows.length <= kRecurrentMaxRows) return;  // the recurrent kernel's (uniform over the block)
+    const int targets = p.states.num_targets, count = chunk_count(rows.length, targets);
+    const int base = chunk_base(p.query_start, seq, targets), key_head = head / (p.value_heads / p.key_heads);
+    const long long tile = (long long)head * DK * p.value_dim + column0, state_floats = (long long)p.value_heads * DK * p.value_dim;
+    Block<DK, CV> initial;
+    initial.fetch(p.states.recurrent(p.states.slots[seq]) + tile, p.value_dim, DK);
+    initial.put(sm.s, sm.kStride);
+    __syncthreads();  // the whole tile is read before any target (maybe the source slot) is written
+    float* const before = ws.h + base * state_floats + tile;  // the state before chunk c at c * state_floats
+    keep_state<DK, CV>(sm.s, before, p.states, seq, 0, rows.length, tile, p.value_dim);
+    for (int c = 0, start = 0; c < count; ++c) {
+        const int end = chunk_point(rows.length, targets, c + 1);
+        carry_chunk<DK, CV>(sm, p, ws, rows.first + start, end - start, head, key_head, column0);
+        keep_state<DK, CV>(sm.s, c + 1 < count ? before + (c + 1) * state_floats : nullptr, p.states, seq, end, rows.length, tile,
+                           p.value_dim);
+        start = end;
+    }
+}
+
+// -- pass 3: the outputs ----------------------------------------------------------------------------------
+
+// q and k [64][DK+1] (k's region later holds S's 32 columns [DK][36]), P [64][65], v_new [64][36], cum [64].
+template <int DK>
+struct OutputSmem {
+    static constexpr int kFloats = 2 * kChunk * (DK + 1) + kChunk * (kChunk + 1) + kChunk * kOutputStride + kChunk;
+    static_assert(DK * kOutputStride <= kChunk * (DK + 1), "S's columns fit k's region");
+    float *q, *k, *s, *p, *v, *cum;
+
+    __device__ explicit OutputSmem(float* base)
+        : q(base), k(q + kChunk * (DK + 1)), s(k), p(k + kChunk * (DK + 1)), v(p + kChunk * (kChunk + 1)), cum(v + kChunk * kOutputStride) {}
+};
+
+template <int DK>
+__forceinline__ void chunk_outputs(const DeltaRuleArgs& p, const SplitWorkspace& ws) {
+    extern __shared__ float split_smem[];
+    const OutputSmem<DK> sm(split_smem);
+    const int head = blockIdx.y, warp = threadIdx.x >> 5, key_head = head / (p.value_heads / p.key_heads);
+    enter_dependent_kernel();
+    const SplitChunk chunk = find_chunk(p, blockIdx.z, blockIdx.x);
+    if (chunk.rows == 0) return;  // uniform over the block
+    const long long key_stride = (long long)p.key_heads * DK, value_stride = (long long)p.value_heads * p.value_dim;
+    Block<kChunk, DK> q, k;
+    q.fetch(row_at(ws.q, chunk.first, p.key_heads, key_head, DK), key_stride, chunk.rows);
+    k.fetch(row_at(ws.k, chunk.first, p.key_heads, key_head, DK), key_stride, chunk.rows);
+    load_cum(sm.cum, ws, chunk.first, chunk.rows, p.value_heads, head);
+    q.put(sm.q, DK + 1);
+    k.put(sm.k, DK + 1);
+    __syncthreads();
+    using Square = WarpTile<kChunk, kChunk>;
+    const Square square(warp);
+    float sq[Square::NT][4];
+    const auto q_at = [&](int m, int l) { return sm.q[m * (DK + 1) + l]; };
+    split_mma(sq, square.m0, square.n0, square.n0 <= square.m0 + 15 ? DK : 0, q_at, [&](int l, int n) { return sm.k[n * (DK + 1) + l]; });
+    square.each(sq, [&](int m, int n, float x) { sm.p[m * (kChunk + 1) + n] = m >= n ? x * expf(sm.cum[m] - sm.cum[n]) : 0.0f; });
+    __syncthreads();  // k is read no more: its region takes the state's columns
+    using Narrow = WarpTile<kChunk, kOutputColumns>;
+    const Narrow narrow(warp);
+    const float* state = ws.h + ((long long)chunk.number * p.value_heads + head) * DK * p.value_dim;
+    for (int column0 = 0; column0 < p.value_dim; column0 += kOutputColumns) {
+        Block<DK, kOutputColumns> columns;
+        Block<kChunk, kOutputColumns> v_new;
+        columns.fetch(state + column0, p.value_dim, DK);
+        v_new.fetch(row_at(ws.u, chunk.first, p.value_heads, head, p.value_dim) + column0, value_stride, chunk.rows);
+        columns.put(sm.s, kOutputStride);
+        v_new.put(sm.v, kOutputStride);
+        __syncthreads();
+        float o[Narrow::NT][4], pv[Narrow::NT][4];
+        split_mma(o, narrow.m0, narrow.n0, DK, q_at, [&](int l, int n) { return sm.s[l * kOutputStride + n]; });
+        narrow.scale_rows(o, [&](int m) { return expf(sm.cum[m]); });
+        split_mma(pv, narrow.m0, narrow.n0, narrow.m0 + 16, [&](int m, int l) { return sm.p[m * (kChunk + 1) + l]; },
+                  [&](int l, int n) { return sm.v[l * kOutputStride + n]; });
+#pragma unroll
+        for (int nt = 0; nt < Narrow::NT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) pv[nt][r] += o[nt][r];
+        narrow.each(pv, [&](int m, int n, float x) {
+            if (m < chunk.rows) row_at(p.out, chunk.first + m, p.value_heads, head, p.value_dim)[column0 + n] = x;
+        });
+        __syncthreads();
+    }
+}
+
+#define SPLIT_PARAMS DELTA_RULE_PARAMS, float *ws_q, float *ws_k, float *ws_w, float *ws_u, float *ws_cum, float *ws_h
+#define SPLIT_WORKSPACE SplitWorkspace{ws_q, ws_k, ws_w, ws_u, ws_cum, ws_h}
+
+#define SPLIT_KERNELS(DK)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(kSplitThreads, 2) gdn_split_terms_d##DK(SPLIT_PARAMS) {      \
+        chunk_terms<DK>(DELTA_RULE_ARGS, SPLIT_WORKSPACE);                                                     \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(kSplitThreads, 2) gdn_split_out_d##DK(SPLIT_PARAMS) {        \
+        chunk_outputs<DK>(DELTA_RULE_ARGS, SPLIT_WORKSPACE);                                                   \
+    }
+
+#define CARRY_KERNEL(DK, CV)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(kSplitThreads, 2) gdn_split_carry_d##DK##_c##CV(SPLIT_PARAMS) { \
+        carry_states<DK, CV>(DELTA_RULE_ARGS, SPLIT_WORKSPACE);                                                \
+    }
+
+SPLIT_KERNELS(64)
+SPLIT_KERNELS(128)
+CARRY_KERNEL(64, 16)
+CARRY_KERNEL(64, 32)
+CARRY_KERNEL(128, 16)
+CARRY_KERNEL(128, 32)
