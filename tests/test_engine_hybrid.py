@@ -121,6 +121,22 @@ def test_a_second_turn_resumes_from_the_end_of_generation_snapshot(tiny_qwen3_5:
     assert slots_all_back(eng)
 
 
+def test_snapshots_over_a_recomputed_prefix_go_with_the_pages_the_cache_keeps(tiny_qwen3_5: Path) -> None:
+    # The first run's snapshots are dropped and its pages stay cached: the second run recomputes the prompt
+    # into pages the cache does not index (it holds those tokens already) and saves its states over them.
+    first = prompt(40, 3)
+    eng = engine(tiny_qwen3_5)
+    run(eng, [first])
+    store = eng.ledger.states.snapshots
+    store.evict(len(store))
+    (_,), (stats,) = run(eng, [first])
+    assert stats.cached_tokens == 0 and len(store) > 0
+    pool = eng.kv_manager.pool
+    assert all(pool.is_cached(page) for page in store.covering_pages())
+    pool.evict(pool.total)
+    assert len(store) == 0  # no snapshot outlives the K/V a resume from it needs
+
+
 def test_without_prefix_caching_a_hybrid_recomputes_everything(tiny_qwen3_5: Path) -> None:
     first = prompt(40, 3)
     eng = engine(tiny_qwen3_5, prefix_caching=False)

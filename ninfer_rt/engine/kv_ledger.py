@@ -94,7 +94,10 @@ class KVLedger:
         fence = self.compute.record()  # after every op of the steps that read the pages and the slots
         if self.states is not None:  # before the pages go: the snapshot is keyed to them
             self.states.release(request, fence, seq, finished)
+        pages = list(seq.pages)  # finish() gives them back
         self.manager.finish(seq, fence)
+        if self.states is not None:
+            self.states.pages_dropped([page for page in pages if not self.manager.prefix.indexes(page)], self.manager.prefix)
 
     def sequence(self, request: Request) -> SequenceKV:
         return self.sequences[request.request_id]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ninfer_rt.cuda.streams import Event, Stream
 from ninfer_rt.engine.request import Request
-from ninfer_rt.kv.prefix import PrefixMatch
+from ninfer_rt.kv.prefix import PrefixCache, PrefixMatch
 from ninfer_rt.kv.sequence import SequenceKV
 from ninfer_rt.kv.snapshots import Snapshot, SnapshotKey, SnapshotStore, snapshot_points
 from ninfer_rt.kv.states import SlotStats, StateSlotPool
@@ -164,6 +164,11 @@ class StateLedger:
             # (dropped or edited reasoning) resumes there
             self._write(tracked, seq, tracked.position, request.request_id, supersede=False)
         tracked.ring.release(fence if self.snapshots is None else self.compute.record())
+
+    def pages_dropped(self, pages: list[int], prefix: PrefixCache) -> None:
+        """A released sequence's pages the prefix cache does not index: their snapshots move or go."""
+        if self.snapshots is not None:
+            self.snapshots.pages_dropped(pages, prefix)
 
     def stats(self) -> SlotStats:
         return self.pool.stats()

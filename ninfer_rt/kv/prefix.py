@@ -137,6 +137,16 @@ class PrefixCache:
         self._tail_of_page[page] = (parent, key)
         self.pool.retain(page)
 
+    def page_holding(self, parent: int | None, tokens: Sequence[int]) -> int | None:
+        """The indexed page that holds the K/V of `tokens` right after the prefix `parent` names (no tokens:
+        the full page `parent` itself), or None. A sequence whose page duplicated an indexed one lets its
+        own go unindexed: what was tied to it (a state snapshot) moves to this one."""
+        if not tokens:
+            entry = self._full.get(parent)
+            return None if entry is None else entry.page
+        hit = self._best_tail(parent, tokens)
+        return hit.page if hit is not None and hit.num_tokens == len(tokens) else None
+
     def on_forget(self, listener: Callable[[int], None]) -> None:
         """Call `listener(page)` whenever an indexed page is evicted, after its entry is gone."""
         self._forget_listeners.append(listener)

@@ -11,7 +11,10 @@ of the page size). The hash names the whole prefix up to the page; the partial t
 prefix-cache tail, so a hit is always exact. Correctness rests on tokens only; pages are memory policy:
 - `covering_page` is the page holding token `position - 1`: a full page (aligned), or the sequence's
   private tail page (not aligned). When the prefix cache forgets that page (evicted), the snapshot goes too
-  (`PrefixCache.on_forget`): without the KV up to `position` a resume could not use it anyway.
+  (`PrefixCache.on_forget`): without the KV up to `position` a resume could not use it anyway. A page the
+  cache never indexes (its tokens were already cached in another page: a prefix recomputed because its
+  snapshot was evicted, two lanes computing the same prompt) hands its snapshots over to the page that
+  is, when its sequence ends (`pages_dropped`).
 - resuming at a non-aligned position needs the KV of the partial tokens: that is the prefix cache's tail
   hit, which the new sequence copies into a private page (kv/cow.py: the COW transaction and its fence);
   `deepest_at_or_before` only returns snapshots at or before the matched length, so that KV is present.
@@ -57,6 +60,7 @@ from dataclasses import dataclass, field
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
 from ninfer_rt.cuda.streams import Event, Stream, StreamSet
 from ninfer_rt.kv.pages import PagePool
+from ninfer_rt.kv.prefix import PrefixCache
 from ninfer_rt.kv.states import StateSlotPool, UnwrittenStateError
 from ninfer_rt.ordering import Span
 
@@ -221,6 +225,18 @@ class SnapshotStore:
         for snap in list(self._by_page.get(page, ())):
             self._evict(snap)
 
+    def pages_dropped(self, pages: Iterable[int], prefix: PrefixCache) -> None:
+        """`pages` left their sequence unindexed (the prefix cache already held the same tokens in another
+        page, or nothing keeps them): each snapshot they cover moves to the page that now holds its K/V,
+        or goes (without that K/V no resume reaches it, and no page eviction would ever free it)."""
+        for page in pages:
+            for snap in self._by_page.pop(page, set()):
+                snap.covering_page = prefix.page_holding(snap.key.parent, snap.key.partial)
+                if snap.covering_page is None:
+                    self._evict(snap)
+                else:
+                    self._by_page.setdefault(snap.covering_page, set()).add(snap)
+
     def evict(self, n: int) -> int:
         """Drop up to `n` snapshots in eviction order (memory pressure); returns how many."""
         victims = self._victims()[:n]
@@ -230,6 +246,10 @@ class SnapshotStore:
 
     def stats(self) -> SnapshotStats:
         return SnapshotStats(len(self._lru), self.capacity, len(self._lru) * self.record_bytes, self.restores, self.evictions)
+
+    def covering_pages(self) -> set[int]:
+        """The pages the live snapshots end in: each snapshot goes when the prefix cache forgets its page."""
+        return set(self._by_page)
 
     def records_in_use(self) -> int:
         """Records held: one per live snapshot once no restore is being enqueued (the idle check)."""
