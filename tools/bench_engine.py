@@ -127,8 +127,9 @@ def main() -> None:
     args = parser.parse_args()
 
     cached_new = [int(n) for n in args.agent_turn.split(",")] if args.agent_turn else []
-    plan = Plan([int(c) for c in args.context.split(",") if c], args.max_tokens,
-                [(cached_new[0], cached_new[1])] if cached_new else [])
+    if len(cached_new) not in (0, 2):
+        parser.error(f"--agent-turn takes CACHED,NEW (two token counts), got {args.agent_turn!r}")
+    plan = Plan([int(c) for c in args.context.split(",") if c], args.max_tokens, [tuple(cached_new)] if cached_new else [])
     info = run_info(open_device(0) if args.device == "cuda" else None)
     rows = [info | row for k in (int(d) for d in args.draft_tokens.split(",")) for row in bench_config(args, plan, k)]
     columns = ["context", "kv_dtype", "overlap", "draft_tokens", "decode_tok_s", "ms_per_token", "tokens_per_round",

@@ -220,8 +220,8 @@ def linear_channels(plan: TensorParallelPlan, rank: int) -> np.ndarray:
 def _shard_linear_attention(weights: LinearAttentionWeights, plan: TensorParallelPlan) -> LinearAttentionWeights:
     split, value_dim = plan.linear, plan.config.linear_attention.value_head_dim
 
-    def by_value_head(array: np.ndarray, width: int = 1, split_kind: Split = Split.COLUMNS) -> Shards:
-        return _by_rank(plan, split_kind, lambda r: rows(array, heads_rows(split.member_heads(r), width)))
+    def by_value_head(array: np.ndarray, width: int = 1) -> Shards:
+        return _by_rank(plan, Split.COLUMNS, lambda r: rows(array, heads_rows(split.member_heads(r), width)))
 
     def channels(array: np.ndarray) -> Shards:
         return _by_rank(plan, Split.COLUMNS, lambda r: rows(array, linear_channels(plan, r)))
