@@ -96,6 +96,26 @@ def test_least_recently_used_snapshot_is_evicted_first() -> None:
         s.restored(second)
 
 
+def test_restoring_one_of_a_turns_two_resume_points_makes_the_other_go_first() -> None:
+    s = Setup(capacity=3)
+    other = s.snapshot(2)  # another conversation's, the least recently used: plain LRU would evict it
+    input_end = s.snapshot(6)
+    generation_end = s.snapshot(9, alternative=input_end)
+    s.restored(input_end)  # the client re-rendered the reply: the end of generation is passed over
+    assert generation_end.superseded and not input_end.superseded
+    s.snapshot(3)
+    assert not generation_end.alive and input_end.alive and other.alive
+    assert input_end.alternative is None  # an evicted alternative unpairs
+
+
+def test_restoring_the_end_of_generation_supersedes_the_end_of_input() -> None:
+    s = Setup(capacity=3)
+    input_end = s.snapshot(6)
+    generation_end = s.snapshot(9, alternative=input_end)
+    s.restored(generation_end)
+    assert input_end.superseded and not generation_end.superseded
+
+
 def test_snapshot_goes_with_the_page_that_covers_it() -> None:
     s = Setup()
     pages = PagePool(2)

@@ -162,7 +162,7 @@ class StateLedger:
         if finished and seq is not None and tracked.position == seq.num_tokens and not tracked.ring.awaiting_accept:
             # the end of input stays current beside it: a client that re-renders the reply differently
             # (dropped or edited reasoning) resumes there
-            self._write(tracked, seq, tracked.position, request.request_id, supersede=False)
+            self._write(tracked, seq, tracked.position, request.request_id, supersede=False, alternative=True)
         tracked.ring.release(fence if self.snapshots is None else self.compute.record())
 
     def pages_dropped(self, pages: list[int], prefix: PrefixCache) -> None:
@@ -173,7 +173,9 @@ class StateLedger:
     def stats(self) -> SlotStats:
         return self.pool.stats()
 
-    def _write(self, tracked: _Tracked, seq: SequenceKV, position: int, lane: str, supersede: bool = True) -> None:
+    def _write(
+        self, tracked: _Tracked, seq: SequenceKV, position: int, lane: str, supersede: bool = True, alternative: bool = False
+    ) -> None:
         if self.snapshots is None or position == 0 or not seq.pages:
             return
         key = SnapshotKey.of(seq.hashes, seq.token_ids, position, self.snapshots.page_size)
@@ -181,5 +183,6 @@ class StateLedger:
         tracked.last_snapshot = self.snapshots.write(
             key, tracked.ring.live_slot, self.compute, covering_page=covering, lane=lane,
             supersedes=tracked.last_snapshot if supersede else None,
+            alternative=tracked.last_snapshot if alternative else None,
         )
         self.counters.writes += 1

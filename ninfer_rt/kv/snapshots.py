@@ -32,12 +32,16 @@ recently used first, then any, least recently used first. A snapshot is supersed
 restored or wrote it writes a deeper one (`write(..., supersedes=)`): the deeper one's prefix contains it,
 so only a request that diverges before the deeper position (a branch off a periodic snapshot) still needs
 it. The engine (engine/state_ledger.py) keeps a turn's end of input current beside its end of
-generation: the next turn resumes from the latter when the client sends the reply back unchanged, from
-the former when it re-renders it differently. Each conversation's two resume points thus outlive the
-stale snapshots of every conversation: with N conversations taking turns and a budget of 2N records,
-every next turn resumes (tests/test_snapshot_retention.py), where plain LRU, with 2-3 writes a turn,
-evicted each conversation's resume points before its next turn. Restoring a snapshot makes it current
-again (the restorer supersedes it once it writes past it).
+generation (`write(..., alternative=)`): the next turn resumes from the latter when the client sends the
+reply back unchanged, from the former when it re-renders it differently, and restoring one of the two
+supersedes the other (that conversation has shown which of them it takes). Each conversation's two
+resume points thus outlive the stale snapshots of every conversation: with N conversations taking turns
+and a budget of 2N records, every next turn resumes (tests/test_snapshot_retention.py), where plain LRU,
+with 2-3 writes a turn, evicted each conversation's resume points before its next turn. Restoring a
+snapshot makes it current again (the restorer supersedes it once it writes past it). Among superseded
+snapshots the passed-over alternatives are the oldest, so with 3N records the input end before the last
+one survives too: the resume point of a prompt that re-tokenizes the previous prompt's last token
+differently (a byte-level BPE merge across the boundary with the reply).
 
 Ordering (rules 4 and 5): `write` (slot -> record) and `restore` (record -> slot) are copies on the given
 stream with declared accesses (the slot's span, the record's span). The write records a fence; every
@@ -94,6 +98,7 @@ class Snapshot:
     ident: int = field(default_factory=itertools.count().__next__)
     alive: bool = True
     superseded: bool = False  # a deeper snapshot of the same sequence exists: evicted first
+    alternative: Snapshot | None = None  # the same turn's other resume point (end of input / of generation)
 
     @property
     def position(self) -> int:
@@ -169,17 +174,28 @@ class SnapshotStore:
         hidden: tuple[Buffer, int] | None = None,
         lane: object = None,
         supersedes: Snapshot | None = None,
+        alternative: Snapshot | None = None,
     ) -> Snapshot:
         """Save the state in `slot` (and the hidden row at (buffer, offset)) as the snapshot `key`, on
         `stream`, which must already be ordered after the kernel that wrote the slot. An existing snapshot
         of the same key is returned as it is (states of one prefix are equal). `supersedes`: the snapshot
-        this sequence last restored or wrote, a prefix of this one, now evicted before the others."""
+        this sequence last restored or wrote, a prefix of this one, now evicted before the others.
+        `alternative`: the end of input this end of generation extends, kept current beside it until a
+        restore of either one supersedes the other."""
         if supersedes is not None and supersedes.position < key.position:
             supersedes.superseded = True
         existing = self.find(key)
-        if existing is not None:
+        if existing is None:
+            existing = self._write_record(key, slot, stream, covering_page, hidden, lane)
+        else:
             self._touch(existing)
-            return existing
+        if alternative is not None and alternative.alive and alternative is not existing:
+            _pair(existing, alternative)
+        return existing
+
+    def _write_record(
+        self, key: SnapshotKey, slot: int, stream: Stream, covering_page: int | None, hidden: tuple[Buffer, int] | None, lane: object
+    ) -> Snapshot:
         self.slots.require_written(slot, f"snapshot at position {key.position}")
         if hidden is not None and not self.hidden_bytes:
             raise ValueError("this snapshot store keeps no hidden row (hidden_bytes=0)")
@@ -212,6 +228,8 @@ class SnapshotStore:
         self.slots.mark_written(slot)
         self.restores += 1
         snap.superseded = False
+        if snap.alternative is not None:  # this conversation took `snap`: the other resume point is stale
+            snap.alternative.superseded = True
         self._touch(snap)
 
     def resource(self, snap: Snapshot) -> Span:
@@ -298,8 +316,21 @@ class SnapshotStore:
             if not covered:
                 del self._by_page[snap.covering_page]
         snap.alive = False
+        _unpair(snap)
         self._records.release([snap.record], snap.write_fence)
         self.evictions += 1
+
+
+def _pair(a: Snapshot, b: Snapshot) -> None:
+    _unpair(a)
+    _unpair(b)
+    a.alternative, b.alternative = b, a
+
+
+def _unpair(snap: Snapshot) -> None:
+    if snap.alternative is not None:
+        snap.alternative.alternative = None
+        snap.alternative = None
 
 
 def snapshot_points(
