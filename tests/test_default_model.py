@@ -17,7 +17,7 @@ import ninfer_rt.shipped
 from forward_helpers import hf_outputs, make_runtime, relative_error
 from ninfer_rt.cli import main
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
+from ninfer_rt.shipped import DEFAULT_MODEL_NAME, DefaultModelMissing, default_model_dir, shipped_model_names
 
 MAX_CHECKPOINT_BYTES = 16_000_000
 GENERATE_SECONDS = 10.0
@@ -83,3 +83,23 @@ def test_generate_without_model_prints_the_same_code_like_text_every_time_in_und
     assert first == second
     assert first.strip() and any(marker in first for marker in ("return", "(", "=", ":"))
     assert max(first_seconds, second_seconds) < GENERATE_SECONDS
+
+
+@needs_shipped_model
+def test_a_shipped_model_is_named_by_its_name_and_generates_as_the_default_does() -> None:
+    flags = ["--prompt", "def add(a, b):", "--max-tokens", "8", "--temperature", "0"]
+    by_name = CliRunner().invoke(main, ["generate", "--model", DEFAULT_MODEL_NAME, *flags])
+    default = CliRunner().invoke(main, ["generate", *flags])
+    assert by_name.exit_code == default.exit_code == 0, by_name.output
+    assert by_name.stdout == default.stdout and by_name.stdout.strip()
+    assert DEFAULT_MODEL_NAME in shipped_model_names()
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_model_that_is_neither_a_path_nor_a_shipped_name_is_one_line_naming_the_shipped_ones(command: str) -> None:
+    args = [command, "--model", "no-such-model"] + (["--prompt", "x"] if command == "generate" else [])
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    [line] = result.stderr.strip().splitlines()
+    assert "--model no-such-model: not a model directory" in line and "nor a shipped model" in line
+    assert all(name in line for name in shipped_model_names())

@@ -70,7 +70,7 @@ def test_the_python_api_example_runs() -> None:
 def served_port() -> Iterator[int]:
     """The README's serve line, on a free port and the CPU, healthy."""
     port = free_port()
-    serve = shlex.split(_block("bash", "ninfer-rt serve --model ninfer_rt").strip().rstrip("&"))[1:]
+    serve = shlex.split(_block("bash", "ninfer-rt serve --model tiny-qwen3-code").strip().rstrip("&"))[1:]
     serve = [str(port) if a == "8000" else a for a in serve] + ["--device", "cpu"]
     server = subprocess.Popen(CLI + serve, env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

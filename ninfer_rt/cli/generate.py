@@ -7,7 +7,6 @@ and no usage screen, before anything loads.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -17,15 +16,14 @@ from ninfer_rt.cli.options import engine_config, engine_options, from_flags
 from ninfer_rt.engine.build import EngineError
 from ninfer_rt.engine.engine import Engine
 from ninfer_rt.engine.output import RequestStats
-from ninfer_rt.cli.model_path import model_frontend
+from ninfer_rt.cli.model_path import model_frontend, resolve_model
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.serve.chat import ChatTemplate
-from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
 
 
 @click.command("generate", cls=OneLineErrors)
 @click.option(
-    "--model", "model_dir", default=None, help="Model directory (Hugging Face layout) or .ninfer artifact [default: the shipped tiny model]."
+    "--model", "model_dir", default=None, help="Model directory (Hugging Face layout), .ninfer artifact, or a shipped model's name [default: the shipped tiny model]."
 )
 @click.option("--prompt", default=None, help="The prompt text.")
 @click.option("--prompt-file", type=click.File("r"), default=None, help="Read the prompt from a file ('-' = stdin).")
@@ -38,17 +36,13 @@ from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
 @engine_options
 def generate(model_dir: str | None, prompt: str | None, prompt_file: Any, chat: bool, **options: Any) -> None:
     """Generate text from a prompt, or chat with --chat."""
-    if model_dir is None:
-        try:
-            model_dir = str(default_model_dir())
-        except DefaultModelMissing as err:
-            raise BadUsage(str(err)) from None
-    model_frontend(Path(model_dir))
+    model_path = resolve_model(model_dir)
+    model_frontend(model_path)
     if sum(x is not None and x is not False for x in (prompt, prompt_file, chat or None)) != 1:
         raise BadUsage("give exactly one of --prompt, --prompt-file or --chat")
     try:
         params = from_flags(SamplingParams, options)
-        engine = Engine.load(model_dir, engine_config(options))
+        engine = Engine.load(model_path, engine_config(options))
     except ValueError as err:  # bad sampling values, or an unreadable config/tokenizer/weights
         raise BadUsage(str(err)) from None
     except EngineError as err:

@@ -15,19 +15,18 @@ from typing import Any
 import click
 
 from ninfer_rt.cli.errors import OneLineErrors
-from ninfer_rt.cli.model_path import model_frontend
+from ninfer_rt.cli.model_path import model_frontend, resolve_model
 from ninfer_rt.cli.options import engine_config, engine_options
 from ninfer_rt.engine.build import EngineError
 from ninfer_rt.kv.memory_plan import MemoryPlanError
 from ninfer_rt.serve.intake import default_max_body_bytes
 from ninfer_rt.serve.server import Listen, ModelLoadFailed, run_server
 from ninfer_rt.serve.state import ServeConfig, sampling_defaults
-from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
 
 
 @click.command("serve", cls=OneLineErrors)
 @click.option(
-    "--model", "model_dir", default=None, help="Model directory (Hugging Face layout) or .ninfer artifact [default: the shipped tiny model]."
+    "--model", "model_dir", default=None, help="Model directory (Hugging Face layout), .ninfer artifact, or a shipped model's name [default: the shipped tiny model]."
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
@@ -47,10 +46,7 @@ from ninfer_rt.shipped import DefaultModelMissing, default_model_dir
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model_dir: str | None, **options: Any) -> None:
     """Serve the OpenAI API (chat, completions, models) and Anthropic's Messages API, with health and metrics."""
-    try:
-        model_path = Path(model_dir) if model_dir is not None else default_model_dir()
-    except DefaultModelMissing as exc:
-        raise click.UsageError(str(exc)) from None
+    model_path = resolve_model(model_dir)
     frontend = model_frontend(model_path)
     try:
         config = engine_config(options)
