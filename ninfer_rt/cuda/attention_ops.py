@@ -62,6 +62,7 @@ from ninfer_rt.cuda.attention_prefill_plan import (
     prefill_combine_spec,
     prefill_tile_rows,
     prefill_workspace_bytes,
+    widening_pages,
 )
 from ninfer_rt.cuda.driver import check
 from ninfer_rt.cuda.kernels import Kernel, KernelLibrary
@@ -197,17 +198,16 @@ def widen_int8_kv(
     hkv, d = heads.num_kv_heads, heads.head_dim
     if kv.variant is not KVVariant.INT8:
         raise ValueError(f"widen_int8_kv: widening needs int8 KV, not {kv.variant.value}")
-    longest_pages = math.ceil(context / PAGE_SIZE)
-    prefill_seqs = sum(1 for n in step.query_lens if n > decode_max_queries(heads.num_heads, hkv))
-    if prefill_seqs * longest_pages > widened.capacity:
+    pages = widening_pages(heads, step.query_lens, context)
+    if pages > widened.capacity:
         raise ValueError(
-            f"widen_int8_kv: {prefill_seqs} prefill sequences of up to {context} tokens exceed the widening buffers"
-            f" ({widened.capacity} pages)"
+            f"widen_int8_kv: the {pages} pages of prefill sequences of up to {context} tokens exceed the widening"
+            f" buffers ({widened.capacity} pages)"
         )
     inputs = step.inputs
     _require_bytes("widen_int8_kv", widened_tables=(widened.tables, step.num_seqs * step.max_pages_per_seq * 4), **step.table_sizes())
     lib.kernel(WIDEN_INT8_KV).launch(
-        stream, (longest_pages, step.num_seqs), WIDEN_THREADS, widened.k, widened.v, widened.tables, widened.capacity,
+        stream, (math.ceil(context / PAGE_SIZE), step.num_seqs), WIDEN_THREADS, widened.k, widened.v, widened.tables, widened.capacity,
         kv.k, kv.v, *kv.scale_args, inputs.block_tables, step.max_pages_per_seq, inputs.context_lens,
         inputs.query_start, decode_max_queries(heads.num_heads, hkv), hkv, d,
         label="widen_int8_kv", reads=(*inputs.tables, *step.pages_read), writes=widened.resources, lane=step.lane,
