@@ -1,8 +1,11 @@
-"""A real server for tests: uvicorn on a free local port in a thread, and waiting for its /health."""
+"""A real server for tests: uvicorn on a free local port in a thread, or `ninfer-rt serve` in a process of its
+own, and waiting for its /health."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -54,3 +57,21 @@ def healthy_server(app: FastAPI, exit_on_fatal: bool = False) -> Iterator[str]:
     with serving_in_thread(app, exit_on_fatal) as url:
         wait_healthy(url)
         yield url
+
+
+@contextmanager
+def serving_process(*flags: str) -> Iterator[str]:
+    """`python -m ninfer_rt.serve` on the CPU and a free port, with these flags, in a process of its own (as in
+    production: nothing in the test process can pause it); yields its URL once /health answers 200."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ninfer_rt.serve", "--device", "cpu", "--port", str(port), "--log-level", "warning", *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)

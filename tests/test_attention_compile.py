@@ -14,7 +14,8 @@ import pytest
 from attention_refs import PAGE, make_batch, make_pages, neox_rope_ref, paged_attention_ref
 from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda import attention_plan as plan
-from ninfer_rt.cuda.attention_ops import STEP_INPUT_NAMES, AttentionStep, DecodeWorkspace, PagedKV, StepInputs, WidenedKV
+from ninfer_rt.cuda import attention_prefill_plan as prefill_plan
+from ninfer_rt.cuda.attention_buffers import STEP_INPUT_NAMES, AttentionStep, DecodeWorkspace, PagedKV, StepInputs, WidenedKV
 from ninfer_rt.cuda.attention_plan import KVVariant
 from ninfer_rt.cuda.compiler import compile_family
 from ninfer_rt.cuda.memory import DeviceBuffer, DeviceView
@@ -35,12 +36,12 @@ def kernel_names() -> dict[str, set[str]]:
     """Every kernel name the wrappers can launch, by family."""
     names: dict[str, set[str]] = {
         "rope_kv": set(), "decode_attention": {"decode_attention_combine"}, "prefill_attention": set(),
-        "kv_widen": {plan.WIDEN_INT8_KV.name},
+        "kv_widen": {prefill_plan.WIDEN_INT8_KV.name},
     }
-    names["prefill_attention"] |= {plan.prefill_combine_spec(d).name for d in plan.PREFILL_HEAD_DIMS}
+    names["prefill_attention"] |= {prefill_plan.prefill_combine_spec(d).name for d in prefill_plan.PREFILL_HEAD_DIMS}
     for kind in plan.CACHE_VARIANTS:
         names["rope_kv"] |= {plan.rope_kv_spec(d, kind).name for d in plan.ROPE_HEAD_DIMS}
-        names["prefill_attention"] |= {plan.prefill_spec(d, kind).name for d in plan.PREFILL_HEAD_DIMS}
+        names["prefill_attention"] |= {prefill_plan.prefill_spec(d, kind).name for d in prefill_plan.PREFILL_HEAD_DIMS}
         names["decode_attention"] |= {plan.decode_spec(d, kind).name for d in plan.DECODE_HEAD_DIMS}
     return names
 
@@ -286,10 +287,10 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
     # GQA 4: 32 chunk rows x 4 q heads per 128-row tile, ceil(300 / 32) = 10 tiles per kv head; the context
     # bound is the block table's width (16 pages), so at most 4 splits of 4 pages
     blocks = 10 * 4 * 3
-    splits = plan.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, plan.prefill_workspace_blocks(H200_SMS))
+    splits = prefill_plan.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, prefill_plan.prefill_workspace_blocks(H200_SMS))
     assert splits > 1
     assert prefill.grid == (10 * splits, 4, 3) and set(step.read) <= set(prefill.reads)
-    assert (prefill.block, prefill.smem) == (256, plan.prefill_sm90_smem(KVVariant.BF16)) == (256, 99_328)
+    assert (prefill.block, prefill.smem) == (256, prefill_plan.prefill_sm90_smem(KVVariant.BF16)) == (256, 99_328)
     assert step.out.resource not in prefill.writes and len(prefill.writes) == 2
     assert combine.grid == (10 * 128 // 16, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
     assert not any(r[0] == "kv" for r in combine.reads)
@@ -305,21 +306,21 @@ def test_a_long_int8_chunk_is_widened_once_and_the_prefill_reads_only_the_widene
     assert (widen.grid, widen.block) == ((step.batch.block_tables.shape[1], 3), 256)
     assert set(step.read) <= set(widen.reads) and not any(r[0] == "kv" for r in prefill.reads)
     assert set(widen.writes) <= set(prefill.reads) and len(widen.writes) == 3
-    assert (prefill.block, prefill.smem) == (256, plan.prefill_sm90_smem(KVVariant.WIDENED)) == (256, 99_328)
+    assert (prefill.block, prefill.smem) == (256, prefill_plan.prefill_sm90_smem(KVVariant.WIDENED)) == (256, 99_328)
 
 
 def test_a_short_int8_chunk_runs_the_int8_kernel_without_widening() -> None:
-    lib, step = RecordingLibrary(), logical_step([plan.PREFILL_WIDEN_MIN_QUERIES - 1], [900], kv_dtype="int8")
+    lib, step = RecordingLibrary(), logical_step([prefill_plan.PREFILL_WIDEN_MIN_QUERIES - 1], [900], kv_dtype="int8")
     run_attention_op(lib, step)
     prefill = lib.launches[1]
     assert [launch.name for launch in lib.launches][:2] == ["rope_kv_d128_int8", "prefill_attention_sm90_d128_int8"]
-    assert (prefill.block, prefill.smem) == (384, plan.prefill_sm90_smem(KVVariant.INT8)) == (384, 218_688)
+    assert (prefill.block, prefill.smem) == (384, prefill_plan.prefill_sm90_smem(KVVariant.INT8)) == (384, 218_688)
     assert set(step.read) <= set(prefill.reads)
 
 
 def test_int8_pages_past_the_widening_budget_run_the_int8_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     # a budget of 10 pages: the chunk's bound (the block table's width, 17 pages) does not fit
-    monkeypatch.setattr(plan, "PREFILL_WIDEN_BUDGET", 10 * plan.widened_page_bytes(4, 128))
+    monkeypatch.setattr(prefill_plan, "PREFILL_WIDEN_BUDGET", 10 * prefill_plan.widened_page_bytes(4, 128))
     lib, step = RecordingLibrary(), logical_step([400], [900], kv_dtype="int8")
     assert step.batch.block_tables.shape[1] > 10
     run_attention_op(lib, step)
@@ -360,7 +361,7 @@ def test_widening_buffers_reserved_up_front_are_the_ones_a_step_uses() -> None:
     run_attention_op(lib, step, backend)
     (widen,) = (launch for launch in lib.launches if launch.name == "widen_int8_kv")
     assert widen.args[:4] == (reserved.k, reserved.v, reserved.tables, reserved.capacity)
-    assert reserved.capacity == plan.PREFILL_WIDEN_SEQUENCES * step.batch.block_tables.shape[1]
+    assert reserved.capacity == prefill_plan.PREFILL_WIDEN_SEQUENCES * step.batch.block_tables.shape[1]
 
 
 def test_widening_where_it_does_not_apply_is_refused_before_any_launch() -> None:
@@ -369,7 +370,7 @@ def test_widening_where_it_does_not_apply_is_refused_before_any_launch() -> None
     with pytest.raises(ValueError, match="widening needs int8 KV"):
         attention_ops.widen_int8_kv(lib, step.stream, attention_step(step, [400]), HEADS, PagedKV(kv.k, kv.v), widened, 900)
     with pytest.raises(ValueError, match="need sm_90a"):
-        plan.prefill_kernel("sm_80", 128, KVVariant.WIDENED)
+        prefill_plan.prefill_kernel("sm_80", 128, KVVariant.WIDENED)
     assert lib.launches == []
 
 
@@ -380,7 +381,7 @@ def test_prefill_only_step_launches_no_decode_kernels() -> None:
     assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", "prefill_attention_sm90_d128_bf16"]
     prefill = lib.launches[1]
     assert prefill.grid == (4, 4, 1) and prefill.writes == (step.out.resource,)
-    assert (prefill.block, prefill.smem) == (256, plan.prefill_sm90_smem(KVVariant.BF16)) == (256, 99_328)
+    assert (prefill.block, prefill.smem) == (256, prefill_plan.prefill_sm90_smem(KVVariant.BF16)) == (256, 99_328)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_120a"])
@@ -389,12 +390,12 @@ def test_prefill_runs_the_mma_sync_kernel_on_every_other_arch(arch: str) -> None
     run_attention_op(lib, step)
     prefill = lib.launches[1]
     assert (prefill.name, prefill.block) == ("prefill_attention_d128_bf16", 128)
-    assert prefill.smem == plan.prefill_smem_bytes(128, KVVariant.BF16) == 69_632
+    assert prefill.smem == prefill_plan.prefill_smem_bytes(128, KVVariant.BF16) == 69_632
 
 
 def test_the_wgmma_prefill_kernel_is_chosen_only_where_it_applies() -> None:
     def name(arch: str, d: int, kv: KVVariant, wgmma: bool | None = None) -> str:
-        return plan.prefill_kernel(arch, d, kv, wgmma).spec.name
+        return prefill_plan.prefill_kernel(arch, d, kv, wgmma).spec.name
 
     bf16, int8, widened = KVVariant.BF16, KVVariant.INT8, KVVariant.WIDENED
     assert name("sm_90a", 128, bf16) == "prefill_attention_sm90_d128_bf16"
@@ -405,9 +406,9 @@ def test_the_wgmma_prefill_kernel_is_chosen_only_where_it_applies() -> None:
     assert name("sm_90a", 64, bf16) == "prefill_attention_d64_bf16"
     assert name("sm_90", 128, bf16) == "prefill_attention_d128_bf16"  # wgmma needs the arch-specific target
     with pytest.raises(ValueError, match="need sm_90a"):
-        plan.prefill_kernel("sm_120a", 128, bf16, wgmma=True)
+        prefill_plan.prefill_kernel("sm_120a", 128, bf16, wgmma=True)
     with pytest.raises(ValueError, match="need sm_90a"):
-        plan.prefill_kernel("sm_120a", 128, widened)
+        prefill_plan.prefill_kernel("sm_120a", 128, widened)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_120a"])
@@ -415,23 +416,23 @@ def test_the_wgmma_prefill_kernel_is_chosen_only_where_it_applies() -> None:
 def test_head_dim_256_prefill_is_the_mma_sync_kernel_on_every_arch(arch: str, variant: KVVariant, smem: int) -> None:
     # 64-row tiles: Q, K, V [64][264] 16-bit (int8: V f16, the raw pages [64][272] bytes and their scales); the
     # wgmma kernels and the widening are head_dim 128 only
-    kernel = plan.prefill_kernel(arch, 256, variant)
+    kernel = prefill_plan.prefill_kernel(arch, 256, variant)
     assert (kernel.spec.name, kernel.threads, kernel.smem) == (f"prefill_attention_d256_{variant.value}", 128, smem)
-    assert plan.prefill_smem_bytes(256, variant) == smem
-    assert not plan.prefill_wgmma_applies(arch, 256) and not plan.prefill_widens(arch, 256, variant, 4096)
+    assert prefill_plan.prefill_smem_bytes(256, variant) == smem
+    assert not prefill_plan.prefill_wgmma_applies(arch, 256) and not prefill_plan.prefill_widens(arch, 256, variant, 4096)
     with pytest.raises(ValueError, match="need sm_90a and head_dim 128"):
-        plan.prefill_kernel(arch, 256, variant, wgmma=True)
+        prefill_plan.prefill_kernel(arch, 256, variant, wgmma=True)
 
 
 def test_head_dim_256_tiles_hold_64_rows_and_a_workspace_block_as_many_accumulators() -> None:
     # the gated-attention layers of Qwen3.6-27B: 24 q heads over 4 kv heads, GQA 6 -> 10 chunk rows (60 of 64 used)
-    assert plan.prefill_tile_rows(256) == 64 and plan.prefill_tile_rows(128) == plan.prefill_tile_rows(64) == 128
-    assert plan.prefill_tile_queries(24, 4, 256) == 10 and plan.prefill_tile_queries(24, 4, 128) == 21
-    assert plan.prefill_grid_blocks(531, 2, 24, 4, 256) == 54 * 4 * 2
-    assert plan.prefill_workspace_bytes(7, 256) == (7 * 64 * 256 * 4, 7 * 64 * 2 * 4)
-    assert plan.prefill_workspace_bytes(7, 256)[0] == plan.prefill_workspace_bytes(7, 128)[0]
+    assert prefill_plan.prefill_tile_rows(256) == 64 and prefill_plan.prefill_tile_rows(128) == prefill_plan.prefill_tile_rows(64) == 128
+    assert prefill_plan.prefill_tile_queries(24, 4, 256) == 10 and prefill_plan.prefill_tile_queries(24, 4, 128) == 21
+    assert prefill_plan.prefill_grid_blocks(531, 2, 24, 4, 256) == 54 * 4 * 2
+    assert prefill_plan.prefill_workspace_bytes(7, 256) == (7 * 64 * 256 * 4, 7 * 64 * 2 * 4)
+    assert prefill_plan.prefill_workspace_bytes(7, 256)[0] == prefill_plan.prefill_workspace_bytes(7, 128)[0]
     with pytest.raises(ValueError, match="exceeds the 64-row tile of head_dim 256"):
-        plan.prefill_tile_queries(65, 1, 256)
+        prefill_plan.prefill_tile_queries(65, 1, 256)
 
 
 @pytest.mark.parametrize(("context", "split"), [(300, False), (4000, True)])
@@ -449,7 +450,7 @@ def test_a_head_dim_256_prefill_step_launches_64_row_tiles_and_combines_them(con
 
 
 def test_int8_kv_is_widened_only_on_sm_90a_for_chunks_of_256_rows_or_more() -> None:
-    widens, int8 = plan.prefill_widens, KVVariant.INT8
+    widens, int8 = prefill_plan.prefill_widens, KVVariant.INT8
     assert widens("sm_90a", 128, int8, 256) and not widens("sm_90a", 128, int8, 255)
     assert not widens("sm_90a", 128, KVVariant.BF16, 531) and not widens("sm_90a", 64, int8, 531)
     assert not widens("sm_120a", 128, int8, 531) and not widens("sm_90a", 128, int8, 531, wgmma=False)
@@ -458,22 +459,22 @@ def test_int8_kv_is_widened_only_on_sm_90a_for_chunks_of_256_rows_or_more() -> N
 def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_long_chunk() -> None:
     # qwen3-8b: 32 q heads, 8 kv heads -> 32 chunk rows per 128-row tile; 2 blocks per SM on an H200 (255
     # registers, 69.5 KiB of shared memory; registers decide)
-    capacity = plan.prefill_workspace_blocks(H200_SMS)
-    blocks = plan.prefill_grid_blocks(531, 1, 32, 8, 128)
+    capacity = prefill_plan.prefill_workspace_blocks(H200_SMS)
+    blocks = prefill_plan.prefill_grid_blocks(531, 1, 32, 8, 128)
     assert blocks == 17 * 8
-    splits = plan.prefill_num_splits(blocks, H200_SMS, 2, 114_812, capacity)
+    splits = prefill_plan.prefill_num_splits(blocks, H200_SMS, 2, 114_812, capacity)
     assert 4 <= splits and blocks * splits <= capacity
     waves = blocks * splits / (H200_SMS * 2)
     assert waves / np.ceil(waves) > 0.85
     # the workspace: capacity blocks of 128 rows (138 MB at head_dim 128 on an H200)
-    assert plan.prefill_workspace_bytes(capacity, 128) == (capacity * 128 * 128 * 4, capacity * 128 * 2 * 4)
-    long_chunk = plan.prefill_grid_blocks(4096, 1, 32, 8, 128)
-    assert plan.prefill_num_splits(long_chunk, H200_SMS, RESIDENT, 32768, capacity) == 1
+    assert prefill_plan.prefill_workspace_bytes(capacity, 128) == (capacity * 128 * 128 * 4, capacity * 128 * 2 * 4)
+    long_chunk = prefill_plan.prefill_grid_blocks(4096, 1, 32, 8, 128)
+    assert prefill_plan.prefill_num_splits(long_chunk, H200_SMS, RESIDENT, 32768, capacity) == 1
     # a short context keeps 4 pages per split
-    assert plan.prefill_num_splits(blocks, H200_SMS, RESIDENT, 531, capacity) <= 2
-    assert plan.prefill_tile_queries(40, 8, 128) == 25  # GQA 5: 125 of 128 rows used
+    assert prefill_plan.prefill_num_splits(blocks, H200_SMS, RESIDENT, 531, capacity) <= 2
+    assert prefill_plan.prefill_tile_queries(40, 8, 128) == 25  # GQA 5: 125 of 128 rows used
     with pytest.raises(ValueError, match="exceeds"):
-        plan.prefill_tile_queries(256, 1, 128)
+        prefill_plan.prefill_tile_queries(256, 1, 128)
 
 
 def test_the_scratch_of_a_shape_is_allocated_once_and_reused() -> None:
@@ -499,7 +500,7 @@ def test_wrappers_refuse_bad_geometry_before_launching() -> None:
     lib, step = RecordingLibrary(), logical_step([1], [100])
     layer = step.kv.layers[0]
     kv = PagedKV(layer.k, layer.v)
-    one_split = plan.PrefillPlan(plan.prefill_kernel("sm_90a", 128, KVVariant.BF16), 4, 1, 2 * PAGE)
+    one_split = prefill_plan.PrefillPlan(prefill_plan.prefill_kernel("sm_90a", 128, KVVariant.BF16), 4, 1, 2 * PAGE)
     prefill_step = attention_step(step, [100])
     for heads, match in (((12, 8, 128), "multiple"), ((16, 4, 96), "head_dim 96")):
         with pytest.raises(ValueError, match=match):

@@ -32,7 +32,8 @@ from gpu_session import POISON, OneStream
 
 from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda import attention_plan as plan
-from ninfer_rt.cuda.attention_ops import (
+from ninfer_rt.cuda import attention_prefill_plan as prefill_plan
+from ninfer_rt.cuda.attention_buffers import (
     STEP_INPUT_NAMES,
     AttentionStep,
     DecodeWorkspace,
@@ -41,7 +42,7 @@ from ninfer_rt.cuda.attention_ops import (
     StepInputs,
     WidenedKV,
 )
-from ninfer_rt.cuda.attention_ops import PagedKV as DevicePages
+from ninfer_rt.cuda.attention_buffers import PagedKV as DevicePages
 from ninfer_rt.cuda.attention_plan import KVVariant
 from ninfer_rt.cuda.memory import StagingRing
 from ninfer_rt.exec.cuda_attention import AttentionBackend
@@ -290,11 +291,11 @@ def test_decode_attention_long_context_fills_many_splits(gpu: Gpu) -> None:
 
 def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, wgmma: bool | None = None) -> int:
     """The split count prefill_attention picks for this batch on this GPU (its default path)."""
-    blocks = plan.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv, d)
-    resident = attention_ops.prefill_blocks_per_sm(gpu.lib, plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kv_dtype), wgmma))
+    blocks = prefill_plan.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv, d)
+    resident = attention_ops.prefill_blocks_per_sm(gpu.lib, prefill_plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kv_dtype), wgmma))
     sm_count = gpu.lib.device.sm_count
-    return plan.prefill_num_splits(
-        blocks, sm_count, resident, int(batch.context_lens.max()), plan.prefill_workspace_blocks(sm_count)
+    return prefill_plan.prefill_num_splits(
+        blocks, sm_count, resident, int(batch.context_lens.max()), prefill_plan.prefill_workspace_blocks(sm_count)
     )
 
 
@@ -311,21 +312,21 @@ def run_prefill(
     q = rng.standard_normal((batch.num_rows, hq, d)).astype(BF16)
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
     longest = int(batch.query_lens.max())
-    widened = plan.prefill_widens(gpu.lib.target_arch, d, KVVariant(kv_dtype), longest, wgmma) if widen is None else widen
+    widened = prefill_plan.prefill_widens(gpu.lib.target_arch, d, KVVariant(kv_dtype), longest, wgmma) if widen is None else widen
     kind = "widened" if widened else kv_dtype
     splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kind, wgmma)
-    blocks = plan.prefill_grid_blocks(longest, len(batch.query_lens), hq, hkv, d) * splits
-    workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in plan.prefill_workspace_bytes(blocks, d)))
-    kernel = plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kind), wgmma)
+    blocks = prefill_plan.prefill_grid_blocks(longest, len(batch.query_lens), hq, hkv, d) * splits
+    workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in prefill_plan.prefill_workspace_bytes(blocks, d)))
+    kernel = prefill_plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kind), wgmma)
     print(f"prefill: {'widen_int8_kv + ' if widened else ''}{kernel.spec.name}, {splits} split(s), {blocks} blocks")
     shape, step, pages = shape_of(hq, hkv, d), gpu.step(batch), gpu.kv_layer(k, v)
     context = batch.block_tables.shape[1] * PAGE  # the widening walks the block table's width, as the executor's
     if widened:
-        capacity = plan.widening_pages(shape, step.query_lens, context)
+        capacity = prefill_plan.widening_pages(shape, step.query_lens, context)
         widened_pages = WidenedKV.allocate(gpu.streams, hkv, d, capacity, step.inputs.block_tables.nbytes)
         attention_ops.widen_int8_kv(gpu.lib, gpu.stream, step, shape, pages, widened_pages, context)
         pages = widened_pages
-    prefill = plan.PrefillPlan(kernel, plan.prefill_tiles(shape, step.query_lens), splits, context)
+    prefill = prefill_plan.PrefillPlan(kernel, prefill_plan.prefill_tiles(shape, step.query_lens), splits, context)
     attention_ops.prefill_attention(gpu.lib, gpu.stream, step, shape, gpu.upload(q), out, pages, prefill, workspace)
     # int8: the int8 kernels multiply the exact int8 values and apply the scales in f32 (their headers), the widened
     # path the dequantized values rounded to f16 (kv_widen.cu); the reference is the dequantized values themselves.
@@ -360,7 +361,7 @@ def test_prefill_attention_portable_kernel_matches_float64(gpu: Gpu, chunk: int,
 
 
 def sm90_only(gpu: Gpu) -> None:
-    if not plan.prefill_wgmma_applies(gpu.lib.target_arch, 128):
+    if not prefill_plan.prefill_wgmma_applies(gpu.lib.target_arch, 128):
         pytest.skip(f"int8 KV is widened on sm_90a only (this GPU: {gpu.lib.target_arch})")
 
 
@@ -427,7 +428,7 @@ D256_CASES = [(9, 9), (100, 100), (65, 1000), (130, 4097), (257, 2113), (531, 12
 
 
 def require_shared_memory(gpu: Gpu, d: int, kv_dtype: str) -> None:
-    smem = plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kv_dtype)).smem
+    smem = prefill_plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kv_dtype)).smem
     if smem > gpu.lib.device.max_shared_memory_per_block_optin:
         pytest.skip(f"prefill d{d} {kv_dtype}: {smem} bytes of shared memory, this GPU's blocks take {gpu.lib.device.max_shared_memory_per_block_optin}")
 

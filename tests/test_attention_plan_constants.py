@@ -1,5 +1,6 @@
-"""attention_plan's constants are the kernels' own: each is read from the `constexpr int` that defines it in
-kernels_src, so a kernel change that is not mirrored in the host-side geometry fails here, on the CPU."""
+"""attention_plan's and attention_prefill_plan's constants are the kernels' own: each is read from the
+`constexpr int` that defines it in kernels_src, so a kernel change that is not mirrored in the host-side
+geometry fails here, on the CPU."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from kernel_source import KERNELS, constexpr_int
 
 from ninfer_rt.cuda import attention_plan as plan
+from ninfer_rt.cuda import attention_prefill_plan as prefill_plan
 
 # (source file, constexpr name, the Python constant it must equal)
 MIRRORED = [
@@ -18,15 +20,15 @@ MIRRORED = [
     ("decode_attention.cu", "kRowsPerBlock", plan.DECODE_ROWS_PER_BLOCK),
     ("decode_attention.cu", "kMaxSplits", plan.MAX_SPLITS),
     ("prefill_attention.cu", "kPrefillThreads", plan.THREADS),
-    ("prefill_attention.cu", "kCombineRows", plan.PREFILL_COMBINE_ROWS),
-    ("prefill_common.cuh", "kFlashRows", plan.PREFILL_TILE_ROWS),
-    ("prefill_common.cuh", "kFlashRowsD256", plan.PREFILL_TILE_ROWS_D256),
-    ("prefill_attention_sm90.cu", "kBlockThreads", plan.PREFILL_SM90_BF16_THREADS),
-    ("prefill_attention_sm90_int8.cu", "kBlockThreads", plan.PREFILL_SM90_INT8_THREADS),
-    ("prefill_attention_sm90_int8.cu", "kStages", plan.PREFILL_SM90_INT8_STAGES),
-    ("prefill_attention_sm90_int8.cu", "kLookahead", plan.PREFILL_SM90_INT8_LOOKAHEAD),
+    ("prefill_attention.cu", "kCombineRows", prefill_plan.PREFILL_COMBINE_ROWS),
+    ("prefill_common.cuh", "kFlashRows", prefill_plan.PREFILL_TILE_ROWS),
+    ("prefill_common.cuh", "kFlashRowsD256", prefill_plan.PREFILL_TILE_ROWS_D256),
+    ("prefill_attention_sm90.cu", "kBlockThreads", prefill_plan.PREFILL_SM90_BF16_THREADS),
+    ("prefill_attention_sm90_int8.cu", "kBlockThreads", prefill_plan.PREFILL_SM90_INT8_THREADS),
+    ("prefill_attention_sm90_int8.cu", "kStages", prefill_plan.PREFILL_SM90_INT8_STAGES),
+    ("prefill_attention_sm90_int8.cu", "kLookahead", prefill_plan.PREFILL_SM90_INT8_LOOKAHEAD),
     ("rope_kv.cu", "kRopeWarps", plan.ROPE_HEADS_PER_BLOCK),
-    ("kv_widen.cu", "kWidenThreads", plan.WIDEN_THREADS),
+    ("kv_widen.cu", "kWidenThreads", prefill_plan.WIDEN_THREADS),
 ]
 
 
@@ -49,7 +51,7 @@ def test_the_prefill_tile_rows_per_head_dim_are_the_kernels() -> None:
     # prefill_attention.cu: kTileRows<D> is kFlashRowsD256 at D = 256, else kFlashRows; so is prefill_tile_rows
     text = (KERNELS / "prefill_attention.cu").read_text()
     assert re.search(r"^constexpr int kTileRows = D == 256 \? kFlashRowsD256 : kFlashRows;", text, flags=re.MULTILINE)
-    assert [plan.prefill_tile_rows(d) for d in plan.PREFILL_HEAD_DIMS] == [128, 128, 64]
+    assert [prefill_plan.prefill_tile_rows(d) for d in prefill_plan.PREFILL_HEAD_DIMS] == [128, 128, 64]
 
 
 @pytest.mark.parametrize(
@@ -57,7 +59,7 @@ def test_the_prefill_tile_rows_per_head_dim_are_the_kernels() -> None:
     [
         ("rope_kv.cu", "ROPE_KV_KERNEL", plan.ROPE_HEAD_DIMS),
         ("decode_attention.cu", "DECODE_KERNEL", plan.DECODE_HEAD_DIMS),
-        ("prefill_attention.cu", "PREFILL_KERNEL", plan.PREFILL_HEAD_DIMS),
+        ("prefill_attention.cu", "PREFILL_KERNEL", prefill_plan.PREFILL_HEAD_DIMS),
     ],
 )
 def test_head_dims_are_the_instantiated_ones(source: str, macro: str, dims: tuple[int, ...]) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.serve.chat import ChatTemplate, ChatTemplateError
-from ninfer_rt.serve.parsing import OutputParser, message_fields
+from ninfer_rt.serve.parsed_reply import message_fields
+from ninfer_rt.serve.parsing import OutputParser
 from ninfer_rt.serve.protocol import ChatMessage
 
 TOOLS = [

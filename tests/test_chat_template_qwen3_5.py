@@ -18,7 +18,8 @@ from test_serve_tools import ScriptedBackend
 from ninfer_rt.model.tokenizer import Tokenizer
 from ninfer_rt.serve.app import ServeConfig, create_app
 from ninfer_rt.serve.chat import ChatTemplate, ChatTemplateError
-from ninfer_rt.serve.parsing import OutputParser, message_fields
+from ninfer_rt.serve.parsed_reply import message_fields
+from ninfer_rt.serve.parsing import OutputParser
 from ninfer_rt.serve.protocol import ChatMessage
 
 TEMPLATE_SOURCE = (Path(__file__).parent / "fixtures" / "qwen3_6_chat_template.jinja").read_text()

@@ -12,7 +12,8 @@ from gpu_session import POISON, OneStream
 
 from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda import attention_plan as plan
-from ninfer_rt.cuda.attention_ops import AttentionStep, PagedKV, StepInputs, WidenedKV
+from ninfer_rt.cuda import attention_prefill_plan as prefill_plan
+from ninfer_rt.cuda.attention_buffers import AttentionStep, PagedKV, StepInputs, WidenedKV
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.cuda_exec import CudaExecutor
@@ -110,14 +111,14 @@ def test_an_executor_reserves_the_widening_buffers_before_the_kv_cache_is_sized(
     # long int8 prefill step later finds them instead of allocating
     streams = StreamSet(open_device(0))
     executor = CudaExecutor(streams, max_tokens=512, max_seqs=4, max_pages_per_seq=100, max_positions=6400)
-    if not plan.prefill_wgmma_applies(executor.library.target_arch, D):
+    if not prefill_plan.prefill_wgmma_applies(executor.library.target_arch, D):
         pytest.skip(f"int8 KV is widened on sm_90a only (this GPU: {executor.library.target_arch})")
     shape = AttentionShape(HQ, HKV, D, 1e-6)
     free = streams.device.free_memory()
     executor.reserve_attention(shape, KVDtype.INT8)
     allocated = free - streams.device.free_memory()
     reserved = executor.attention_backend.widened_kv(shape)
-    assert reserved.capacity == plan.PREFILL_WIDEN_SEQUENCES * 100
+    assert reserved.capacity == prefill_plan.PREFILL_WIDEN_SEQUENCES * 100
     assert reserved.tables.nbytes == 4 * 4 * 100  # the executor's widest block table: 4 sequences of 100 pages
     assert allocated >= 2 * reserved.capacity * 64 * HKV * D * 2
     executor.reserve_attention(shape, KVDtype.INT8)  # idempotent

@@ -6,11 +6,10 @@ import json
 
 import pytest
 
+from ninfer_rt.serve.parsed_reply import ParsedDelta, message_fields
 from ninfer_rt.serve.parsing import (
     OutputParser,
     forced_call_prefill,
-    message_fields,
-    ParsedDelta,
     parse_complete,
     prompt_closes_reasoning,
     prompt_opens_reasoning,

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, forced_call_prefill, message_fields, parse_complete
+from ninfer_rt.serve.parsed_reply import ParsedDelta, message_fields
+from ninfer_rt.serve.parsing import OutputParser, forced_call_prefill, parse_complete
 from ninfer_rt.serve.tool_call_syntax import JsonToolCalls, tool_call_syntax
 from ninfer_rt.serve.tool_calls_xml import XmlToolCalls, typed_value
 

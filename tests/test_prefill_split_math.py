@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from attention_refs import PAGE, make_batch, make_pages, paged_attention_ref
-from ninfer_rt.cuda import attention_plan
+from ninfer_rt.cuda import attention_plan, attention_prefill_plan
 
 LOG2E = 1.4426950408889634
 
@@ -118,7 +118,7 @@ def emulate(q, k_pages, v_pages, batch, scale, num_splits, tile_rows):
 def test_split_and_merge_equal_unsplit_attention(hq: int, hkv: int, head_dim: int, num_splits: int) -> None:
     # the kernel's tile rows at head_dim (64 at 256: GQA 6 fills 60 of them); the dims themselves are 32 here,
     # the index math does not depend on them
-    tile_rows = attention_plan.prefill_tile_rows(head_dim)
+    tile_rows = attention_prefill_plan.prefill_tile_rows(head_dim)
     rng = np.random.default_rng(hq * 100 + num_splits)
     batch = make_batch(rng, [70, 3, 130, 20], [70, 500, 1100, 700])
     slots = batch.all_slots()

@@ -1,5 +1,6 @@
 """Request intake: the body size limit (413, enforced while the body streams in) and the event loop kept
-free while big requests are decoded, templated and tokenized in the intake workers."""
+free while big requests are decoded, templated and tokenized in the intake workers: /health keeps its
+latency and another lane's stream its pace."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import free_port, wait_healthy
+from server_helpers import serving_process
+from test_default_model import needs_shipped_model
 from test_serve_errors import GOOD, assert_error, assert_still_serving
 from test_serve_http import MAX_CONTEXT, MODEL, Server, running_server
 
 from ninfer_rt.serve.intake import default_max_body_bytes, spool_dir
+from ninfer_rt.shipped import default_model_dir
 
 LIMIT = 4096
 
@@ -82,62 +86,100 @@ def test_anthropic_routes_get_anthropic_shaped_413s(server: Server) -> None:
 
 
 # -- the event loop stays responsive -------------------------------------------------------------------
+# The server and the probes run in processes of their own, as in production: neither this process's threads
+# (sending the bodies) nor its garbage collector can stand between a probe and what it times.
 
 P99_BUDGET_S = 0.050
 HEALTH_PROBE = Path(__file__).with_name("health_probe.py")
+STREAM_PROBE = Path(__file__).with_name("stream_probe.py")
+BODY_LIMIT_FLAGS = ("--max-body-bytes", str(64 * 2**20))
+
+
+def huge_bodies() -> list[tuple[str, bytes]]:
+    """25 MB of prompt token ids (decoded and validated in a worker) and a 115k-token chat message (templated
+    and tokenized in one): both longer than any context here, so both are refused once taken in."""
+    ids = b", ".join(b"%d" % (i % 200 + 1) for i in range(25 * 10**6 // 4))
+    huge = b'{"model": "tiny", "max_tokens": 1, "prompt": [' + ids + b"]}"
+    assert len(huge) > 25 * 10**6
+    words = b"word " * 115_000
+    long_text = b'{"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "' + words + b'"}]}'
+    return [("/v1/completions", huge), ("/v1/chat/completions", long_text)]
+
+
+def send_all(url: str, bodies: list[tuple[str, bytes]]) -> list[int]:
+    """The bodies posted at once, one thread each; their statuses."""
+    statuses = [0] * len(bodies)
+
+    def send(index: int) -> None:
+        route, body = bodies[index]
+        headers = {"content-type": "application/json"}
+        statuses[index] = httpx.post(url + route, content=body, headers=headers, timeout=120).status_code
+
+    senders = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join()
+    return statuses
+
+
+@contextmanager
+def probing(*args: str) -> Iterator[list[float]]:
+    """A probe script run in its own process from the moment it says it has started until the block ends;
+    the list yielded holds its figures once the block has ended."""
+    figures: list[float] = []
+    prober = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert prober.stdout is not None
+        assert prober.stdout.readline().strip() == "ready"
+        yield figures
+        output, _ = prober.communicate("stop\n", timeout=60)
+        figures.extend(json.loads(output))
+    finally:
+        prober.kill()
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def test_health_keeps_its_latency_while_huge_requests_are_taken_in(tiny_qwen3: Path) -> None:
-    # The server and the prober run in processes of their own, as in production: neither this process's
-    # threads (sending the bodies) nor its garbage collector can stand between a probe and its answer.
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ninfer_rt.serve", "--model", str(tiny_qwen3), "--device", "cpu", "--port", str(port),
-         "--served-model-name", MODEL, "--kv-capacity", "64", "--max-context", str(MAX_CONTEXT),
-         "--max-body-bytes", str(64 * 2**20), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url)
-        # 25 MB of prompt token ids (decoded and validated in a worker), and a 100k-token text to tokenize
-        ids = b", ".join(b"%d" % (i % 200 + 1) for i in range(25 * 10**6 // 4))
-        huge = b'{"model": "tiny", "max_tokens": 1, "prompt": [' + ids + b"]}"
-        long_text = b'{"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "' + b"word " * 100_000 + b'"}]}'
-        assert len(huge) > 25 * 10**6
-        latencies, statuses = _probe_while(url, [huge, long_text])
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-    p99 = statistics.quantiles(latencies, n=100, method="inclusive")[98]
+    bodies = huge_bodies()
+    flags = ("--model", str(tiny_qwen3), "--served-model-name", MODEL, "--kv-capacity", "64", "--max-context", str(MAX_CONTEXT))
+    with serving_process(*flags, *BODY_LIMIT_FLAGS) as url:
+        with probing(str(HEALTH_PROBE), url) as latencies:  # from before the bodies are sent
+            statuses = send_all(url, bodies)
+            time.sleep(1.0)  # until a second after both were answered
     print(f"/health over {len(latencies)} probes: median {statistics.median(latencies) * 1000:.1f} ms, "
-          f"p99 {p99 * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms")
-    assert statuses == [400, 400]  # both longer than the context: refused once taken in
-    assert p99 < P99_BUDGET_S
+          f"p99 {p99(latencies) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms")
+    assert statuses == [400, 400]
+    assert p99(latencies) < P99_BUDGET_S
 
 
-def _probe_while(url: str, bodies: list[bytes]) -> tuple[list[float], list[int]]:
-    """/health latencies, probed (tests/health_probe.py) from before the bodies are sent until a second
-    after both were answered; and the bodies' statuses."""
-    statuses: list[int] = [0] * len(bodies)
+STREAM_TOKENS = 4000  # the shipped model's 4096-token context less the prompt: longer than baseline and intake
+BASELINE_S = 3.0
 
-    def send(index: int) -> None:
-        headers = {"content-type": "application/json"}
-        statuses[index] = httpx.post(url + "/v1/" + ("completions", "chat/completions")[index], content=bodies[index],
-                                     headers=headers, timeout=120).status_code
 
-    prober = subprocess.Popen([sys.executable, str(HEALTH_PROBE), url], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert prober.stdout is not None and prober.stdin is not None
-        assert prober.stdout.readline().strip() == "ready"
-        senders = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
-        for sender in senders:
-            sender.start()
-        for sender in senders:
-            sender.join()
-        time.sleep(1.0)
-        output, _ = prober.communicate("stop\n", timeout=60)
-    finally:
-        prober.kill()
-    return json.loads(output), statuses
+@needs_shipped_model
+def test_a_streaming_reply_keeps_its_pace_while_huge_requests_are_taken_in() -> None:
+    # Lane A streams a long completion; lane B posts the huge bodies meanwhile. Lane A's gaps before they are
+    # sent are its baseline; its gaps while they are taken in must stay near it.
+    bodies = huge_bodies()
+    with serving_process("--model", str(default_model_dir()), "--served-model-name", MODEL, *BODY_LIMIT_FLAGS) as url:
+        with probing(str(STREAM_PROBE), url, MODEL, str(STREAM_TOKENS)) as arrivals:
+            time.sleep(BASELINE_S)
+            intake_start = time.monotonic()
+            statuses = send_all(url, bodies)
+            intake_end = time.monotonic()
+    gaps = list(zip(arrivals, arrivals[1:]))
+    baseline = [end - start for start, end in gaps if end < intake_start]
+    # every gap the intake overlaps: a stall that lasts until the bodies are answered ends after intake_end
+    during = [end - start for start, end in gaps if end >= intake_start and start <= intake_end]
+    bound = max(3 * p99(baseline), p99(baseline) + 0.050)
+    print(f"lane A's gaps: baseline ({len(baseline)}) median {statistics.median(baseline) * 1000:.1f} ms, "
+          f"p99 {p99(baseline) * 1000:.1f} ms; during {intake_end - intake_start:.1f} s of intake ({len(during)}) "
+          f"median {statistics.median(during) * 1000:.1f} ms, p99 {p99(during) * 1000:.1f} ms, "
+          f"max {max(during) * 1000:.1f} ms; bound {bound * 1000:.1f} ms")
+    assert statuses == [400, 400]
+    assert arrivals[-1] > intake_end, "lane A's stream ended before the intake did"
+    assert p99(during) < bound

@@ -221,7 +221,7 @@ def test_the_hybrid_checkpoint_is_a_qwen3_5_text_model_of_three_linear_to_one_fu
 
 
 def test_the_full_hybrid_is_in_the_dense_models_size_class_with_shapes_the_cuda_kernels_run() -> None:
-    from ninfer_rt.cuda.attention_plan import PREFILL_HEAD_DIMS
+    from ninfer_rt.cuda.attention_prefill_plan import PREFILL_HEAD_DIMS
     from ninfer_rt.cuda.linear_attn_ops import GdnHeads
 
     hybrid = trainer.ARCHITECTURES["qwen3_5"]()

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ninfer_rt.cuda import attention_ops, ops
-from ninfer_rt.cuda.attention_ops import (
+from ninfer_rt.cuda.attention_buffers import (
     STEP_INPUT_NAMES,
     AttentionStep,
     DecodeWorkspace,
@@ -39,7 +39,6 @@ from ninfer_rt.cuda.attention_plan import (
     DecodePlan,
     Heads,
     KVVariant,
-    PrefillPlan,
     decode_lens,
     decode_max_queries,
     decode_plan,
@@ -47,6 +46,9 @@ from ninfer_rt.cuda.attention_plan import (
     decode_spec,
     decode_workspace_bytes,
     has_prefill,
+)
+from ninfer_rt.cuda.attention_prefill_plan import (
+    PrefillPlan,
     prefill_kernel,
     prefill_num_splits,
     prefill_tiles,
@@ -134,7 +136,7 @@ class AttentionBackend(CaptureGuard):
     # -- reservation and capture ---------------------------------------------------------------------------
 
     def reserve(self, heads: Heads, kv_dtype: KVDtype) -> None:
-        """The widening buffers, where long int8 prefill steps widen (attention_plan.prefill_widens)."""
+        """The widening buffers, where long int8 prefill steps widen (attention_prefill_plan.prefill_widens)."""
         if prefill_widening_applies(self.library.target_arch, heads.head_dim, kv_variant(kv_dtype)):
             self.widened_kv(heads)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ninfer_rt.cuda import attention_ops, attention_plan
-from ninfer_rt.cuda.attention_ops import AttentionStep, DecodeWorkspace, PagedKV, PrefillWorkspace, RopeArgs, StepInputs, WidenedKV
-from ninfer_rt.cuda.attention_plan import PAGE_SIZE, KVVariant, PrefillPlan
+from ninfer_rt.cuda import attention_ops, attention_plan, attention_prefill_plan
+from ninfer_rt.cuda.attention_buffers import AttentionStep, DecodeWorkspace, PagedKV, PrefillWorkspace, RopeArgs, StepInputs, WidenedKV
+from ninfer_rt.cuda.attention_plan import PAGE_SIZE, KVVariant
+from ninfer_rt.cuda.attention_prefill_plan import PrefillPlan
 from ninfer_rt.cuda.benchmark import BenchSession, Measurement, cold_copies
 from ninfer_rt.kernel_dev.cases import BF16, EPS, F32, Shape, attention_shape, row_cases
 from ninfer_rt.model.executor import AttentionShape
@@ -125,12 +126,12 @@ def bench_prefill_attention(
     arch = s.lib.target_arch
     results = []
     for kv_dtype in kv_kinds:
-        own = attention_plan.prefill_kernel(arch, d, kv_dtype) != attention_plan.prefill_kernel(arch, d, kv_dtype, wgmma=False)
+        own = attention_prefill_plan.prefill_kernel(arch, d, kv_dtype) != attention_prefill_plan.prefill_kernel(arch, d, kv_dtype, wgmma=False)
         for chunk, context in cases:
             prefill = _PrefillCase(s, attn, chunk, context, kv_dtype)
             for wgmma in (None, False) if own else (None,):
                 results += prefill.measure(wgmma, unsplit, widen=False)
-            if attention_plan.prefill_widens(arch, d, kv_dtype, attention_plan.PREFILL_WIDEN_MIN_QUERIES):
+            if attention_prefill_plan.prefill_widens(arch, d, kv_dtype, attention_prefill_plan.PREFILL_WIDEN_MIN_QUERIES):
                 results += prefill.measure(None, unsplit, widen=True)
             s.release()
     return results
@@ -152,17 +153,17 @@ class _PrefillCase:
         at the split count the executor would use (and, with `unsplit`, at one split too); the workspace and
         the widening buffers are made here, as graph capture must not allocate."""
         s, attn, d = self.s, self.attn, self.attn.head_dim
-        kernel = attention_plan.prefill_kernel(s.lib.target_arch, d, KVVariant.WIDENED if widen else self.kv_dtype, wgmma)
-        blocks = attention_plan.prefill_grid_blocks(self.chunk, 1, attn.num_heads, attn.num_kv_heads, d)
+        kernel = attention_prefill_plan.prefill_kernel(s.lib.target_arch, d, KVVariant.WIDENED if widen else self.kv_dtype, wgmma)
+        blocks = attention_prefill_plan.prefill_grid_blocks(self.chunk, 1, attn.num_heads, attn.num_kv_heads, d)
         resident = attention_ops.prefill_blocks_per_sm(s.lib, kernel)
-        splits = attention_plan.prefill_num_splits(
-            blocks, s.device.sm_count, resident, self.context, attention_plan.prefill_workspace_blocks(s.device.sm_count)
+        splits = attention_prefill_plan.prefill_num_splits(
+            blocks, s.device.sm_count, resident, self.context, attention_prefill_plan.prefill_workspace_blocks(s.device.sm_count)
         )
         step = AttentionStep(self.inputs, (self.chunk,), self.pages)
         widened = _widening_buffers(s, attn, self.pages, self.inputs) if widen else None
         results = []
         for num_splits in (splits, 1) if splits > 1 and unsplit else (splits,):
-            acc, ml = attention_plan.prefill_workspace_bytes(blocks * num_splits, d)
+            acc, ml = attention_prefill_plan.prefill_workspace_bytes(blocks * num_splits, d)
             workspace = PrefillWorkspace(s.filled(acc, "partial_acc"), s.filled(ml, "partial_ml")) if num_splits > 1 else None
             prefill = PrefillPlan(kernel, blocks // attn.num_kv_heads, num_splits, self.context)
 
@@ -190,7 +191,7 @@ class _PrefillCase:
 
 def _widening_buffers(s: BenchSession, attn: AttentionShape, pages: int, inputs: StepInputs) -> WidenedKV:
     """Widening buffers for one sequence of `pages` pages, released with the case's other buffers."""
-    values = pages * attention_plan.widened_page_bytes(attn.num_kv_heads, attn.head_dim) // 2
+    values = pages * attention_prefill_plan.widened_page_bytes(attn.num_kv_heads, attn.head_dim) // 2
     return WidenedKV(s.filled(values, "widened_k"), s.filled(values, "widened_v"), s.filled(inputs.block_tables.nbytes, "widened_tables"), pages)
 
 
@@ -202,15 +203,15 @@ def bench_kv_widen(s: BenchSession, shape: Shape, contexts: tuple[int, ...] = (8
     for context in contexts:
         pages = -(-context // PAGE_SIZE)
         layers = _kv_layers(s, attn, pages, KVVariant.INT8)
-        inputs = _step_inputs(s, [attention_plan.PREFILL_WIDEN_MIN_QUERIES], context, pages)
-        step = AttentionStep(inputs, (attention_plan.PREFILL_WIDEN_MIN_QUERIES,), pages)
+        inputs = _step_inputs(s, [attention_prefill_plan.PREFILL_WIDEN_MIN_QUERIES], context, pages)
+        step = AttentionStep(inputs, (attention_prefill_plan.PREFILL_WIDEN_MIN_QUERIES,), pages)
         widened = _widening_buffers(s, attn, pages, inputs)
 
         def launch(i: int) -> None:
             attention_ops.widen_int8_kv(s.lib, s.stream, step, attn, layers[i % len(layers)], widened, context)
 
         seconds = s.time(launch, len(layers))
-        moved = kv_bytes(attn, pages * PAGE_SIZE, KVVariant.INT8) + pages * attention_plan.widened_page_bytes(hkv, d)
-        results.append(Measurement(attention_plan.WIDEN_INT8_KV.name, f"context={context}", seconds, moved))
+        moved = kv_bytes(attn, pages * PAGE_SIZE, KVVariant.INT8) + pages * attention_prefill_plan.widened_page_bytes(hkv, d)
+        results.append(Measurement(attention_prefill_plan.WIDEN_INT8_KV.name, f"context={context}", seconds, moved))
         s.release()
     return results

@@ -19,7 +19,7 @@ from typing import Any
 from ninfer_rt.engine.output import RequestOutput, RequestStats
 from ninfer_rt.serve.errors import anthropic_body
 from ninfer_rt.serve.jobs import ChatJob, sse_event
-from ninfer_rt.serve.parsing import ParsedDelta, ToolCallDelta
+from ninfer_rt.serve.parsed_reply import ParsedDelta, ToolCallDelta
 from ninfer_rt.serve.protocol import APIError
 
 

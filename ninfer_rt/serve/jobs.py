@@ -15,7 +15,8 @@ from typing import Any
 from ninfer_rt.engine.output import RequestOutput, RequestStats
 from ninfer_rt.engine.sampling import TokenLogprobs
 from ninfer_rt.model.tokenizer import Tokenizer
-from ninfer_rt.serve.parsing import OutputParser, ParsedDelta, message_fields
+from ninfer_rt.serve.parsed_reply import ParsedDelta, message_fields
+from ninfer_rt.serve.parsing import OutputParser
 from ninfer_rt.serve.prepare import Prepared
 from ninfer_rt.serve.protocol import APIError
 from ninfer_rt.serve.state import Generation
