@@ -33,9 +33,10 @@
 // Main loop over the K / KC columns, one barrier a column: stage c + kStages - 1's cp.async copies (weights,
 // scales, x; tokens past M and octets past the weight zero-filled) fly while column c is computed. The first
 // stages' weights and scales are copied before grid_dependency_wait (immutable), x only after it. Per column
-// a warp reads its 4 chunks from shared memory and dequantizes its whole column of A fragments; then for
-// each kChains n8 tiles of tokens and each segment: part = the segment's runs (B fragments from shared
-// memory, 2 mmas a run per octet pair and n8 tile: 4 independent accumulators), acc += scale * part.
+// and segment a warp reads its 4 chunks from shared memory and dequantizes the segment's A fragments (the
+// whole column when G >= KC); then for each kChains n8 tiles of tokens: part = the segment's runs (B
+// fragments from shared memory, 2 mmas a run per octet pair and n8 tile: 4 independent accumulators),
+// acc += scale * part.
 // Epilogue: each lane stores its accumulators (rows g and g + 8 of each pair, tokens 2t and 2t + 1 of each n8
 // tile) where the row is < N and the token < M. A warp whose pairs are all past the weight only copies.
 //
@@ -45,13 +46,14 @@
 // - Each B fragment (one 16-byte shared load for two mmas) feeds both octet pairs of the warp: 128 bytes of
 //   shared memory per mma, about one clock at 128 B/clk, near mma.sync's issue rate. One pair per warp would
 //   need twice that.
-// - The segment sums need a second accumulator per output; holding the column's A fragments (int4: 64
-//   registers) and a part for kChains n8 tiles beats a part for every n8 tile. ~190 registers, one block of
-//   8 warps per SM (4 independent mma chains per warp).
-// - 256 rows x 64 tokens bring 16 KB of int4 weights and 16 KB of x per column from L2 for 1024 mmas, 32 B
+// - The segment sums need a second accumulator per output; holding a segment's A fragments (int4 g128: the
+//   column, 64 registers) and a part for kChains n8 tiles beats a part for every n8 tile. ptxas gives the
+//   64-token kernels 208-255 registers (docs/findings.md): one block of 8 warps per SM, each warp with 4
+//   independent mma chains.
+// - 256 rows x 64 tokens bring 16 KiB of int4 weights and 16 KiB of x per column from L2 for 1024 mmas, 32 B
 //   per mma; x, 4x the bytes of int4 weights per element, is why the tile is tall rather than wide.
-// - Stages: int4 2 (a column is 8 k16 steps), int8 3 (4 steps, the same bytes of weights): at most 75 KB,
-//   under sm_120's 99 KB per block.
+// - Stages: int4 2 (a column is 8 k16 steps), int8 3 (4 steps, the same bytes of weights): at most 75 KiB,
+//   under sm_120's 99 KiB per block.
 // - T = 32 for M <= 32: such GEMMs are bound by the weight bytes, and a 64-token tile would double the mma
 //   work for nothing.
 #include "quant_common.cuh"
@@ -61,7 +63,7 @@ constexpr int kGemmThreads = 32 * kGemmWarps;
 constexpr int kWarpPairs = 2;                                // octet pairs (16-row mma tiles) per warp
 constexpr int kTileOctets = 2 * kWarpPairs * kGemmWarps;     // 32 octets: 256 weight rows per block
 constexpr int kRasterTiles = 8;                              // row tiles per raster group
-constexpr int kChains = 2;                                   // n8 tiles per pass over a column's A fragments
+constexpr int kChains = 2;                                   // n8 tiles per pass over a segment's A fragments
 
 constexpr int kStagesInt4 = 2;                               // pipeline stages: a column is 8 k16 steps
 constexpr int kStagesInt8 = 3;                               // 4 k16 steps (the same weight bytes)
