@@ -1,5 +1,6 @@
-// Shared helpers for the kernel families: bf16 <-> f32 conversion of 8-element (16-byte) vectors and a
-// block-wide sum. Included by the .cu files as "common.cuh"; its contents are part of the cubin cache key.
+// Shared helpers for the kernel families: bf16 <-> f32 conversion of 8-element (16-byte) vectors, a
+// block-wide sum, cp.async copies into shared memory and the programmatic dependent launch prologue.
+// Included by the .cu files as "common.cuh"; its contents are part of the cubin cache key.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -47,6 +48,32 @@ __forceinline__ float block_sum(float value) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
     return value;
+}
+
+// 16-byte global -> shared copy that bypasses the registers. With `valid` false nothing is read and the
+// 16 destination bytes are zero-filled (src-size 0), so keys past the context never bring garbage (NaN
+// bit patterns) into shared memory; `src` must still be a mapped address, callers pass the base pointer.
+__forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_size = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_size));
+}
+
+// 4-byte variant (used for the per-key int8 scales), zero-filled when `valid` is false.
+__forceinline__ void cp_async4(void* smem_dst, const void* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_size = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_size));
+}
+
+__forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending>
+__forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");  // no shared read hoisted above
 }
 
 // Programmatic dependent launch (sm_90 and later; no-ops below, where launches are plain). Kernels are

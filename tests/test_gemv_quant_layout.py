@@ -13,7 +13,7 @@ from ninfer_rt.cuda.quant_ops import WARPS
 from ninfer_rt.quantize.format import BF16, LAYOUT_OCTETS, QuantFormatError, QuantizedWeight, column_inputs
 from ninfer_rt.quantize.layouts import concat_rows, dequantize, device_layout, rows_layout, stack_rows
 from ninfer_rt.quantize.quantizer import quantize
-
+from quant_fragments import bf16_halves, dequant_run, mma_m16n8k16
 
 
 def quantized(seed: int, n: int, k: int, bits: int, group: int) -> QuantizedWeight:
@@ -58,59 +58,6 @@ def test_inputs_not_a_whole_column_are_refused() -> None:
 
 
 # -- the kernel, emulated -------------------------------------------------------------------------------------
-
-
-def bf16_halves(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """uint32 bf16x2 registers -> (low, high) as float64."""
-    words = words.astype(np.uint32)
-    low = ((words & 0xFFFF) << 16).view(np.float32).astype(np.float64)
-    high = (words & 0xFFFF0000).view(np.float32).astype(np.float64)
-    return low, high
-
-
-def bf16x2_fma_exact(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """fma.rn.bf16x2 where every result is exact in bf16 (dequantization): returns the uint32 registers."""
-    out = []
-    for x, y, z in zip(bf16_halves(a), bf16_halves(b), bf16_halves(c)):
-        value = (x * y + z).astype(np.float32)
-        bits = value.view(np.uint32)
-        assert np.all(bits & 0xFFFF == 0), "a dequantized value is not exact in bf16"
-        out.append(bits >> 16)
-    return (out[0] | (out[1] << 16)).astype(np.uint32)
-
-
-def dequant_run(words: np.ndarray, j: int, bits: int) -> list[np.ndarray]:
-    """gemv_quant.cu's dequant_chunk_run for all 32 lanes: chunk words [32, 4] -> 4 bf16x2 registers [32]."""
-    one = np.uint32(0x3F803F80)
-    if bits == 4:
-        word = words[:, j]
-        return [bf16x2_fma_exact(((word >> (4 * s)) & 0x000F000F) | 0x43004300, one, np.uint32(0xC308C308)) for s in range(4)]
-
-    def pair(v: np.ndarray) -> np.ndarray:
-        return bf16x2_fma_exact((v & 0x007F007F) | 0x43004300, one, (v & 0x00800080) ^ 0xC380C380)
-
-    w0, w1 = words[:, 2 * j], words[:, 2 * j + 1]
-    return [pair(w0), pair(w0 >> 8), pair(w1), pair(w1 >> 8)]
-
-
-def mma_m16n8k16(d: np.ndarray, a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
-    """PTX's m16n8k16 .row.col fragments of 32 lanes (a: 4 registers, b: 2, d: [32, 4]) -> d + A @ B."""
-    lane = np.arange(32)
-    g, t = lane // 4, lane % 4
-    A, Bm = np.zeros((16, 16)), np.zeros((16, 8))
-    for reg, (row, col) in enumerate([(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]):
-        low, high = bf16_halves(a[reg])
-        A[row, col], A[row, col + 1] = low, high
-    for reg, row in enumerate([2 * t, 2 * t + 8]):
-        low, high = bf16_halves(b[reg])
-        Bm[row, g], Bm[row + 1, g] = low, high
-    D = A @ Bm
-    out = d.copy()
-    out[:, 0] += D[g, 2 * t]
-    out[:, 1] += D[g, 2 * t + 1]
-    out[:, 2] += D[g + 8, 2 * t]
-    out[:, 3] += D[g + 8, 2 * t + 1]
-    return out
 
 
 def emulate_gemv(x: np.ndarray, w: QuantizedWeight, rows: int, swiglu: bool = False, warps: int = 8) -> np.ndarray:

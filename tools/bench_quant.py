@@ -5,7 +5,13 @@ stays bf16 by default; tools/bench_kernels.py measures it). Timing is ninfer_rt.
 replays of back-to-back launches rotating over weight copies past L2). Appends JSON lines to
 bench/results/quant.jsonl.
 
+--gemm times the prefill GEMM instead, over the 27B's quantized matrices (GEMM_MATRICES) at --rows tokens
+(default 531, the agent turn's new tokens, and 8192): the fused GEMM (gemm_quant.cu, NINFER_QUANT_GEMM=fused)
+against dequantize + cuBLASLt (the default path) and against cuBLASLt alone on the same weight in bf16; the
+"sum" rows add the matrices up. Appends JSON lines to bench/results/quant_gemm.jsonl.
+
     python tools/bench_quant.py --shape qwen3-8b --bits 4,8 --rows 1,2,4,8
+    python tools/bench_quant.py --gemm --bits 4,8 --rows 531,8192
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ from __future__ import annotations
 import argparse
 
 from bench_decode import append_results, print_table, run_info
-from ninfer_rt.cuda import quant_ops
+from ninfer_rt.cuda import gemm_quant_ops, quant_ops
 from ninfer_rt.cuda.benchmark import BenchSession, cold_copies, copy_bandwidth
+from ninfer_rt.cuda.blas import Blas, GemmShape
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
@@ -23,6 +30,14 @@ from ninfer_rt.model.shapes import SHAPES
 
 LAYER_OPS = ("qkv", "o_proj", "gate_up+swiglu", "down")
 TARGETS = {4: 0.75, 8: 0.80}  # issue 10: batch-1 decode, fraction of the copy roofline
+# The 27B's quantized matrices (N, K) as issue 31 lists them: the Gated DeltaNet's [q | k | v] and z
+# projections and its output (as the attention's o_proj), the attention's [q | gate] and k / v projections,
+# the MLP's gate_up and down.
+GEMM_MATRICES = {
+    "gdn_qkv": (10240, 5120), "gdn_z": (6144, 5120), "out_proj": (5120, 6144), "attn_q_gate": (12288, 5120),
+    "attn_kv": (1024, 5120), "gate_up": (34816, 5120), "down": (5120, 17408),
+}
+GEMM_PATHS = ("fused", "dequant", "bf16")
 
 
 def bench_op(s: BenchSession, n: int, k: int, epilogue: Epilogue, bits: int, group: int, row_counts: list[int]) -> dict[int, tuple[int, float]]:
@@ -43,15 +58,62 @@ def bench_op(s: BenchSession, n: int, k: int, epilogue: Epilogue, bits: int, gro
     return timed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
-    parser.add_argument("--bits", default="4,8")
-    parser.add_argument("--rows", default="1,2,4,8")
-    parser.add_argument("--group-size", type=int, default=128)
-    args = parser.parse_args()
-    row_counts = [int(r) for r in args.rows.split(",")]
+def bench_gemm(s: BenchSession, blas: Blas, n: int, k: int, bits: int, group: int, rows: int) -> dict[str, float]:
+    """Seconds per GEMM of `rows` tokens by each of GEMM_PATHS, the quantized weight rotating over copies."""
+    octet_rows = -(-n // 16) * 16  # the layout's rows: octets padded to an even count
+    code_bytes, scale_bytes = octet_rows * k * bits // 8, octet_rows * (k // group) * 2
+    copies = cold_copies(s.device, code_bytes + scale_bytes)
+    weights = [
+        QuantizedDeviceWeight(q, sc, n, k, bits, group)
+        for q, sc in zip(s.cold(code_bytes, "qweight", copies), s.cold(scale_bytes, "scales", copies))
+    ]
+    x, y, scratch = s.filled(rows * k * 2, "x"), s.filled(rows * n * 2, "y"), s.filled(n * k * 2, "dequant_scratch")
+    shape = GemmShape(rows, n, k)
 
+    def dequant_then_gemm(i: int) -> None:
+        quant_ops.dequantize(s.lib, s.stream, weights[i % copies], scratch)
+        blas.gemm(s.stream, x, scratch, y, shape)
+
+    timed = {
+        "fused": s.time(lambda i: gemm_quant_ops.gemm(s.lib, s.stream, x, weights[i % copies], y, rows), copies),
+        "dequant": s.time(dequant_then_gemm, copies),
+        "bf16": s.time(lambda _: blas.gemm(s.stream, x, scratch, y, shape)),
+    }
+    s.release()
+    return timed
+
+
+def prefill_gemms(args: argparse.Namespace) -> None:
+    row_counts = [int(r) for r in (args.rows or "531,8192").split(",")]
+    session = BenchSession.open(open_device(0), launches=args.launches, repeats=args.repeats)
+    blas = Blas(session.streams)
+    info = run_info(session.device) | {"shape": "qwen3.6-27b", "group_size": args.group_size}
+    results = []
+    for bits in (int(b) for b in args.bits.split(",")):
+        for rows in row_counts:
+            total = dict.fromkeys(GEMM_PATHS, 0.0)
+            flops = 0
+            for label, (n, k) in GEMM_MATRICES.items():
+                timed = bench_gemm(session, blas, n, k, bits, args.group_size, rows)
+                results.append(gemm_row(info, bits, label, n, k, rows, timed))
+                total = {path: total[path] + timed[path] for path in GEMM_PATHS}
+                flops += 2 * rows * n * k
+            results.append(gemm_row(info, bits, "sum", 0, 0, rows, total, flops))
+    print_table(results, ["bits", "op", "n", "k", "rows", "fused_us", "dequant_us", "bf16_us", "fused_TFLOPs", "speedup"])
+    print(f"speedup = dequant_us / fused_us; appended to {append_results('quant_gemm', results)}")
+    blas.close()
+    session.close()
+
+
+def gemm_row(info: dict[str, object], bits: int, op: str, n: int, k: int, rows: int, timed: dict[str, float],
+             flops: int | None = None) -> dict[str, object]:
+    flops = flops if flops is not None else 2 * rows * n * k
+    return info | {"bits": bits, "op": op, "n": n, "k": k, "rows": rows, **{f"{p}_us": timed[p] * 1e6 for p in GEMM_PATHS},
+                   "fused_TFLOPs": flops / timed["fused"] / 1e12, "speedup": timed["dequant"] / timed["fused"]}
+
+
+def decode_gemvs(args: argparse.Namespace) -> None:
+    row_counts = [int(r) for r in (args.rows or "1,2,4,8").split(",")]
     session = BenchSession.open(open_device(0), repeats=20)
     bandwidth = copy_bandwidth(session.streams)
     info = run_info(session.device) | {"shape": args.shape, "group_size": args.group_size, "copy_bw_TBs": bandwidth / 1e12}
@@ -77,6 +139,22 @@ def main() -> None:
             print(f"int{r['bits']} batch-1 layer: {r['roofline_fraction']:.3f} of copy bandwidth (target {TARGETS[r['bits']]}) {verdict}")
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; appended to {append_results('quant', results)}")
     session.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    parser.add_argument("--bits", default="4,8")
+    parser.add_argument("--rows", default=None, help="decode: 1,2,4,8; --gemm: 531,8192")
+    parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--gemm", action="store_true", help="the prefill GEMM over the 27B's matrices")
+    parser.add_argument("--launches", type=int, default=4, help="--gemm: launches per timed graph")
+    parser.add_argument("--repeats", type=int, default=5, help="--gemm: timed graph replays (the median is kept)")
+    args = parser.parse_args()
+    if args.gemm:
+        prefill_gemms(args)
+        return
+    decode_gemvs(args)
 
 
 if __name__ == "__main__":

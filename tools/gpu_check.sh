@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks of the Qwen3.5 hybrid at the 27B shape, in one device command (~9 minutes on
 # an H200), most needed first: the GPU test suite, the Gated DeltaNet kernels beside fla-core (where it
-# imports) and the split chunked form, the 27B int4 checkpoint written directly, decode through the engine
+# imports) and the split chunked form, the quantized prefill GEMM (fused against dequantize + cuBLASLt over the
+# 27B's matrices at 531 and 8192 tokens), the 27B int4 checkpoint written directly, decode through the engine
 # (plain and MTP k=3 over a 32,768-row draft head) and the agent turn (114,281 cached + 531 new tokens, resumed
 # from a state snapshot), the graphed step at 27B for bf16/int8/int4 weights, start-up with a warm kernel cache,
 # and the dense qwen3-8b step as the regression check. Each step has its own time limit, so one slow step
@@ -31,6 +32,8 @@ step gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider $parallel tes
 step gdn 90 python3 tools/bench_gdn.py --chunked 531,8192,114812 --repeats 10
 # the chunked delta rule split in three passes (NINFER_GDN_CHUNKED=split), whole and pass by pass
 step gdn_split 60 python3 tools/bench_gdn.py --recurrent "" --chunked 531,8192 --split --no-fla --repeats 10
+# the quantized prefill GEMM: NINFER_QUANT_GEMM=fused (gemm_quant.cu) against the default dequantize + cuBLASLt
+step quant_gemm 90 python3 tools/bench_quant.py --gemm --bits 4,8 --rows 531,8192
 step build_27b 60 bash -c "[ -d $q27 ] || python3 tools/make_shaped_model.py --shape qwen3.6-27b --bits 4 --out $q27"
 step engine_27b 180 python3 tools/bench_engine.py --model $q27 --context 256,7680 --kv-dtype int8 --max-tokens 64 \
   --draft-tokens 0,3 --lm-head-draft 32768 --agent-turn 114281,531

@@ -177,3 +177,9 @@ class KernelLibrary:
             check(cu.cuModuleUnload(module), "cuModuleUnload")
         self._modules.clear()
         self._kernels.clear()
+
+
+def kernel_with_smem(lib: KernelLibrary, spec: KernelSpec, nbytes: int) -> Kernel:
+    """`spec`'s kernel allowed `nbytes` of dynamic shared memory (raised past the 48 KiB default once)."""
+    kernel = lib.kernel(spec)
+    return kernel if kernel.max_dynamic_smem >= nbytes else lib.raise_dynamic_smem(spec, nbytes)

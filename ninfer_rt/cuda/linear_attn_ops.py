@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ninfer_rt.cuda import gdn_split_plan
 from ninfer_rt.cuda.gdn_split_plan import CHUNK, RECURRENT_MAX_ROWS
-from ninfer_rt.cuda.kernels import Arg, Kernel, KernelLibrary, KernelSpec
+from ninfer_rt.cuda.kernels import Arg, KernelLibrary, KernelSpec, kernel_with_smem
 from ninfer_rt.cuda.memory import Buffer
 from ninfer_rt.cuda.ops import StepRows, _require_bytes, _require_positive
 from ninfer_rt.cuda.streams import require_stream
@@ -250,14 +250,6 @@ class SplitWorkspace:
         return (self.q, self.k, self.w, self.u, self.cum, self.h)
 
 
-def smem_function(lib: KernelLibrary, spec: KernelSpec, smem: int) -> Kernel:
-    """A kernel allowed its dynamic shared memory (raised past 48 KiB once)."""
-    function = lib.kernel(spec)
-    if function.max_dynamic_smem < smem:
-        function = lib.raise_dynamic_smem(spec, smem)
-    return function
-
-
 def delta_rule(
     lib: KernelLibrary, stream: object, step: GdnStep, heads: GdnHeads, args: DeltaRuleArgs, states: StateLayer, columns: int,
     split: SplitWorkspace | None = None, split_passes: Sequence[str] = SPLIT_PASSES,
@@ -290,7 +282,7 @@ def delta_rule(
         _split_passes(lib, stream, step, heads, args, params, split, columns, split_passes)
     elif step.chunked:
         smem = chunked_smem_bytes(heads.key_dim, columns)
-        smem_function(lib, chunked_spec(heads.key_dim, columns), smem).launch(
+        kernel_with_smem(lib, chunked_spec(heads.key_dim, columns), smem).launch(
             stream, (heads.value_dim // columns, hv, step.num_seqs), CHUNK_THREADS, *params,
             smem=smem, label="gdn_chunked", reads=reads, writes=writes, lane=step.lane,
         )
@@ -317,7 +309,7 @@ def _split_passes(
     for spec, smem, grid, (reads, writes), label in zip(specs, smems, grids, accesses, SPLIT_PASSES):
         if label not in passes:
             continue
-        smem_function(lib, spec, smem).launch(
+        kernel_with_smem(lib, spec, smem).launch(
             stream, grid, SPLIT_THREADS, *params, *ws.buffers, smem=smem, label=label, reads=reads, writes=writes, lane=step.lane,
         )
 

@@ -5,8 +5,8 @@ and gate_up fused by layers.py's prepare). Activations come from a pool of buffe
 rows. Everything runs on the one `compute` stream, so a buffer reused by a later op is always ordered
 after the last op that read it.
 
-Per op: linear is the decode GEMV for <= 8 rows (gemv.cu; gemv_quant.cu for int4/int8 weights, which
-wider steps dequantize into one bf16 scratch matrix first) and cuBLASLt above; a GEMV into gate_up is
+Per op: linear is the decode GEMV for <= 8 rows and a GEMM above (exec/cuda_linear.py: cuBLASLt, and for
+int4/int8 weights NINFER_QUANT_GEMM's form, dequantize + cuBLASLt or the fused GEMM); a GEMV into gate_up is
 deferred and fused with the SwiGLU that consumes it (one pass over the weights, no gate_up round trip);
 attention is the AttentionBackend's (cuda_attention.py: rope_kv, then the decode or prefill kernel per
 sequence), which owns attention's device state and plans each step once in begin_step; linear attention
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ninfer_rt.cuda import linear_ops, ops, quant_ops, sampling_ops
-from ninfer_rt.cuda.blas import Blas, GemmShape
+from ninfer_rt.cuda import linear_ops, ops, sampling_ops
+from ninfer_rt.cuda.blas import Blas
 from ninfer_rt.cuda.compiler import families
 from ninfer_rt.cuda.graphs import Graph, capture
 from ninfer_rt.cuda.kernels import KernelLibrary
@@ -39,6 +39,7 @@ from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.cuda_attention import AttentionBackend
 from ninfer_rt.exec.cuda_graphs import GraphedForward, GraphedMTPSteps
+from ninfer_rt.exec.cuda_linear import LinearOps, quant_gemm_from_env
 from ninfer_rt.exec.cuda_linear_attn import LinearAttentionBackend
 from ninfer_rt.exec.cuda_step_inputs import StepInputs, StepLimits, check_step
 from ninfer_rt.exec.cuda_tensors import ActivationPool, DeviceTensor, StepShape, step_shape
@@ -83,7 +84,9 @@ class CudaExecutor:
         max_positions: int,
         max_logit_rows: int | None = None,
         library: KernelLibrary | None = None,
+        quant_gemm: str | None = None,
     ) -> None:
+        """quant_gemm: the quantized prefill GEMM's form (exec/cuda_linear.py; None: $NINFER_QUANT_GEMM)."""
         if streams.device is None:
             raise ValueError("CudaExecutor needs a device StreamSet; use NumpyExecutor on a logical one")
         self.streams = streams
@@ -111,6 +114,7 @@ class CudaExecutor:
         self._pages_read: tuple[Resource, ...] = ()
         self._pages_written: tuple[Resource, ...] = ()
         self.weights = DeviceWeights(streams, self.compute, self.library)
+        self.linear_ops = LinearOps(self.library, self.compute, self.blas, self.weights, quant_gemm or quant_gemm_from_env())
         self.attention_backend = AttentionBackend(
             self.library, streams, self.compute, max_tokens=max_tokens, max_seqs=max_seqs, max_pages_per_seq=max_pages_per_seq
         )
@@ -259,7 +263,7 @@ class CudaExecutor:
         if isinstance(gate_up, DeferredSwiglu):
             x, w = gate_up.x, gate_up.gate_up
             out = self._tensor(x.rows, w.rows // 2)
-            self._gemv(x, w, out, Epilogue.SWIGLU, "gate_up+swiglu")
+            self.linear_ops.gemv(x, w, out, Epilogue.SWIGLU, "gate_up+swiglu", self._lane)
             return out
         out = self._tensor(gate_up.rows, gate_up.cols // 2)
         ops.silu_mul(self.library, self.compute, gate_up.buffer, out.buffer, gate_up.rows, out.cols, lane=self._lane)
@@ -355,31 +359,10 @@ class CudaExecutor:
     def _matmul(
         self, x: DeviceTensor, weight: DeviceTensor | QuantizedDeviceWeight, out_dtype: str, capacity: int | None = None
     ) -> DeviceTensor:
-        """x @ weight^T: the GEMV at decode widths (memory bound), cuBLASLt above (compute bound)."""
+        """x @ weight^T in a pooled tensor (exec/cuda_linear.py picks the kernel)."""
         out = self._tensor(x.rows, weight.rows, out_dtype, capacity)
-        label = f"linear {weight.buffer.name}"
-        if x.rows <= linear_ops.GEMV_MAX_ROWS:
-            self._gemv(x, weight, out, Epilogue.STORE_F32 if out_dtype == "f32" else Epilogue.STORE, label)
-            return out
-        dense = weight.buffer
-        if isinstance(weight, QuantizedDeviceWeight):
-            dense = self.weights.dequantized(weight, label, self._lane)
-        self.blas.gemm(
-            self.compute, x.buffer, dense, out.buffer, GemmShape(x.rows, weight.rows, x.cols, out_dtype),
-            label=label, lane=self._lane,
-        )
+        self.linear_ops.matmul(x, weight, out, self._lane)
         return out
-
-    def _gemv(
-        self, x: DeviceTensor, weight: DeviceTensor | QuantizedDeviceWeight, out: DeviceTensor, epilogue: Epilogue, label: str
-    ) -> None:
-        if isinstance(weight, QuantizedDeviceWeight):
-            quant_ops.gemv(self.library, self.compute, x.buffer, weight, out.buffer, x.rows, epilogue, label=label, lane=self._lane)
-            return
-        linear_ops.gemv(
-            self.library, self.compute, x.buffer, weight.buffer, out.buffer, x.rows, out.cols, x.cols, epilogue,
-            label=label, lane=self._lane,
-        )
 
     def _ready(self, x: DeviceTensor | DeferredSwiglu) -> DeviceTensor:
         """A deferred gate_up consumed by anything but silu_mul is computed as the plain product."""

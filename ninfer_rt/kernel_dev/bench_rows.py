@@ -1,17 +1,17 @@
-"""The benchmarks of the row-wise families (rmsnorm, activation, embedding, sampling) and of the dense and
-groupwise-int GEMVs, on a model's shapes (cases.py)."""
+"""The benchmarks of the row-wise families (rmsnorm, activation, embedding, sampling), of the dense and
+groupwise-int GEMVs and of the groupwise-int prefill GEMM, on a model's shapes (cases.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ninfer_rt.cuda import linear_ops, ops, quant_ops, sampling_ops
+from ninfer_rt.cuda import gemm_quant_ops, linear_ops, ops, quant_ops, sampling_ops
 from ninfer_rt.cuda.benchmark import BenchSession, Measurement, cold_copies
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.engine.sampling import pack_device_params
-from ninfer_rt.kernel_dev.cases import BF16, DECODE_ROWS, EPS, F32, I32, Shape, gemv_shapes, row_cases
+from ninfer_rt.kernel_dev.cases import BF16, DECODE_ROWS, EPS, F32, I32, PREFILL_TOKENS, Shape, gemv_shapes, row_cases
 
 QUANT_BITS = (4, 8)
 QUANT_GROUP = 128
@@ -137,5 +137,31 @@ def bench_gemv_quant(s: BenchSession, shape: Shape) -> list[Measurement]:
                 case = f"int{bits} {label} {n}x{k} rows={rows}"
                 spec = quant_ops.gemv_launch(weights[0], rows, epilogue, s.device.sm_count)[0]
                 results.append(Measurement(spec.name, case, seconds, moved, 2 * rows * w_rows * k))
+            s.release()
+    return results
+
+
+def bench_gemm_quant(s: BenchSession, shape: Shape) -> list[Measurement]:
+    """The fused prefill GEMM over each projection (gate_up as the plain product of its 2N rows), at the agent
+    turn's 531 new tokens and a prefill chunk (tools/bench_quant.py --gemm sets it beside dequantize + cuBLASLt)."""
+    results = []
+    for bits in QUANT_BITS:
+        for label, (n, k, epilogue) in gemv_shapes(shape).items():
+            w_rows = 2 * n if epilogue is Epilogue.SWIGLU else n
+            epilogue = Epilogue.STORE_F32 if epilogue is Epilogue.STORE_F32 else Epilogue.STORE
+            code_bytes, scale_bytes = w_rows * k * bits // 8, w_rows * (k // QUANT_GROUP) * BF16
+            copies = cold_copies(s.device, code_bytes + scale_bytes)
+            weights = [
+                QuantizedDeviceWeight(q, sc, w_rows, k, bits, QUANT_GROUP)
+                for q, sc in zip(s.cold(code_bytes, "qweight", copies), s.cold(scale_bytes, "scales", copies))
+            ]
+            for rows in (531, PREFILL_TOKENS):
+                x, y = s.filled(rows * k * BF16, "x"), s.filled(rows * w_rows * epilogue.out_bytes, "y")
+                seconds = s.time(
+                    lambda i: gemm_quant_ops.gemm(s.lib, s.stream, x, weights[i % copies], y, rows, epilogue), copies
+                )
+                moved = code_bytes + scale_bytes + rows * k * BF16 + rows * w_rows * epilogue.out_bytes
+                spec = gemm_quant_ops.gemm_spec(bits, QUANT_GROUP, gemm_quant_ops.token_tile(rows))
+                results.append(Measurement(spec.name, f"int{bits} {label} {w_rows}x{k} rows={rows}", seconds, moved, 2 * rows * w_rows * k))
             s.release()
     return results

@@ -1,0 +1,107 @@
+"""Launch wrapper for the prefill GEMM over groupwise-quantized weights (kernels_src/gemm_quant.cu): x @ W^T for
+any number of tokens, W dequantized inside the GEMM's main loop from the decode GEMV's layout (LAYOUT_OCTETS),
+so no bf16 copy of the weights is made.
+
+The constants below mirror the kernel's (tests/test_gemm_quant_compile.py reads them back from the source):
+the tile, the pipeline stages and the raster order, which tests/gemm_quant_emulation.py follows on the CPU.
+The wrapper checks the weight, the shapes and the alignment before anything is enqueued and declares what the
+kernel reads and writes.
+"""
+
+from __future__ import annotations
+
+from ninfer_rt.cuda.kernels import Arg, KernelLibrary, KernelSpec, kernel_with_smem
+from ninfer_rt.cuda.linear_ops import Epilogue, _require_device_bytes, residual_entry
+from ninfer_rt.cuda.memory import Buffer
+from ninfer_rt.cuda.ops import _require_positive
+from ninfer_rt.cuda.quant_ops import _EPILOGUE_CODE, _SCALE_SUFFIX, CHUNK_BYTES, QuantizedDeviceWeight
+from ninfer_rt.cuda.streams import require_stream
+from ninfer_rt.quantize.format import ScaleFormat, column_inputs
+
+WARPS = 8  # kGemmWarps
+THREADS = 32 * WARPS
+WARP_PAIRS = 2  # kWarpPairs: octet pairs (16-row mma tiles) per warp
+TILE_OCTETS = 2 * WARP_PAIRS * WARPS  # kTileOctets: 256 weight rows per block
+RASTER_TILES = 8  # kRasterTiles: row tiles per raster group
+CHAINS = 2  # kChains: n8 tiles per pass over a segment's A fragments
+STAGES_INT4, STAGES_INT8 = 2, 3  # kStagesInt4, kStagesInt8: pipeline stages
+TOKEN_TILES = (32, 64)  # T: the _t32 and _t64 kernels
+LANES = 32
+EPILOGUES = (Epilogue.STORE, Epilogue.RESIDUAL, Epilogue.STORE_F32)
+_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.I32, Arg.I32)
+
+
+def segments(bits: int, group_size: int) -> int:
+    """SEGS: scale segments per column, 1 when a group covers the column (KC inputs), else KC / G."""
+    return max(1, column_inputs(bits) // group_size)
+
+
+def token_tile(rows: int) -> int:
+    """T for `rows` tokens: 32 up to 32 rows (weight-bound GEMMs: a wider tile would only add mma work), else 64."""
+    return TOKEN_TILES[0] if rows <= TOKEN_TILES[0] else TOKEN_TILES[1]
+
+
+def stages(bits: int) -> int:
+    return STAGES_INT4 if bits == 4 else STAGES_INT8
+
+
+def stage_chunks(bits: int, group_size: int, tokens: int) -> tuple[int, int, int]:
+    """(weight, x, scale) 16-byte chunks of one pipeline stage (gemm_quant.cu's StageLayout)."""
+    return TILE_OCTETS * LANES, tokens * column_inputs(bits) // 8, TILE_OCTETS * segments(bits, group_size)
+
+
+def smem_bytes(bits: int, group_size: int, tokens: int) -> int:
+    """Dynamic shared memory of one block: stages(bits) stages (StageLayout::kBytes)."""
+    return stages(bits) * sum(stage_chunks(bits, group_size, tokens)) * CHUNK_BYTES
+
+
+def gemm_spec(bits: int, group_size: int, tokens: int, scale_format: ScaleFormat = ScaleFormat.BF16) -> KernelSpec:
+    """gemm_int<bits>[_g<group>][_f16s]_t<tokens>: the group in the name when it is smaller than a column (a
+    scale per segment), `_f16s` for fp16 scales."""
+    if tokens not in TOKEN_TILES:
+        raise ValueError(f"gemm_quant: token tiles are {TOKEN_TILES}, not {tokens}")
+    group = f"_g{group_size}" if segments(bits, group_size) > 1 else ""
+    return KernelSpec("gemm_quant", f"gemm_int{bits}{group}{_SCALE_SUFFIX[scale_format]}_t{tokens}", _SIGNATURE)
+
+
+def grid_blocks(w: QuantizedDeviceWeight, rows: int, tokens: int) -> int:
+    """Row tiles (TILE_OCTETS octets each) x token tiles, one grid dimension."""
+    return -(-w.octets // TILE_OCTETS) * -(-rows // tokens)
+
+
+def gemm(
+    lib: KernelLibrary,
+    stream: object,
+    x: Buffer,
+    w: QuantizedDeviceWeight,
+    y: Buffer,
+    rows: int,
+    epilogue: Epilogue = Epilogue.STORE,
+    residual: Buffer | None = None,
+    *,
+    label: str = "gemm_quant",
+    lane: object = None,
+) -> None:
+    """y[rows, N] = epilogue(x[rows, K] @ W^T), N = w.rows, W dequantized in the GEMM's registers: STORE (bf16),
+    STORE_F32, or RESIDUAL (bf16(x @ W^T) + residual; y may alias residual)."""
+    stream = require_stream(stream)
+    w.check("gemm_quant")
+    _require_positive("gemm_quant", rows=rows)
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"gemm_quant: the {epilogue.name} epilogue is the GEMV's; the GEMM has {[e.name for e in EPILOGUES]}")
+    n = w.rows
+    _require_device_bytes(
+        "gemm_quant", x=(x, rows * w.cols * 2), y=(y, rows * n * epilogue.out_bytes),
+        **residual_entry("gemm_quant", epilogue, residual, rows * n * 2),
+    )
+    tokens = token_tile(rows)
+    spec = gemm_spec(w.bits, w.group_size, tokens, w.scale_format)
+    smem = smem_bytes(w.bits, w.group_size, tokens)
+    kernel = kernel_with_smem(lib, spec, smem)
+    reads = (x.resource, w.qweight.resource, w.scales.resource) + ((residual.resource,) if residual is not None else ())
+    kernel.launch(
+        stream, grid_blocks(w, rows, tokens), THREADS,
+        y, x, w.qweight, w.scales, residual.ptr if residual is not None else 0, rows, n, w.cols, w.group_log2,
+        _EPILOGUE_CODE[epilogue],
+        smem=smem, label=label, reads=reads, writes=(y.resource,), lane=lane,
+    )

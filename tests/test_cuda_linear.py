@@ -1,0 +1,82 @@
+"""The CUDA executor's linear dispatch (exec/cuda_linear.py) on the CPU, through a recording library: the GEMV
+up to 8 rows, cuBLASLt above, and for quantized weights NINFER_QUANT_GEMM's form, `dequant` (the default:
+the scratch matrix, then cuBLASLt) or `fused` (gemm_quant, no scratch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from ninfer_rt.cuda.memory import DeviceBuffer
+from ninfer_rt.cuda.streams import StreamSet
+from ninfer_rt.exec.cuda_linear import QUANT_GEMM_ENV, LinearOps, quant_gemm_from_env
+from ninfer_rt.exec.cuda_tensors import DeviceTensor
+from test_attention_compile import RecordingLibrary
+from test_gemm_quant_compile import weight
+
+
+@dataclass
+class RecordingBlas:
+    gemms: list[tuple[object, object]] = field(default_factory=list)  # (weight buffer, shape)
+
+    def gemm(self, stream: object, x: object, w: object, out: object, shape: object, *, label: str, lane: object) -> None:
+        self.gemms.append((w, shape))
+
+
+@dataclass
+class RecordingWeights:
+    scratch: DeviceBuffer
+    dequantized_weights: list[object] = field(default_factory=list)
+
+    def dequantized(self, weight: object, label: str, lane: object) -> DeviceBuffer:
+        self.dequantized_weights.append(weight)
+        return self.scratch
+
+
+def run(form: str, rows: int, quantized: bool = True, out_dtype: str = "bf16") -> tuple[RecordingLibrary, RecordingBlas, RecordingWeights]:
+    streams, lib, blas = StreamSet(verify=False), RecordingLibrary(), RecordingBlas()
+    weights = RecordingWeights(DeviceBuffer(streams, 304 * 512 * 2, "dequant_scratch"))
+    ops = LinearOps(lib, streams.create("compute"), blas, weights, form)  # type: ignore[arg-type]
+    w = weight(streams, rows=304) if quantized else DeviceTensor(DeviceBuffer(streams, 304 * 512 * 2, "w.dense"), 304, 512)
+    x = DeviceTensor(DeviceBuffer(streams, rows * 512 * 2, "x"), rows, 512)
+    out = DeviceTensor(DeviceBuffer(streams, rows * w.rows * 4, "out"), rows, w.rows, out_dtype)
+    ops.matmul(x, w, out, None)
+    return lib, blas, weights
+
+
+def test_the_form_comes_from_the_environment_and_defaults_to_dequant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(QUANT_GEMM_ENV, raising=False)
+    assert quant_gemm_from_env() == "dequant"
+    monkeypatch.setenv(QUANT_GEMM_ENV, "fused")
+    assert quant_gemm_from_env() == "fused"
+    monkeypatch.setenv(QUANT_GEMM_ENV, "wgmma")
+    with pytest.raises(ValueError, match="NINFER_QUANT_GEMM='wgmma'"):
+        quant_gemm_from_env()
+    with pytest.raises(ValueError, match="quant_gemm='cutlass'"):
+        LinearOps(None, None, None, None, "cutlass")  # type: ignore[arg-type]
+
+
+def test_dequant_widens_the_weight_into_the_scratch_for_cublaslt() -> None:
+    lib, blas, weights = run("dequant", 45)
+    assert not lib.launches and len(weights.dequantized_weights) == 1
+    [(w, shape)] = blas.gemms
+    assert w is weights.scratch and (shape.m, shape.n, shape.k, shape.out_dtype) == (45, 304, 512, "bf16")
+
+
+@pytest.mark.parametrize(("rows", "out_dtype", "kernel", "epilogue"), [
+    (45, "bf16", "gemm_int4_t64", 0), (9, "f32", "gemm_int4_t32", 3),
+])
+def test_fused_launches_the_quantized_gemm_and_makes_no_scratch(rows: int, out_dtype: str, kernel: str, epilogue: int) -> None:
+    lib, blas, weights = run("fused", rows, out_dtype=out_dtype)
+    [launch] = lib.launches
+    assert launch.name == kernel and launch.args[5] == rows and launch.args[-1] == epilogue
+    assert not blas.gemms and not weights.dequantized_weights
+
+
+@pytest.mark.parametrize("form", ["dequant", "fused"])
+def test_decode_widths_take_the_gemv_and_dense_weights_cublaslt_in_either_form(form: str) -> None:
+    lib, blas, _ = run(form, 8)
+    assert [launch.name for launch in lib.launches] == ["gemv_int4_b8_w16"] and not blas.gemms
+    lib, blas, weights = run(form, 45, quantized=False)
+    assert not lib.launches and len(blas.gemms) == 1 and not weights.dequantized_weights
