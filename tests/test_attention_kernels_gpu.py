@@ -20,6 +20,7 @@ from attention_refs import (
     PagedKV,
     closeness_report,
     dequantized,
+    gated_reference,
     make_batch,
     make_pages,
     neox_rope_ref,
@@ -48,7 +49,6 @@ from ninfer_rt.cuda.attention_plan import KVVariant
 from ninfer_rt.cuda.memory import StagingRing
 from ninfer_rt.exec.cuda_attention import AttentionBackend
 from ninfer_rt.exec.layer_backend import PublishedStep
-from ninfer_rt.exec.numpy_gated_attention import gate_output
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec, page_resource
 from ninfer_rt.model.executor import AttentionParams, AttentionShape
 
@@ -212,13 +212,6 @@ def fused_qkv_gate(gpu: Gpu, rng: np.random.Generator, rows: int, hq: int, hkv: 
     column, stride = (hq + 2 * hkv) * d, (2 * hq + 2 * hkv) * d
     qkv = (rng.standard_normal((rows, stride)) * 2).astype(BF16)
     return OutputGate(gpu.upload(qkv), column, stride), qkv[:, column:].astype(np.float64)
-
-
-def gated_reference(expected: np.ndarray, gates: np.ndarray | None) -> np.ndarray:
-    """The reference output times sigmoid(gate) (exec/numpy_gated_attention.py), or as it is without gates."""
-    if gates is None:
-        return expected
-    return gate_output(expected.reshape(expected.shape[0], -1), gates).reshape(expected.shape)
 
 
 def run_decode(

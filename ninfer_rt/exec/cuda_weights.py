@@ -40,8 +40,8 @@ UPLOAD_CHUNK_BYTES = 64 << 20
 @dataclass(eq=False)
 class SplitFormatWeight:
     """One projection [quantized rows; dense rows]: x @ W^T gives the quantized rows' outputs, then the dense
-    rows' (bf16). The dense outputs start at column quantized.rows, kept a multiple of 8 so that they start
-    16 bytes into a row (cuBLASLt's strided output)."""
+    rows' (bf16). The dense outputs start at column quantized.rows, kept a multiple of 8 so that they start on
+    a 16-byte boundary of the output row (cuBLASLt's strided output)."""
 
     quantized: QuantizedDeviceWeight
     dense: DeviceTensor  # bf16 [dense rows, cols]
