@@ -1,5 +1,4 @@
 // SwiGLU activation: out[r, i] = silu(gate[r, i]) * up[r, i], silu(g) = g / (1 + exp(-g)).
-// Output gate (the hybrid's gated attention): out[r, i] *= sigmoid(gate[r * gate_stride + i]), in place.
 //
 // Layout (SwiGLU): gate_up is bf16 [rows, 2 * inter] row-major, the fused output of the gate and up projections:
 // gate = columns [0, inter), up = columns [inter, 2 * inter). out is bf16 [rows, inter]. Math in f32,
@@ -36,19 +35,5 @@ extern "C" __global__ void silu_mul_bf16(bf16* out, const bf16* gate_up, int row
         } else {
             *dst = __float2bfloat16(silu(__bfloat162float(*gate)) * __bfloat162float(*up));
         }
-    }
-}
-
-// Layout: out bf16 [rows, width]; gate bf16 rows `gate_stride` elements apart (columns of the fused qkv
-// projection). One element per work item (a small op: T x Hq x D values); math in f32, one rounding.
-extern "C" __global__ void sigmoid_gate_mul_bf16(bf16* out, const bf16* gate, int gate_stride, int rows, int width) {
-    enter_dependent_kernel();
-    const long long items = (long long)rows * width;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long item = (long long)blockIdx.x * blockDim.x + threadIdx.x; item < items; item += stride) {
-        const long long row = item / width;
-        const long long col = item - row * width;
-        const float g = __bfloat162float(gate[row * gate_stride + col]);
-        out[item] = __float2bfloat16(__bfloat162float(out[item]) / (1.0f + expf(-g)));
     }
 }

@@ -1,5 +1,5 @@
 // Helpers shared by the attention families (rope_kv, decode_attention, prefill_attention): the paged KV
-// geometry, raw bf16/int8 unpacking and warp reductions (cp.async copies are common.cuh's).
+// geometry, raw bf16/int8 unpacking, the output gate and warp reductions (cp.async copies are common.cuh's).
 // Included as "attention_common.cuh" after "common.cuh"; part of the cubin cache key like any local header.
 #pragma once
 #include "common.cuh"
@@ -37,6 +37,21 @@ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const unsigned*>(&pair);
 }
+
+// The gated attention's output gate on a value about to be stored: v * sigmoid(gate) in f32, the store's
+// bf16 rounding the only one. Fast exp and division (ex2.approx, rcp.approx: a few f32 ulp, far below that
+// rounding; exp overflow gives v / inf = 0): with expf's range reduction the sm_90a wgmma prefill kernel
+// spilled 20 bytes instead of 8, the extra ones inside its main loop (ptxas, NVRTC 13).
+__forceinline__ float gated(float v, float gate) {
+    return __fdividef(v, 1.0f + __expf(-gate));
+}
+
+// Where the attention output's gates are: bf16 values at gate[row * stride + head * head_dim + dim], or none
+// (gate null: plain attention, the stores unchanged). A uniform kernel argument pair.
+struct OutputGate {
+    const bf16* gate;
+    int stride;
+};
 
 __forceinline__ float warp_sum(float value) {
 #pragma unroll

@@ -31,12 +31,15 @@
 //   decode_attention_combine: grid (B * max_queries, Hq), block 128: for the slots of decoded rows,
 //     out = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp2(m_s - max_s m_s); splits with w_s = 0 are never
 //     read (their acc may be unwritten). Warp 0 lists the splits with w_s > 0 (in split order); thread
-//     (group, 4 dims) sums listed splits group, group + 128 / (D/4), ...
+//     (group, 4 dims) sums listed splits group, group + 128 / (D/4), ... It writes every decoded row's
+//     output (one split or many), so the gated attention's output gate is applied here, before the one
+//     rounding to bf16: out *= sigmoid(gate[row * gate_stride + h * D + d]) (gate bf16, e.g. the fused qkv
+//     rows' gate columns; gate null: no gate, the store unchanged).
 //
 // Layout: q bf16 [T, Hq, D]; K, V [num_pages, 64, Hkv, D] bf16 or int8; k_scale, v_scale f32
 // [num_pages, 64, Hkv] (int8 only, else null); block_tables int32 [B, max_pages]; context_lens int32 [B];
-// query_start int32 [B+1]; out bf16 [T, Hq, D]. Static shared memory: the warps' merge buffer (16 KiB at
-// D = 128). Host contract: row_groups * 8 >= max_queries * Hq/Hkv, num_splits <= kMaxSplits, Hq % Hkv == 0.
+// query_start int32 [B+1]; out bf16 [T, Hq, D]; gate bf16, rows gate_stride apart (8-byte aligned; null: none).
+// Static shared memory: the warps' merge buffer (16 KiB at D = 128). Host contract: row_groups * 8 >= max_queries * Hq/Hkv, num_splits <= kMaxSplits, Hq % Hkv == 0.
 #include <cuda_fp16.h>
 
 #include "attention_common.cuh"
@@ -528,7 +531,8 @@ __forceinline__ void combine_weights(CombineWeights& cw, const float* partial_ml
 // (a few KB of L2 reads per layer) before they learn that they have no row.
 extern "C" __global__ void __launch_bounds__(kDecodeThreads)
     decode_attention_combine(bf16* out, const float* partial_acc, const float* partial_ml, const int* query_start,
-                             int num_splits, int num_seqs, int max_queries, int num_q_heads, int head_dim) {
+                             int num_splits, int num_seqs, int max_queries, int num_q_heads, int head_dim,
+                             const bf16* gate, int gate_stride) {
     enter_dependent_kernel();
     __shared__ CombineWeights cw;
     __shared__ float4 part[kDecodeThreads];
@@ -563,7 +567,12 @@ extern "C" __global__ void __launch_bounds__(kDecodeThreads)
         sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
     }
     const float scale = cw.inv_denominator;
-    const long long out_row = (long long)(first_row + query) * num_q_heads + head;
-    const uint2 packed = make_uint2(pack_bf16x2(sum.x * scale, sum.y * scale), pack_bf16x2(sum.z * scale, sum.w * scale));
-    *reinterpret_cast<uint2*>(out + out_row * head_dim + 4 * column) = packed;
+    const long long row = first_row + query;
+    float4 o = make_float4(sum.x * scale, sum.y * scale, sum.z * scale, sum.w * scale);
+    if (gate != nullptr) {
+        const uint2 g = *reinterpret_cast<const uint2*>(gate + row * gate_stride + (long long)head * head_dim + 4 * column);
+        o = make_float4(gated(o.x, bf16_lo(g.x)), gated(o.y, bf16_hi(g.x)), gated(o.z, bf16_lo(g.y)), gated(o.w, bf16_hi(g.y)));
+    }
+    const uint2 packed = make_uint2(pack_bf16x2(o.x, o.y), pack_bf16x2(o.z, o.w));
+    *reinterpret_cast<uint2*>(out + (row * num_q_heads + head) * head_dim + 4 * column) = packed;
 }

@@ -12,7 +12,9 @@
 //   kStore (0):     y = x @ W^T, bf16
 //   kResidual (1):  y = bf16(x @ W^T) + residual, bf16 (y may alias residual: one thread reads, then writes, each element)
 //   kStoreF32 (3):  y = x @ W^T, f32
-// x is bf16 [M, K], y [M, N], residual bf16 [M, N]; x, qweight and scales 16-byte aligned (host-checked).
+// x is bf16 [M, K]; y [M, N] and residual bf16 [M, N] with rows ldy >= N elements apart (ldy > N: the product
+// fills the first N columns of a wider output, a projection's other columns being another GEMM's); x, qweight
+// and scales 16-byte aligned (host-checked).
 //
 // Layout: gemv_quant.cu's "octets", unchanged (rows in octets of 8, padded to an even count; a column of KC
 // inputs, int4 128 / int8 64, of an octet is 32 16-byte chunks, chunk lane = 4g + t holding row g's runs j of
@@ -238,7 +240,7 @@ __forceinline__ void gemm_column(float (&acc)[kWarpPairs][T / 8][4], const uint4
 // acc[p][i]: (row g of octet 2P, tokens 8i + 2t, 8i + 2t + 1), then the same of octet 2P + 1 (P: pair p's index).
 template <int T>
 __forceinline__ void store_tile(void* y, const bf16* residual, const float (&acc)[kWarpPairs][T / 8][4], const GemmTile& tile,
-                                int m, int n, int epilogue) {
+                                int m, int n, long long ldy, int epilogue) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int p = 0; p < kWarpPairs; ++p) {
@@ -249,8 +251,8 @@ __forceinline__ void store_tile(void* y, const bf16* residual, const float (&acc
             for (int e = 0; e < 2; ++e) {
                 const long long token = tile.token0 + 8 * i + 2 * t + e;
                 if (token >= m) continue;
-                if (row_a < n) store_output(y, residual, token * n + row_a, acc[p][i][e], epilogue);
-                if (row_b < n) store_output(y, residual, token * n + row_b, acc[p][i][2 + e], epilogue);
+                if (row_a < n) store_output(y, residual, token * ldy + row_a, acc[p][i][e], epilogue);
+                if (row_b < n) store_output(y, residual, token * ldy + row_b, acc[p][i][2 + e], epilogue);
             }
         }
     }
@@ -259,7 +261,7 @@ __forceinline__ void store_tile(void* y, const bf16* residual, const float (&acc
 // SEGS: scale segments per column (1 when G >= KC, else KC / G); T: tokens per block; F16S: fp16 scales.
 template <int BITS, int SEGS, int T, bool F16S>
 __forceinline__ void gemm_quant(void* y, const bf16* x, const unsigned char* qweight, const bf16* scales,
-                                const bf16* residual, int m, int n, int k, int group_log2, int epilogue) {
+                                const bf16* residual, int m, int n, int k, int group_log2, int epilogue, int ldy) {
     using L = StageLayout<BITS, SEGS, T>;
     constexpr int kS = kStages<BITS>;
     extern __shared__ uint4 smem[];
@@ -295,15 +297,15 @@ __forceinline__ void gemm_quant(void* y, const bf16* x, const unsigned char* qwe
         cp_async_commit();
         if (!idle) gemm_column<BITS, SEGS, T, F16S>(acc, smem + (c % kS) * L::kChunks, masks);
     }
-    if (!idle) store_tile<T>(y, residual, acc, tile, m, n, epilogue);
+    if (!idle) store_tile<T>(y, residual, acc, tile, m, n, ldy, epilogue);
 }
 
 #define GEMM_QUANT_ARGS                                                                                       \
     void *y, const bf16 *x, const unsigned char *qweight, const bf16 *scales, const bf16 *residual, int m, int n, \
-        int k, int group_log2, int epilogue
-#define GEMM_QUANT_KERNEL_T(NAME, BITS, SEGS, T, F16S)                                                     \
-    extern "C" __global__ void __launch_bounds__(kGemmThreads, 1) NAME##_t##T(GEMM_QUANT_ARGS) {           \
-        gemm_quant<BITS, SEGS, T, F16S>(y, x, qweight, scales, residual, m, n, k, group_log2, epilogue); \
+        int k, int group_log2, int epilogue, int ldy
+#define GEMM_QUANT_KERNEL_T(NAME, BITS, SEGS, T, F16S)                                                          \
+    extern "C" __global__ void __launch_bounds__(kGemmThreads, 1) NAME##_t##T(GEMM_QUANT_ARGS) {                \
+        gemm_quant<BITS, SEGS, T, F16S>(y, x, qweight, scales, residual, m, n, k, group_log2, epilogue, ldy); \
     }
 #define GEMM_QUANT_KERNEL(NAME, BITS, SEGS, F16S)     \
     GEMM_QUANT_KERNEL_T(NAME, BITS, SEGS, 32, F16S) \

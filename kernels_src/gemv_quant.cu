@@ -13,6 +13,10 @@
 //                   (N_w = 2N, N % 8 == 0): bit-identical to kStore followed by activation.cu's silu_mul_bf16
 //   kStoreF32 (3):  y = x @ W^T, f32 (a quantized lm_head's logits)   (N_w = N)
 // x is bf16 [rows, K]; y is [rows, N]; residual bf16 [rows, N]. Pointers 16-byte aligned (host-checked).
+// Dense tail (kStore only; tail null and tail_rows 0 otherwise, which changes nothing): tail bf16
+// [tail_rows, K] row-major is the projection's last rows, kept bf16 beside the quantized ones (a Gated
+// DeltaNet's in_proj_b / in_proj_a, 2 x 48 rows at the 27B). y is then [rows, N + tail_rows] and row b of
+// it is [x_b @ W^T | x_b @ tail^T]: one launch, where a GEMV of each and a concatenation were three.
 //
 // Device weight layout ("octets"; ninfer_rt/quantize/layouts.py device_layout() writes it from the checkpoint's
 // row-major codes at load time). Codes are offset binary, u = q + 2^(BITS-1). Rows come in octets of 8
@@ -35,9 +39,19 @@
 // the lane's 16-byte load of x[b = g, run] is, unchanged, their B fragments: no shuffles, no conversions of x.
 // G >= 32 (a power of two); K % G == 0.
 //
-// Launch: one block of 32 * W threads (W warps) per tile of 16 weight rows, grid = tiles:
+// Launch: one block of 32 * W threads (W warps) per tile of 16 weight rows, grid = tail tiles + tiles:
 //   plain epilogues: tile m = octets 2m, 2m+1 (rows 16m..16m+15), tiles = ceil(N / 16)
 //   kSwiglu:         tile m = octets m and N/8 + m (gate rows 8m.., up rows N+8m..), tiles = N / 8
+//   tail tiles:      ceil(tail_rows / 16) blocks ahead of the quantized tiles (blockIdx.x < tail tiles; 0
+//                    without a tail); tail tile m = tail rows 16m..16m+15 (past tail_rows: row tail_rows-1
+//                    again, never stored), stored at columns N + 16m... A bf16 row holds 4x the bytes of an
+//                    int4 one, so these blocks go first: they start in the first wave, not after it.
+//   A tail tile runs the quantized tiles' mma with the rows' bf16 values as A fragments, as loaded: the
+//   16-byte chunk of row g at inputs 32j + 8t.. is the pairs (i0 i1)(i2 i3)(i4 i5)(i6 i7) that a run's
+//   dequantization gives, and x's chunk of the same inputs is, as there, the B fragments. Warp w takes the
+//   32-input runs w, w+W, ..., kTailRuns at a time (2 * kTailRuns 16-byte loads per lane, as a quantized
+//   batch's 2 * kColumns); the products are exact in f32 and summed in f32 (no scale), then the warps'
+//   sums meet in the same shared-memory reduction and store.
 // W = 8, or 16 for a grid of at most two tiles per SM (quant_ops.gemv_warps): such a grid leaves SMs at a
 // quarter of their warps, so each warp's chain of batches is long and the loads in flight few (H200,
 // qwen3-8b decode step at 256 tokens: int8 down 21.6 -> 15.7 us with 16, 256 tiles; qkv, 384 tiles, 8.5 ->
@@ -63,6 +77,7 @@
 #include "quant_common.cuh"
 
 constexpr int kColumns = 2;  // columns in flight per warp: 2 * kColumns 16-byte loads per lane
+constexpr int kTailRuns = 2;  // a dense tail's 32-input runs in flight per warp: as many loads per lane
 constexpr unsigned int kNegZero2 = 0x80008000u;  // bf16x2 (-0, -0): x + -0 == x for every x
 
 // load_streaming, but volatile: ptxas keeps the issue order, so a batch's loads all leave before its math.
@@ -156,15 +171,14 @@ __forceinline__ void accumulate_column(float (&acc)[4], const Batch<SEGS>& batch
     }
 }
 
-// SEGS: scale segments per column (1 when G >= KC; KC / G for smaller groups); WARPS: W; F16S: fp16 scales.
+// A quantized tile's sums (tile m of the header's Launch), per lane: (row g, batch 2t), (row g, batch 2t+1),
+// (row g+8, batch 2t), (row g+8, batch 2t+1). SEGS: scale segments per column (1 when G >= KC; KC / G for
+// smaller groups); WARPS: W; F16S: fp16 scales.
 template <int BITS, int B, int SEGS, int WARPS, bool F16S>
-__forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qweight, const bf16* scales,
-                                const bf16* residual, int rows, int n, int k, int group_log2, int epilogue) {
-    __shared__ float partial[WARPS][4][32];
+__forceinline__ void quant_tile_sums(float (&acc)[4], const bf16* x, const unsigned char* qweight, const bf16* scales,
+                                     int rows, int n, int k, int group_log2, bool swiglu, long long tile) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const bool swiglu = epilogue == kSwiglu;
-    const long long tile = blockIdx.x;
     const long long octet_a = swiglu ? tile : 2 * tile;
     const long long octet_b = swiglu ? (n >> 3) + tile : 2 * tile + 1;
     const int columns = k / kColumnK<BITS>;
@@ -190,7 +204,6 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
     const int x_row = B == 1 ? 0 : min(g, rows - 1);
     const uint4* x_lane = reinterpret_cast<const uint4*>(x) + (long long)x_row * (k >> 3) + t;
     const DequantMasks masks = dequant_masks<BITS>();
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     constexpr int kStep = WARPS * kColumns;  // columns per batch of the warps
     for (int c = warp; c < columns; c += kStep) {
 #pragma unroll
@@ -201,6 +214,72 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
         keep_pointer(wa);
         keep_pointer(wb);
         if (c + kStep < columns) load_batch<BITS, SEGS, WARPS>(batch, wa, wb, rows_of_tile, c + kStep, columns, group_log2);
+    }
+}
+
+// Loads runs run, run + WARPS, ... (those < runs) of rows a and b; wa and wb point at run `run`'s chunks.
+template <int WARPS>
+__forceinline__ void load_tail_batch(uint4 (&a)[kTailRuns], uint4 (&b)[kTailRuns], const uint4* wa, const uint4* wb,
+                                     const int run, const int runs) {
+#pragma unroll
+    for (int u = 0; u < kTailRuns; ++u) {
+        if (run + WARPS * u < runs) {
+            a[u] = load_weights(wa + 4 * WARPS * u);
+            b[u] = load_weights(wb + 4 * WARPS * u);
+        }
+    }
+}
+
+// A dense tail tile's sums, laid out as quant_tile_sums' (header: tail tiles): rows 16 * tile + g and
+// 16 * tile + 8 + g of the bf16 tail [tail_rows, K], the lane's chunk t of each 32-input run.
+template <int B, int WARPS>
+__forceinline__ void tail_tile_sums(float (&acc)[4], const bf16* x, const bf16* tail, int rows, int tail_rows, int k, int tile) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int chunks = k >> 3, runs = k >> 5;  // 16-byte chunks and 32-input runs per row
+    const long long row_a = min(16 * tile + g, tail_rows - 1), row_b = min(16 * tile + 8 + g, tail_rows - 1);
+    const uint4* wa = reinterpret_cast<const uint4*>(tail) + row_a * chunks + 4 * warp + t;
+    const uint4* wb = reinterpret_cast<const uint4*>(tail) + row_b * chunks + 4 * warp + t;
+    uint4 a[kTailRuns], b[kTailRuns];
+    load_tail_batch<WARPS>(a, b, wa, wb, warp, runs);
+    enter_dependent_kernel();  // x and y only from here on
+
+    const int x_row = B == 1 ? 0 : min(g, rows - 1);
+    const uint4* x_lane = reinterpret_cast<const uint4*>(x) + (long long)x_row * chunks + t;
+    constexpr int kStep = WARPS * kTailRuns;  // runs per batch of the warps
+    // Rolled: unrolled, this loop's registers set the whole kernel's (ptxas, sm_90a: int4 g64 64 -> 73, one
+    // allocation step more, i.e. 3 blocks of 8 warps per SM instead of 4 on the quantized tiles).
+#pragma unroll 1
+    for (int run = warp; run < runs; run += kStep) {
+#pragma unroll
+        for (int u = 0; u < kTailRuns; ++u) {
+            if (run + WARPS * u < runs) {
+                const unsigned int pa[4] = {a[u].x, a[u].y, a[u].z, a[u].w}, pb[4] = {b[u].x, b[u].y, b[u].z, b[u].w};
+                mma_run(acc, pa, pb, __ldg(x_lane + 4 * (run + WARPS * u)));
+            }
+        }
+        wa += 4 * kStep;
+        wb += 4 * kStep;
+        if (run + kStep < runs) load_tail_batch<WARPS>(a, b, wa, wb, run + kStep, runs);
+    }
+}
+
+// Blocks below the tail's tile count (0 without a tail) take its tiles, the others the quantized tiles.
+template <int BITS, int B, int SEGS, int WARPS, bool F16S>
+__forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qweight, const bf16* scales,
+                                const bf16* residual, int rows, int n, int k, int group_log2, int epilogue,
+                                const bf16* tail, int tail_rows) {
+    __shared__ float partial[WARPS][4][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bool swiglu = epilogue == kSwiglu;
+    const int tail_tiles = (tail_rows + 15) >> 4;
+    const bool in_tail = (int)blockIdx.x < tail_tiles;
+    const long long tile = (long long)blockIdx.x - (in_tail ? 0 : tail_tiles);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (in_tail) {
+        tail_tile_sums<B, WARPS>(acc, x, tail, rows, tail_rows, k, (int)tile);
+    } else {
+        quant_tile_sums<BITS, B, SEGS, WARPS, F16S>(acc, x, qweight, scales, rows, n, k, group_log2, swiglu, tile);
     }
 
     // acc: (row g, batch 2t), (row g, batch 2t+1), (row g+8, batch 2t), (row g+8, batch 2t+1) of the tile.
@@ -214,7 +293,7 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
         for (int w = 0; w < WARPS; ++w) v += partial[w][(r >> 3) * 2 + (b & 1)][4 * (r & 7) + (b >> 1)];
         return v;
     };
-    if (swiglu) {
+    if (swiglu) {  // never with a tail (host-checked)
         const int r = threadIdx.x & 7, b = threadIdx.x >> 3;
         if (b < B && b < rows) {
             const float gate = total(r, b), up = total(r + 8, b);
@@ -223,8 +302,9 @@ __forceinline__ void gemv_quant(void* y, const bf16* x, const unsigned char* qwe
         return;
     }
     const int r = threadIdx.x & 15, b = threadIdx.x >> 4;
-    const long long row = 16 * tile + r;
-    if (b < B && b < rows && row < n) store_output(y, residual, (long long)b * n + row, total(r, b), epilogue);
+    const long long y_cols = (long long)n + tail_rows;  // y's row stride
+    const long long row = (in_tail ? n : 0) + 16 * tile + r;
+    if (b < B && b < rows && row < (in_tail ? y_cols : n)) store_output(y, residual, b * y_cols + row, total(r, b), epilogue);
 }
 
 template <int BITS, bool F16S>
@@ -269,10 +349,11 @@ __forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf1
 
 #define GEMV_QUANT_ARGS                                                                                       \
     void *y, const bf16 *x, const unsigned char *qweight, const bf16 *scales, const bf16 *residual, int rows, \
-        int n, int k, int group_log2, int epilogue
-#define GEMV_QUANT_KERNEL_W(NAME, BITS, B, SEGS, WARPS, F16S)                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(GEMV_QUANT_ARGS) {                                 \
-        gemv_quant<BITS, B, SEGS, WARPS, F16S>(y, x, qweight, scales, residual, rows, n, k, group_log2, epilogue); \
+        int n, int k, int group_log2, int epilogue, const bf16 *tail, int tail_rows
+#define GEMV_QUANT_KERNEL_W(NAME, BITS, B, SEGS, WARPS, F16S)                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(GEMV_QUANT_ARGS) {                           \
+        gemv_quant<BITS, B, SEGS, WARPS, F16S>(y, x, qweight, scales, residual, rows, n, k, group_log2, epilogue, \
+                                               tail, tail_rows);                                                 \
     }
 #define GEMV_QUANT_KERNEL_S(NAME, BITS, B, SEGS, F16S) \
     GEMV_QUANT_KERNEL_W(NAME, BITS, B, SEGS, 8, F16S)  \

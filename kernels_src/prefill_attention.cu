@@ -16,6 +16,10 @@
 // block_tables int32 [B, max_pages];
 // context_lens int32 [B]; query_start int32 [B+1]; out bf16 [T, Hq, D]. Sequences with C <= decode_max_queries
 // are skipped (decode_attention's in a mixed step).
+// Output gate (gated attention; gate null: none, the stores unchanged): out[row, h, d] *= sigmoid(gate[row *
+// gate_stride + h * D + d]), gate bf16 (4-byte aligned: the fused qkv rows' gate columns), applied in f32
+// where the output is stored (the block with one split, prefill_attention_combine with several), before the
+// one rounding to bf16. The kernels with several splits ignore it (their partials are ungated).
 //
 // Tiles (GQA sharing): a block owns one kv head and a tile of R = 128 M rows (64 at D = 256) = Qt = R / G chunk rows
 // x the G q heads of that kv head (row r: chunk row q_begin + r / G, q head kv_head * G + r % G; when G does
@@ -157,7 +161,7 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
                                              const void* k_cache, const void* v_cache, const float* k_scale,
                                              const float* v_scale, const int* block_tables, int max_pages,
                                              const int* context_lens, const int* query_start, int decode_max_queries,
-                                             int num_q_heads, int num_kv_heads, float scale, int num_splits) {
+                                             int num_q_heads, int num_kv_heads, float scale, int num_splits, OutputGate gate) {
     using S = FlashSmem<D, kInt8>;
     constexpr int kRows = kTileRows<D>;
     constexpr int kMTiles = kRows / (16 * kPrefillThreads / 32);  // m16 tiles per warp
@@ -373,7 +377,7 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
     // The tile's geometry again (cheap loads), rather than registers held through the loop.
     prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,
                   num_splits, kRows);
-    const PrefillOutput dst = prefill_output(b, out, partial_acc, partial_ml, num_q_heads, num_kv_heads, num_splits);
+    const PrefillOutput dst = prefill_output(b, out, partial_acc, partial_ml, gate, num_q_heads, num_kv_heads, num_splits);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) store_rows<D, kRows>(dst, t, o[mt], m[mt], l[mt], warp_row + 16 * mt, g, c);
 }
@@ -391,7 +395,7 @@ __forceinline__ void store_words(bf16* dst, const unsigned (&words)[N]) {
 template <int D, int kRows>
 __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_acc, const float* partial_ml,
                                                const int* context_lens, const int* query_start, int decode_max_queries,
-                                               int num_q_heads, int num_kv_heads, int num_splits) {
+                                               int num_q_heads, int num_kv_heads, int num_splits, OutputGate gate) {
     constexpr int kPerLane = D / 32;
     static_assert(kPerLane == 2 || kPerLane == 4 || kPerLane == 8, "combine lanes hold 2, 4 or 8 dims");
     constexpr int kVec = kPerLane == 2 ? 2 : 4;  // floats per partial load
@@ -441,9 +445,13 @@ __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_a
             }
         }
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const bf16* gates =
+            gate.gate == nullptr ? nullptr : gate.gate + tile_gate_offset(t, r, qi, kv_head, gate.stride, D) + lane * kPerLane;
         unsigned words[kPerLane / 2];
 #pragma unroll
-        for (int p = 0; p < kPerLane / 2; ++p) words[p] = pack_bf16x2(acc[2 * p] * inv, acc[2 * p + 1] * inv);
+        for (int p = 0; p < kPerLane / 2; ++p) {
+            words[p] = gated_pair(acc[2 * p] * inv, acc[2 * p + 1] * inv, gates == nullptr ? nullptr : gates + 2 * p);
+        }
         store_words(out + tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + lane * kPerLane, words);
     }
 }
@@ -453,20 +461,22 @@ __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_a
         bf16* out, float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache,                   \
         const void* v_cache, const float* k_scale, const float* v_scale, const int* block_tables,               \
         int max_pages, const int* context_lens, const int* query_start, int decode_max_queries,                 \
-        int num_q_heads, int num_kv_heads, float scale, int num_splits) {                                      \
+        int num_q_heads, int num_kv_heads, float scale, int num_splits, const bf16* gate, int gate_stride) {   \
         enter_dependent_kernel();                                                                              \
         IMPL<D, INT8>(out, partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale, block_tables,       \
                       max_pages, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,     \
-                      scale, num_splits);                                                                      \
+                      scale, num_splits, OutputGate{gate, gate_stride});                                       \
     }
 
 #define PREFILL_COMBINE(NAME, D, ROWS)                                                                         \
     extern "C" __global__ void __launch_bounds__(kPrefillThreads) NAME##_d##D(                                 \
         bf16* out, const float* partial_acc, const float* partial_ml, const int* context_lens,                 \
-        const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, int num_splits) {   \
+        const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, int num_splits,     \
+        const bf16* gate, int gate_stride) {                                                                   \
         enter_dependent_kernel();                                                                              \
         prefill_attention_combine<D, ROWS>(out, partial_acc, partial_ml, context_lens, query_start,            \
-                                           decode_max_queries, num_q_heads, num_kv_heads, num_splits);         \
+                                           decode_max_queries, num_q_heads, num_kv_heads, num_splits,          \
+                                           OutputGate{gate, gate_stride});                                     \
     }
 
 PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 64, bf16, false)

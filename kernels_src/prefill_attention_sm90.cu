@@ -11,7 +11,7 @@
 // accumulator layout repacked as in the mma.sync kernel, rounded to bf16; B = V, N-major in shared memory).
 // Widened int8 KV: the same in f16 (Q rounded bf16 -> f16 in shared memory once, P rounded to f16).
 // Layout: q bf16 [T, Hq, 128]; K, V [num_pages, 64, Hkv, 128] bf16 (f16 widened); block_tables, context_lens,
-// query_start, out and the workspace as in prefill_attention.cu.
+// query_start, out, the workspace and the output gate as in prefill_attention.cu.
 // Shared memory (dynamic, WgSmem below, 1024-aligned inside: attention_ops.prefill_sm90_smem bytes): Q and two
 // buffers of the K and V page tiles as 64-dim halves of 128-byte rows in the 128-byte swizzle wgmma reads
 // (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) << 4)). Page kt + 1 is copied (cp.async) while page
@@ -42,7 +42,7 @@ __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc,
                                                   const void* k_cache, const void* v_cache, const int* block_tables,
                                                   int max_pages, const int* context_lens, const int* query_start,
                                                   int decode_max_queries, int num_q_heads, int num_kv_heads, float scale,
-                                                  int num_splits) {
+                                                  int num_splits, OutputGate gate) {
     using S = WgSmem;
     constexpr int D = 128;
     constexpr int kDimTiles = D / 8;
@@ -134,7 +134,7 @@ __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc,
 
     prefill_block(b, block_tables, max_pages, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,
                   num_splits);
-    const PrefillOutput dst = prefill_output(b, out, partial_acc, partial_ml, num_q_heads, num_kv_heads, num_splits);
+    const PrefillOutput dst = prefill_output(b, out, partial_acc, partial_ml, gate, num_q_heads, num_kv_heads, num_splits);
     store_rows<D>(dst, t, o, m, l, warp_row, g, c);
 }
 
@@ -144,11 +144,11 @@ __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc,
         bf16* out, float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache, const void* v_cache,   \
         const float* k_scale, const float* v_scale, const int* block_tables, int max_pages, const int* context_lens, \
         const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, float scale,             \
-        int num_splits) {                                                                                            \
+        int num_splits, const bf16* gate, int gate_stride) {                                                         \
         enter_dependent_kernel();                                                                                    \
         prefill_attention_sm90_block<F16>(out, partial_acc, partial_ml, q, k_cache, v_cache, block_tables, max_pages, \
                                           context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,   \
-                                          scale, num_splits);                                                         \
+                                          scale, num_splits, OutputGate{gate, gate_stride});                          \
     }
 PREFILL_SM90_KERNEL(prefill_attention_sm90_d128_bf16, false)
 PREFILL_SM90_KERNEL(prefill_attention_sm90_d128_widened, true)

@@ -18,7 +18,7 @@
 // off the multiplying ones; for bf16 the two-blocks-per-SM kernel without a copying warpgroup measured faster
 // (bench/logs/h200-2026-11-30-prefill-attention-warp-specialized-34d33ed.txt).
 // Layout: q bf16 [T, Hq, 128]; K, V [num_pages, 64, Hkv, 128] int8, f32 scales [num_pages, 64, Hkv];
-// block_tables, context_lens, query_start, out and the workspace as in prefill_attention.cu.
+// block_tables, context_lens, query_start, out, the workspace and the output gate as in prefill_attention.cu.
 // Shared memory (dynamic, WsSmem below, 1024-aligned inside: attention_ops.prefill_sm90_smem bytes).
 // Launch: prefill_attention_sm90_d128_int8: grid as prefill_attention.cu's kernels (tiles * num_splits, Hkv,
 // B); block 384, one block per SM. Compiled for other archs the file holds no kernel.
@@ -275,7 +275,8 @@ __forceinline__ void prefill_attention_sm90_int8_block(bf16* out, float* partial
                                              const void* k_cache, const void* v_cache, const float* k_scale,
                                              const float* v_scale, const int* block_tables, int max_pages,
                                              const int* context_lens, const int* query_start, int decode_max_queries,
-                                             int num_q_heads, int num_kv_heads, float scale, int num_splits) {
+                                             int num_q_heads, int num_kv_heads, float scale, int num_splits,
+                                             OutputGate gate) {
     using S = WsSmem;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     const unsigned base = swizzle_aligned_base(wg_smem, S::kBytes);
@@ -302,17 +303,18 @@ __forceinline__ void prefill_attention_sm90_int8_block(bf16* out, float* partial
     const int mg = threadIdx.x / kGroupThreads - 1;
     float o[16][4], m[2], l[2];
     multiply_pages(b, base, smem, q, num_q_heads, scale, mg, o, m, l);
-    const PrefillOutput dst = prefill_output(b, out, partial_acc, partial_ml, num_q_heads, num_kv_heads, num_splits);
+    const PrefillOutput dst = prefill_output(b, out, partial_acc, partial_ml, gate, num_q_heads, num_kv_heads, num_splits);
     store_rows<128>(dst, b.t, o, m, l, 64 * mg + 16 * ((threadIdx.x >> 5) & 3), (threadIdx.x & 31) >> 2, threadIdx.x & 3);
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, 1) prefill_attention_sm90_d128_int8(
     bf16* out, float* partial_acc, float* partial_ml, const bf16* q, const void* k_cache, const void* v_cache,
     const float* k_scale, const float* v_scale, const int* block_tables, int max_pages, const int* context_lens,
-    const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, float scale, int num_splits) {
+    const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, float scale, int num_splits,
+    const bf16* gate, int gate_stride) {
     enter_dependent_kernel();
     prefill_attention_sm90_int8_block(out, partial_acc, partial_ml, q, k_cache, v_cache, k_scale, v_scale, block_tables,
                                 max_pages, context_lens, query_start, decode_max_queries, num_q_heads, num_kv_heads,
-                                scale, num_splits);
+                                scale, num_splits, OutputGate{gate, gate_stride});
 }
 #endif

@@ -85,6 +85,19 @@ __forceinline__ long long tile_row_offset(const PrefillTile& t, int r, int qi, i
     return ((long long)(t.row0 + t.q_begin + qi) * num_q_heads + head) * head_dim;
 }
 
+// Element offset of M row r's gates (OutputGate: rows `stride` apart, head h's from h * head_dim).
+__forceinline__ long long tile_gate_offset(const PrefillTile& t, int r, int qi, int kv_head, int stride, int head_dim) {
+    const int head = kv_head * t.group + (r - qi * t.group);
+    return (long long)(t.row0 + t.q_begin + qi) * stride + (long long)head * head_dim;
+}
+
+// Two output values with their gates applied (gate words: one bf16x2 word per pair; none without a gate), packed.
+__forceinline__ unsigned gated_pair(float lo, float hi, const bf16* gate) {
+    if (gate == nullptr) return pack_bf16x2(lo, hi);
+    const unsigned g = *reinterpret_cast<const unsigned*>(gate);
+    return pack_bf16x2(gated(lo, bf16_lo(g)), gated(hi, bf16_hi(g)));
+}
+
 // Row index of M row r of (split, seq, tile, kv_head) in the partial workspace.
 __forceinline__ long long partial_row(int split, int seq, int num_seqs, int tile, int num_tiles, int kv_head,
                                       int num_kv_heads, int r, int tile_rows) {
@@ -233,21 +246,25 @@ __forceinline__ void pack_p(const float (&s)[8][4], unsigned (&p)[kKeyTile / 16]
     }
 }
 
-// Where a block's rows go: out (one split) or the partial workspace (several).
+// Where a block's rows go: out, gated when there is a gate (one split), or the partial workspace (several:
+// the combine gates).
 struct PrefillOutput {
     bf16* out;
     float* partial_acc;
     float* partial_ml;
+    OutputGate gate;
     int split, seq, tile, num_tiles, kv_head, num_q_heads, num_kv_heads, num_splits;
 };
 
 __forceinline__ PrefillOutput prefill_output(const PrefillBlock& b, bf16* out, float* partial_acc, float* partial_ml,
-                                             int num_q_heads, int num_kv_heads, int num_splits) {
-    return {out, partial_acc, partial_ml, b.split, b.seq, b.tile, b.num_tiles, b.kv_head, num_q_heads, num_kv_heads, num_splits};
+                                             OutputGate gate, int num_q_heads, int num_kv_heads, int num_splits) {
+    return {out, partial_acc, partial_ml, gate, b.split, b.seq, b.tile, b.num_tiles, b.kv_head, num_q_heads, num_kv_heads,
+            num_splits};
 }
 
 // Rows row0 + g and row0 + 8 + g of a block's tile of kRows M rows: O (D dims as D / 8 n8 tiles) normalized
-// into out, or with the running max m and the row sum into the workspace. l is this thread's share of the row sum.
+// (and gated) into out, or with the running max m and the row sum into the workspace. l is this thread's share
+// of the row sum.
 template <int D, int kRows = kFlashRows>
 __forceinline__ void store_rows(const PrefillOutput& dst, const PrefillTile& t, const float (&o)[D / 8][4],
                                 const float (&m)[2], const float (&l)[2], int row0, int g, int c) {
@@ -262,9 +279,12 @@ __forceinline__ void store_rows(const PrefillOutput& dst, const PrefillTile& t, 
         if (dst.num_splits == 1) {
             const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
             bf16* out = dst.out + tile_row_offset(t, r, qi, dst.kv_head, dst.num_q_heads, D) + 2 * c;
+            const OutputGate& og = dst.gate;
+            const bf16* gate = og.gate == nullptr ? nullptr : og.gate + tile_gate_offset(t, r, qi, dst.kv_head, og.stride, D) + 2 * c;
 #pragma unroll
             for (int dt = 0; dt < D / 8; ++dt) {
-                *reinterpret_cast<unsigned*>(out + dt * 8) = pack_bf16x2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+                const bf16* pair_gate = gate == nullptr ? nullptr : gate + dt * 8;
+                *reinterpret_cast<unsigned*>(out + dt * 8) = gated_pair(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv, pair_gate);
             }
         } else {
             const long long prow = partial_row(dst.split, dst.seq, gridDim.z, dst.tile, dst.num_tiles, dst.kv_head,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from ninfer_rt.exec.numpy_gated_attention import gate_output
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 PAGE = 64
 
@@ -78,6 +80,14 @@ def paged_attention_ref(
             block_out = (probs @ values).reshape(n_kv_heads, rows, group, head_dim).transpose(1, 0, 2, 3)
             out[first:last] = block_out.reshape(rows, n_q_heads, head_dim)
     return out
+
+
+def gated_reference(expected: np.ndarray, gates: np.ndarray | None) -> np.ndarray:
+    """[T, Hq, D] output times sigmoid(gates [T, Hq D]) as the numpy executor gates it
+    (exec/numpy_gated_attention.py), or as it is without gates."""
+    if gates is None:
+        return expected
+    return gate_output(expected.reshape(expected.shape[0], -1), gates).reshape(expected.shape)
 
 
 def p_rounding_slack(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray, *tables: np.ndarray | float, unit: float) -> np.ndarray:

@@ -252,17 +252,30 @@ def test_decode_step_is_rope_then_split_then_combine_with_a_context_free_grid() 
     assert step.out.resource in combine.writes and not any(r[0] == "kv" for r in combine.reads)
 
 
-def test_gated_attention_reads_strided_qkv_rows_turns_a_quarter_of_each_head_and_gates_the_output() -> None:
-    lib, step = RecordingLibrary(), logical_step([1, 2], [5000, 70])
+@pytest.mark.parametrize(("query_lens", "context_lens", "prefill_splits"), [
+    ([1, 2], [5000, 70], None),  # decode only: the combine stores every row
+    ([4, 300, 1], [900, 300, 64], True),  # the split prefill's combine stores its rows
+    ([250, 250], [250, 250], False),  # one split (a short context): the prefill kernel stores
+])
+def test_gated_attention_reads_strided_qkv_rows_turns_a_quarter_of_each_head_and_gates_the_output_as_stored(
+    query_lens: list[int], context_lens: list[int], prefill_splits: bool | None
+) -> None:
+    lib, step = RecordingLibrary(), logical_step(query_lens, context_lens)
     gain = SimpleNamespace(buffer=step.params.q_norm.buffer, dtype="f32")  # zero-centred 1 + w, prepared in f32
     step.params = replace(step.params, q_norm=gain, k_norm=gain, rotary_dim=32, output_gate=True)
     stride = (16 + 2 * 4) * 128 + 16 * 128
     step.qkv = DeviceBuffer(step.streams, 512 * stride * 2, "gated qkv")
     run_attention_op(lib, step)
-    rope, gate = lib.launches[0], lib.launches[-1]
-    assert rope.args[-3:] == (stride, 32, 1)
-    assert gate.name == "sigmoid_gate_mul_bf16" and gate.args[1:] == (step.qkv.ptr + 2 * (16 + 8) * 128, stride, 3, 16 * 128)
-    assert gate.writes == (step.out.resource,) and step.qkv.resource in gate.reads
+    assert lib.launches[0].args[-3:] == (stride, 32, 1)  # rope_kv
+    names = [launch.name for launch in lib.launches]
+    assert not any("gate" in name for name in names), "the output gate has no launch of its own"
+    assert ("prefill_attention_combine_d128" in names) is bool(prefill_splits)
+    gated = (step.qkv.ptr + 2 * (16 + 8) * 128, stride)  # the gates follow q, k and v in each row
+    for launch in lib.launches[1:]:
+        if step.out.resource in launch.writes:  # a launch that stores the output applies the gate
+            assert launch.args[-2:] == gated and step.qkv.resource in launch.reads, launch.name
+        elif launch.name.startswith("prefill_attention"):  # the split prefill's partials are ungated
+            assert launch.args[-2:] == (0, 0) and step.qkv.resource not in launch.reads
 
 
 def test_partial_rope_refuses_dims_the_lanes_cannot_pair() -> None:

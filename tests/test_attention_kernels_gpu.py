@@ -20,6 +20,7 @@ from attention_refs import (
     PagedKV,
     closeness_report,
     dequantized,
+    gated_reference,
     make_batch,
     make_pages,
     neox_rope_ref,
@@ -37,6 +38,7 @@ from ninfer_rt.cuda.attention_buffers import (
     STEP_INPUT_NAMES,
     AttentionStep,
     DecodeWorkspace,
+    OutputGate,
     PrefillWorkspace,
     RopeArgs,
     StepInputs,
@@ -204,8 +206,19 @@ def test_rope_kv_int8_zero_row_stores_zeros_with_scale_one(gpu: Gpu) -> None:
 # -- decode attention -----------------------------------------------------------------------------------
 
 
-def run_decode(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel output, float64 reference) over random K/V at every cached position."""
+def fused_qkv_gate(gpu: Gpu, rng: np.random.Generator, rows: int, hq: int, hkv: int, d: int) -> tuple[OutputGate, np.ndarray]:
+    """The gated attention's gates where the executor finds them, after q, k and v in fused qkv rows (random
+    values elsewhere), N(0, 2) so the sigmoid spans (0, 1): (the launch's OutputGate, the gates [T, Hq D])."""
+    column, stride = (hq + 2 * hkv) * d, (2 * hq + 2 * hkv) * d
+    qkv = (rng.standard_normal((rows, stride)) * 2).astype(BF16)
+    return OutputGate(gpu.upload(qkv), column, stride), qkv[:, column:].astype(np.float64)
+
+
+def run_decode(
+    gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None, gated: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel output, float64 reference) over random K/V at every cached position; `gated`: the output
+    multiplied by sigmoid of gates in fused qkv rows, by the combine."""
     rng = np.random.default_rng(int(batch.context_lens.sum()) + hq + d)
     slots = batch.all_slots()
     k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
@@ -219,12 +232,13 @@ def run_decode(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str,
     acc_bytes, ml_bytes = plan.decode_workspace_bytes(splits, len(batch.query_lens), max_queries, hq, d)
     out = gpu.poisoned(batch.num_rows * hq * d * 2)
     workspace = DecodeWorkspace(gpu.poisoned(acc_bytes), gpu.poisoned(ml_bytes))
+    gate, gates = fused_qkv_gate(gpu, rng, batch.num_rows, hq, hkv, d) if gated else (None, None)
     attention_ops.decode_attention(
         gpu.lib, gpu.stream, gpu.step(batch), shape_of(hq, hkv, d), gpu.upload(q), out, gpu.kv_layer(k, v),
-        plan.DecodePlan(splits, row_groups), workspace,
+        plan.DecodePlan(splits, row_groups), workspace, gate,
     )
     expected = paged_attention_ref(q, k.values, v.values, batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
-    return gpu.download(out, BF16, (batch.num_rows, hq, d)), expected
+    return gpu.download(out, BF16, (batch.num_rows, hq, d)), gated_reference(expected, gates)
 
 
 CONTEXTS = [1, 63, 64, 65, 1000, 4097]
@@ -301,11 +315,13 @@ def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: 
 
 def run_prefill(
     gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, num_splits: int | None = None,
-    wgmma: bool | None = None, widen: bool | None = None,
+    wgmma: bool | None = None, widen: bool | None = None, gated: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kernel output, float64 reference, P-rounding slack per element: p_rounding_slack for the kernel's P, bf16
     for bf16 KV, f16 for int8); the split partials live in a poisoned workspace of exactly the
-    blocks the split grid has, so a combine that reads a split that never ran (or a row it never wrote) fails."""
+    blocks the split grid has, so a combine that reads a split that never ran (or a row it never wrote) fails.
+    `gated`: the output multiplied by sigmoid of gates in fused qkv rows, by the launch that stores it (the
+    slack scaled alike)."""
     rng = np.random.default_rng(int(batch.context_lens.sum()) + 3 * hq + d)
     slots = batch.all_slots()
     k, v = (make_pages(rng, batch.num_pages, hkv, d, kv_dtype, slots) for _ in range(2))
@@ -327,13 +343,15 @@ def run_prefill(
         attention_ops.widen_int8_kv(gpu.lib, gpu.stream, step, shape, pages, widened_pages, context)
         pages = widened_pages
     prefill = prefill_plan.PrefillPlan(kernel, prefill_plan.prefill_tiles(shape, step.query_lens), splits, context)
-    attention_ops.prefill_attention(gpu.lib, gpu.stream, step, shape, gpu.upload(q), out, pages, prefill, workspace)
+    gate, gates = fused_qkv_gate(gpu, rng, batch.num_rows, hq, hkv, d) if gated else (None, None)
+    attention_ops.prefill_attention(gpu.lib, gpu.stream, step, shape, gpu.upload(q), out, pages, prefill, workspace, gate)
     # int8: the int8 kernels multiply the exact int8 values and apply the scales in f32 (their headers), the widened
     # path the dequantized values rounded to f16 (kv_widen.cu); the reference is the dequantized values themselves.
     args = (batch.block_tables, batch.context_lens, batch.query_start, d**-0.5)
     expected = paged_attention_ref(q, k.values, v.values, *args)
     slack = p_rounding_slack(q, k.values, v.values, *args, unit=2.0**-11 if kv_dtype == "int8" else 2.0**-8)
-    return gpu.download(out, BF16, (batch.num_rows, hq, d)), expected, slack
+    out_host = gpu.download(out, BF16, (batch.num_rows, hq, d))
+    return out_host, gated_reference(expected, gates), gated_reference(slack, gates)
 
 
 # (chunk, context): fresh prompts and chunks after a cached prefix, aligned and not; GQA 4 puts 32 chunk rows

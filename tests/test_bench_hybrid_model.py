@@ -43,14 +43,15 @@ def test_the_27b_plan_reads_the_bytes_step_bytes_counts_from_the_checkpoint(bits
 
 def test_the_int4_27b_plan_quantizes_every_layer_projection_but_b_and_a() -> None:
     plan = hybrid.model_plan(hybrid.hybrid_config(SHAPE), 4)
-    linear, full = plan["layers.0.in_proj.0"], plan["layers.3.qkv"]
-    assert (linear.rows, linear.cols, linear.bits) == (2 * 16 * 128 + 48 * 128 + 48 * 128, 5120, 4)  # q|k|v|z
-    assert (plan["layers.0.in_proj.1"].rows, plan["layers.0.in_proj.1"].bits) == (2 * 48, 16)  # b|a bf16
+    linear, full = plan["layers.0.in_proj"], plan["layers.3.qkv"]
+    assert isinstance(linear, hybrid.SplitMatrix)  # one projection: quantized q|k|v|z, then b|a in bf16
+    assert (linear.quantized.rows, linear.quantized.cols, linear.quantized.bits) == (2 * 16 * 128 + 48 * 128 + 48 * 128, 5120, 4)
+    assert (linear.dense.rows, linear.dense.bits) == (2 * 48, 16)
     assert (full.rows, full.bits) == (24 * 256 + 2 * 4 * 256 + 24 * 256, 4)  # q|k|v|gate
-    assert sum(name.endswith(".in_proj.0") for name in plan) == 48 and sum(name.endswith(".qkv") for name in plan) == 16
+    assert sum(name.endswith(".in_proj") for name in plan) == 48 and sum(name.endswith(".qkv") for name in plan) == 16
     assert plan["embed"].bits == plan["lm_head"].bits == 16
     quantized = {name.split(".")[-1] for name, part in plan.items() if isinstance(part, hybrid.Matrix) and part.bits == 4}
-    assert quantized == {"0", "qkv", "o_proj", "out_proj", "gate_up", "down"}
+    assert quantized == {"qkv", "o_proj", "out_proj", "gate_up", "down"}
     roles = {name.split(".")[-1]: part.role for name, part in plan.items() if isinstance(part, hybrid.Values)}
     assert roles == {
         "input_norm": WeightRole.ZERO_CENTRED_NORM, "post_norm": WeightRole.ZERO_CENTRED_NORM,
@@ -62,8 +63,8 @@ def test_the_int4_27b_plan_quantizes_every_layer_projection_but_b_and_a() -> Non
 
 def test_a_bf16_plan_fuses_the_whole_input_projection_into_one_matrix() -> None:
     plan = hybrid.model_plan(hybrid.hybrid_config(SHAPE), 16)
-    assert plan["layers.0.in_proj.0"].rows == 2 * 16 * 128 + 2 * 48 * 128 + 2 * 48
-    assert "layers.0.in_proj.1" not in plan
+    in_proj = plan["layers.0.in_proj"]
+    assert isinstance(in_proj, hybrid.Matrix) and in_proj.rows == 2 * 16 * 128 + 2 * 48 * 128 + 2 * 48
 
 
 def test_a_quantized_matrix_the_device_layout_would_pad_is_refused() -> None:

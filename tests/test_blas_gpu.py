@@ -7,6 +7,7 @@ import pytest
 
 from ninfer_rt.cuda import linear_ops
 from ninfer_rt.cuda.blas import Blas, GemmShape
+from ninfer_rt.cuda.memory import DeviceView
 from gpu_session import OneStream
 from test_gemv_gpu import BF16, bf16_random, gpu, relative_l2  # noqa: F401 - gpu is a fixture
 
@@ -62,3 +63,20 @@ def test_plans_are_cached_per_shape(gpu: OneStream, blas: Blas) -> None:
     plan = blas._plans[shape]
     blas.gemm(gpu.stream, x, w, out, shape)
     assert blas._plans[shape] is plan
+
+
+@pytest.mark.parametrize(("m", "column", "n", "stride"), [(9, 768, 8, 776), (531, 16384, 96, 16480), (64, 0, 64, 200)])
+def test_a_strided_output_fills_only_its_column_range(gpu: OneStream, blas: Blas, m: int, column: int, n: int, stride: int) -> None:
+    """out rows `stride` apart from column `column` on (a view of the wider output): the other columns and the
+    spare row stay poisoned."""
+    rng = np.random.default_rng(m + n)
+    k = 256
+    x, w = bf16_random(rng, m, k), bf16_random(rng, n, k)
+    out = gpu.poisoned((m + 1) * stride * 2)
+    view = DeviceView(out, 2 * column, out.nbytes - 2 * column, "out[:, column:]")
+    blas.gemm(gpu.stream, gpu.upload(x), gpu.upload(w), view, GemmShape(m, n, k, out_stride=stride))
+    got = gpu.download(out, BF16, (m + 1, stride)).astype(np.float64)
+    assert relative_l2(got[:m, column : column + n], x.astype(np.float64) @ w.astype(np.float64).T) < 4e-3
+    outside = np.ones(got.shape, bool)
+    outside[:m, column : column + n] = False
+    assert np.isnan(got[outside]).all()

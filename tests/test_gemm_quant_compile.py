@@ -95,7 +95,8 @@ def test_gemm_launches_a_block_per_tile_and_declares_its_accesses(rows: int, epi
     [launch] = lib.launches
     assert launch.name == f"gemm_int4_g32_t{tokens}" and launch.block == plan.THREADS
     assert launch.grid == 2 * -(-rows // tokens) and launch.smem == plan.smem_bytes(4, 32, tokens)
-    assert launch.args[5:] == (rows, 300, 512, 5, {Epilogue.STORE: 0, Epilogue.RESIDUAL: 1, Epilogue.STORE_F32: 3}[epilogue])
+    code = {Epilogue.STORE: 0, Epilogue.RESIDUAL: 1, Epilogue.STORE_F32: 3}[epilogue]
+    assert launch.args[5:] == (rows, 300, 512, 5, code, 300)  # y's rows 300 apart: packed
     assert set(launch.reads) == {x.resource, w.qweight.resource, w.scales.resource} | ({y.resource} if residual else set())
     assert launch.writes == (y.resource,)
 
@@ -107,6 +108,8 @@ def test_gemm_launches_a_block_per_tile_and_declares_its_accesses(rows: int, epi
     (dict(scale_format=ScaleFormat.FP16), r"not \(4, 128\)"),
     (dict(rows=0), "rows"),
     (dict(y_bytes=100), "y"),
+    (dict(out_stride=299), "299 apart"),  # narrower than the weight's 300 rows
+    (dict(out_stride=400, y_bytes=40 * 300 * 2), "y"),  # packed bf16 rows fit; 400 apart need (39 * 400 + 300) * 2 bytes
 ])
 def test_gemm_refuses_what_the_kernel_cannot_compute_before_launching(change: dict, message: str) -> None:
     streams, lib = StreamSet(verify=False), RecordingLibrary()
@@ -116,5 +119,5 @@ def test_gemm_refuses_what_the_kernel_cannot_compute_before_launching(change: di
     rows = change.get("rows", 40)
     x, y = DeviceBuffer(streams, 40 * cols * 2, "x"), DeviceBuffer(streams, change.get("y_bytes", 40 * 300 * 4), "y")
     with pytest.raises(ValueError, match=message):
-        plan.gemm(lib, stream, x, w, y, rows, change.get("epilogue", Epilogue.STORE))
+        plan.gemm(lib, stream, x, w, y, rows, change.get("epilogue", Epilogue.STORE), out_stride=change.get("out_stride"))
     assert not lib.launches and stream.ring.seq == 0

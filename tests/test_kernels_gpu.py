@@ -125,21 +125,6 @@ def test_silu_mul_matches_reference(session: GpuSession, rows: int, inter: int) 
     assert_guard_untouched(session, stream, out, rows * inter)
 
 
-@pytest.mark.parametrize("width", [64, 1000, 6144])
-@pytest.mark.parametrize("rows", ROWS)
-def test_sigmoid_gate_mul_gates_in_place_from_strided_gate_rows(session: GpuSession, rows: int, width: int) -> None:
-    rng = np.random.default_rng(rows * 10061 + width)
-    column, stride = 3 * width, 4 * width + 5  # the gates sit after q, k, v in a fused row
-    attended, qkv = random_bf16(rng, (rows, width), scale=2.0), random_bf16(rng, (rows, stride), scale=3.0)
-    stream = session.stream(f"sigmoid_gate_{rows}x{width}")
-    out, gates = session.upload(stream, attended, "attended"), session.upload(stream, qkv, "qkv")
-
-    ops.sigmoid_gate_mul(session.lib, stream, out, gates, column, stride, rows, width)
-
-    gate = qkv.astype(np.float64)[:, column : column + width]
-    assert_matches("out", session.download(stream, out, BF16, rows * width), attended.astype(np.float64) / (1.0 + np.exp(-gate)))
-
-
 def test_a_cold_start_compiles_every_family_up_front_and_says_how_long_a_warm_start_is_silent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -5,8 +5,8 @@ device buffer and the int4/int8 ones written in the device format (tools/random_
 The plan (`model_plan`, pure: which weights, their formats and sizes) is the layout prepare_model gives a
 checkpoint's weights (model/hybrid_layers.py; tests/test_bench_hybrid_model.py compares the two): a
 gated-attention layer's qkv rows are [q | k | v | gate]; a Gated DeltaNet layer's input projection is one
-matrix [q | k | v | z | b | a] in bf16, or [q | k | v | z] quantized beside [b | a] in bf16 (as `ninfer-rt
-quantize` leaves in_proj_a/b); norm gains are zero-centred (f32 1 + w, w = 0) and conv taps, A_log,
+matrix [q | k | v | z | b | a] in bf16, or one split-format weight, [q | k | v | z] quantized then [b | a]
+in bf16 (as `ninfer-rt quantize` leaves in_proj_a/b); norm gains are zero-centred (f32 1 + w, w = 0) and conv taps, A_log,
 dt_bias and the gated norm's gain f32 parameters. Embedding and lm_head stay bf16. The MTP module is not
 built (a plain decode step does not run it).
 """
@@ -21,6 +21,7 @@ import numpy as np
 from random_weights import BENCH_SLOT, QUANT_GROUP, RandomModel, RandomWeights
 from step_bytes import weight_bytes
 from ninfer_rt.exec.cuda_exec import CudaExecutor
+from ninfer_rt.exec.cuda_weights import SplitFormatWeight
 from ninfer_rt.kv.states import StateSlotPool, StateSpec
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.executor import AttentionParams, Executor, LinearAttentionParams, Tensor, WeightRole
@@ -56,6 +57,23 @@ class Matrix:
 
 
 @dataclass(frozen=True)
+class SplitMatrix:
+    """One projection of quantized rows, then bf16 rows (exec/cuda_weights.py SplitFormatWeight)."""
+
+    quantized: Matrix
+    dense: Matrix
+    role: WeightRole = WeightRole.LINEAR
+
+    @property
+    def rows(self) -> int:
+        return self.quantized.rows + self.dense.rows
+
+    @property
+    def nbytes(self) -> int:
+        return self.quantized.nbytes + self.dense.nbytes
+
+
+@dataclass(frozen=True)
 class Values:
     """f32 values, every one `value` as the model stores it (a zero-centred gain's w; a parameter as is)."""
 
@@ -68,7 +86,7 @@ class Values:
         return 4 * int(np.prod(self.shape))
 
 
-Plan = dict[str, Matrix | Values]
+Plan = dict[str, Matrix | SplitMatrix | Values]
 
 
 def hybrid_config(name: str, layers: int | None = None) -> ModelConfig:
@@ -102,10 +120,10 @@ def gated_attention_plan(cfg: ModelConfig, bits: int) -> Plan:
 def linear_attention_plan(cfg: ModelConfig, bits: int) -> Plan:
     shape, h = linear_attention_shape(cfg), cfg.hidden_size
     gates = 2 * shape.num_value_heads  # b and a: kept bf16 beside quantized projections
-    projections = [Matrix(shape.projection_rows, h)] if bits == 16 else [Matrix(shape.projection_rows - gates, h, bits), Matrix(gates, h)]
+    quantized = SplitMatrix(Matrix(shape.projection_rows - gates, h, bits), Matrix(gates, h))
     parameter = WeightRole.PARAMETER
     return {
-        **{f"in_proj.{n}": matrix for n, matrix in enumerate(projections)},
+        "in_proj": Matrix(shape.projection_rows, h) if bits == 16 else quantized,
         "conv": Values((shape.conv_channels, shape.conv_kernel), parameter, CONV_TAP),
         "A_log": Values((shape.num_value_heads,), parameter, 0.0),
         "dt_bias": Values((shape.num_value_heads,), parameter, 0.0),
@@ -126,7 +144,7 @@ def model_plan(cfg: ModelConfig, bits: int) -> Plan:
     return {"embed": Matrix(vocab, h, role=WeightRole.EMBEDDING), **layers, "norm": _gain(h), "lm_head": Matrix(vocab, h)}
 
 
-Make = Callable[[str, Matrix | Values], Tensor]
+Make = Callable[[str, Matrix | SplitMatrix | Values], Tensor]
 
 
 def assemble(executor: Executor, cfg: ModelConfig, bits: int, make: Make) -> PreparedModel:
@@ -146,8 +164,7 @@ def assemble(executor: Executor, cfg: ModelConfig, bits: int, make: Make) -> Pre
 def _mixer(cfg: ModelConfig, rope: Tensor, made: dict[str, Tensor], kind: str, cache_index: int) -> Mixer:
     if kind == LINEAR_ATTENTION:
         params = LinearAttentionParams(linear_attention_shape(cfg), made["conv"], made["A_log"], made["dt_bias"], made["linear_norm"])
-        projections = tuple(made[key] for key in sorted(made) if key.startswith("in_proj."))
-        return PreparedLinearAttention(projections, params, made["out_proj"], state_layer=cache_index)
+        return PreparedLinearAttention(made["in_proj"], params, made["out_proj"], state_layer=cache_index)
     params = AttentionParams(
         attention_shape(cfg), rope, made["q_norm"], made["k_norm"], rotary_dim=cfg.rotary_dim, output_gate=True
     )
@@ -162,9 +179,12 @@ def build_hybrid_model(executor: CudaExecutor, cfg: ModelConfig, seed: int = 0, 
     """The hybrid on the GPU and its one-slot state pool (the slot acquired; zeroed before each measurement)."""
     random = RandomWeights(executor, seed)
 
-    def make(name: str, part: Matrix | Values) -> Tensor:
+    def make(name: str, part: Matrix | SplitMatrix | Values) -> Tensor:
         if isinstance(part, Values):
             return executor.prepare_weight(name, [host_values(part)], part.role)
+        if isinstance(part, SplitMatrix):
+            quantized, dense = make(name, part.quantized), make(f"{name}.dense", part.dense)
+            return executor.adopt_weight(SplitFormatWeight(quantized, dense), part.role)
         if part.bits < 16:
             return random.quantized(name, part.rows, part.cols, part.bits, part.role)
         return random.dense(name, part.rows, part.cols, part.role)

@@ -10,8 +10,14 @@ bench/results/quant.jsonl.
 against dequantize + cuBLASLt (the default path) and against cuBLASLt alone on the same weight in bf16; the
 "sum" rows add the matrices up. Appends JSON lines to bench/results/quant_gemm.jsonl.
 
+--gdn-projection times the 27B Gated DeltaNet's input projection at decode widths as the executor runs a
+quantized checkpoint's: one launch (the quantized [q | k | v | z] GEMV with the bf16 [b | a] rows as its dense
+tail) against the three it replaced (the quantized GEMV, the bf16 GEMV, the concatenation); appends JSON lines
+to bench/results/quant_gdn_projection.jsonl.
+
     python tools/bench_quant.py --shape qwen3-8b --bits 4,8 --rows 1,2,4,8
     python tools/bench_quant.py --gemm --bits 4,8 --rows 531,8192
+    python tools/bench_quant.py --gdn-projection --bits 4,8 --rows 1,2,4
 """
 
 from __future__ import annotations
@@ -19,12 +25,12 @@ from __future__ import annotations
 import argparse
 
 from bench_decode import append_results, print_table, run_info
-from ninfer_rt.cuda import gemm_quant_ops, quant_ops
+from ninfer_rt.cuda import gemm_quant_ops, linear_ops, quant_ops
 from ninfer_rt.cuda.benchmark import BenchSession, cold_copies, copy_bandwidth
 from ninfer_rt.cuda.blas import Blas, GemmShape
 from ninfer_rt.cuda.driver import open_device
-from ninfer_rt.cuda.linear_ops import Epilogue
-from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
+from ninfer_rt.cuda.linear_ops import Epilogue, RowLayout
+from ninfer_rt.cuda.quant_ops import DenseTail, QuantizedDeviceWeight
 from ninfer_rt.kernel_dev.cases import gemv_shapes
 from ninfer_rt.model.shapes import SHAPES
 
@@ -38,6 +44,7 @@ GEMM_MATRICES = {
     "attn_kv": (1024, 5120), "gate_up": (34816, 5120), "down": (5120, 17408),
 }
 GEMM_PATHS = ("fused", "dequant", "bf16")
+GDN_PROJECTION = (2 * 16 * 128 + 2 * 48 * 128, 2 * 48, 5120)  # the 27B's [q | k | v | z] rows, [b | a] rows, inputs
 
 
 def bench_op(s: BenchSession, n: int, k: int, epilogue: Epilogue, bits: int, group: int, row_counts: list[int]) -> dict[int, tuple[int, float]]:
@@ -112,6 +119,49 @@ def gemm_row(info: dict[str, object], bits: int, op: str, n: int, k: int, rows: 
                    "fused_TFLOPs": flops / timed["fused"] / 1e12, "speedup": timed["dequant"] / timed["fused"]}
 
 
+def bench_gdn_projection(s: BenchSession, bits: int, group: int, rows: int) -> dict[str, float]:
+    """Seconds per projection of `rows` rows: "fused" (one launch) and "separate" (GEMV, GEMV, two row gathers
+    into the output's column ranges, as CudaExecutor.concat did), weights rotating over copies."""
+    n, tail_rows, k = GDN_PROJECTION
+    code_bytes, scale_bytes, tail_bytes = n * k * bits // 8, n * (k // group) * 2, tail_rows * k * 2
+    copies = cold_copies(s.device, code_bytes + scale_bytes + tail_bytes)
+    weights = [
+        QuantizedDeviceWeight(q, sc, n, k, bits, group)
+        for q, sc in zip(s.cold(code_bytes, "qweight", copies), s.cold(scale_bytes, "scales", copies))
+    ]
+    tails = s.cold(tail_bytes, "tail", copies)
+    x, y = s.filled(rows * k * 2, "x"), s.filled(rows * (n + tail_rows) * 2, "y")
+    y_quantized, y_tail = s.filled(rows * n * 2, "y_quantized"), s.filled(rows * tail_rows * 2, "y_tail")
+
+    def fused(i: int) -> None:
+        quant_ops.gemv(s.lib, s.stream, x, weights[i % copies], y, rows, tail=DenseTail(tails[i % copies], tail_rows))
+
+    def separate(i: int) -> None:
+        quant_ops.gemv(s.lib, s.stream, x, weights[i % copies], y_quantized, rows)
+        linear_ops.gemv(s.lib, s.stream, x, tails[i % copies], y_tail, rows, tail_rows, k)
+        for part, width, column in ((y_quantized, n, 0), (y_tail, tail_rows, n)):
+            linear_ops.gather_rows(s.lib, s.stream, part, rows, y, rows, width, out_layout=RowLayout(n + tail_rows, column))
+
+    timed = {"fused": s.time(fused, copies), "separate": s.time(separate, copies)}
+    s.release()
+    return timed
+
+
+def gdn_projections(args: argparse.Namespace) -> None:
+    session = BenchSession.open(open_device(0), repeats=20)
+    info = run_info(session.device) | {"shape": "qwen3.6-27b", "group_size": args.group_size}
+    n, tail_rows, k = GDN_PROJECTION
+    results = []
+    for bits in (int(b) for b in args.bits.split(",")):
+        for rows in (int(r) for r in (args.rows or "1,2,4").split(",")):
+            timed = bench_gdn_projection(session, bits, args.group_size, rows)
+            results.append(info | {"bits": bits, "n": n, "tail_rows": tail_rows, "k": k, "rows": rows,
+                                   "fused_us": timed["fused"] * 1e6, "separate_us": timed["separate"] * 1e6})
+    print_table(results, ["bits", "n", "tail_rows", "k", "rows", "fused_us", "separate_us"])
+    print(f"appended to {append_results('quant_gdn_projection', results)}")
+    session.close()
+
+
 def decode_gemvs(args: argparse.Namespace) -> None:
     row_counts = [int(r) for r in (args.rows or "1,2,4,8").split(",")]
     session = BenchSession.open(open_device(0), repeats=20)
@@ -148,11 +198,15 @@ def main() -> None:
     parser.add_argument("--rows", default=None, help="decode: 1,2,4,8; --gemm: 531,8192")
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--gemm", action="store_true", help="the prefill GEMM over the 27B's matrices")
+    parser.add_argument("--gdn-projection", action="store_true", help="the 27B GDN input projection, fused or not")
     parser.add_argument("--launches", type=int, default=4, help="--gemm: launches per timed graph")
     parser.add_argument("--repeats", type=int, default=5, help="--gemm: timed graph replays (the median is kept)")
     args = parser.parse_args()
     if args.gemm:
         prefill_gemms(args)
+        return
+    if args.gdn_projection:
+        gdn_projections(args)
         return
     decode_gemvs(args)
 

@@ -1,6 +1,6 @@
 """What the attention launches take (attention_ops.py): the step's int32 device tables and each sequence's
-new rows, a layer's K/V pages, RoPE's table and norms, the split partials' workspaces and the widened pages
-of int8 KV. Descriptions of device buffers only; the launches check their sizes.
+new rows, a layer's K/V pages, RoPE's table and norms, the output gate, the split partials' workspaces and
+the widened pages of int8 KV. Descriptions of device buffers only; the launches check their sizes.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ninfer_rt.cuda.attention_plan import KVVariant
 from ninfer_rt.cuda.attention_prefill_plan import widened_page_bytes
 from ninfer_rt.cuda.memory import Buffer, DeviceBuffer
-from ninfer_rt.cuda.ops import StepRows
+from ninfer_rt.cuda.ops import StepRows, _require_bytes
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.ordering.verifier import Resource
 
@@ -100,6 +100,33 @@ class RopeArgs:
     def __post_init__(self) -> None:
         if (self.q_norm is None) != (self.k_norm is None):
             raise ValueError("rope_kv: q_norm and k_norm come together (Qwen3) or not at all (Llama)")
+
+
+@dataclass(frozen=True)
+class OutputGate:
+    """A gated attention's gates: bf16 rows `stride` values apart in `gates`, head h's D gates of a row at
+    column + h * D (the fused qkv rows' gate columns, after v). The kernel that stores the output multiplies
+    it by sigmoid(gate) before rounding it."""
+
+    gates: Buffer
+    column: int
+    stride: int
+
+    def check(self, op: str, rows: int, width: int) -> None:
+        """The gates of `rows` rows of `width` outputs lie inside the buffer's rows; 4-byte aligned, as the
+        kernels read them (pairs of gates; the decode combine 8 bytes at a time)."""
+        if self.column < 0 or self.column + width > self.stride:
+            raise ValueError(f"{op}: gate columns {self.column}..{self.column + width} overflow the gate rows ({self.stride})")
+        if self.column % 4 or self.stride % 4:
+            raise ValueError(f"{op}: gate column {self.column} and row stride {self.stride} are not multiples of 4 (8-byte loads)")
+        _require_bytes(op, gates=(self.gates, rows * self.stride * 2))
+
+    def args(self) -> tuple[int, int]:
+        """The kernels' (gate, gate_stride) arguments: the first row's first gate."""
+        return self.gates.ptr + 2 * self.column, self.stride
+
+
+NO_GATE = (0, 0)  # the (gate, gate_stride) arguments of an ungated launch
 
 
 @dataclass(frozen=True)

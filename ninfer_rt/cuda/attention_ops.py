@@ -23,8 +23,10 @@ import math
 from cuda.bindings import driver as cu
 
 from ninfer_rt.cuda.attention_buffers import (
+    NO_GATE,
     AttentionStep,
     DecodeWorkspace,
+    OutputGate,
     PagedKV,
     PrefillWorkspace,
     RopeArgs,
@@ -153,9 +155,11 @@ def decode_attention(
     kv: PagedKV,
     plan: DecodePlan,
     workspace: DecodeWorkspace,
+    gate: OutputGate | None = None,
 ) -> None:
     """out rows of every sequence with 1..decode_max_queries new rows = paged causal attention
-    (decode_attention.cu: split kernel, then combine). Other sequences' rows are left untouched."""
+    (decode_attention.cu: split kernel, then combine), times sigmoid(gate) where a gate is given (applied by
+    the combine as it stores). Other sequences' rows are left untouched."""
     stream = require_stream(stream)
     hq, hkv, d = heads.num_heads, heads.num_kv_heads, heads.head_dim
     gqa_group(hq, hkv)
@@ -175,6 +179,8 @@ def decode_attention(
         partial_ml=(workspace.ml, ml_bytes),
         **step.table_sizes(),
     )
+    if gate is not None:
+        gate.check("decode_attention", num_rows, hq * d)
     partials = (workspace.acc.resource, workspace.ml.resource)
     lib.kernel(decode_spec(d, kv.variant)).launch(
         stream, (plan.num_splits * plan.row_groups, hkv, num_seqs), THREADS,
@@ -185,7 +191,9 @@ def decode_attention(
     lib.kernel(DECODE_COMBINE).launch(
         stream, (num_seqs * max_queries, hq), THREADS,
         out, workspace.acc, workspace.ml, inputs.query_start, plan.num_splits, num_seqs, max_queries, hq, d,
-        label="decode_attention_combine", reads=(*partials, inputs.query_start.resource), writes=(out.resource,), lane=step.lane,
+        *(gate.args() if gate is not None else NO_GATE),
+        label="decode_attention_combine", reads=(*partials, inputs.query_start.resource, *_gate_reads(gate)),
+        writes=(out.resource,), lane=step.lane,
     )
 
 
@@ -224,17 +232,22 @@ def prefill_attention(
     kv: PagedKV | WidenedKV,
     plan: PrefillPlan,
     workspace: PrefillWorkspace | None = None,
+    gate: OutputGate | None = None,
 ) -> None:
     """out rows of every sequence with more than decode_max_queries new rows = causal attention of the
     chunk over the cached prefix and itself (prefill_attention.cu and its sm_90a twins: plan.kernel), over
     the cache's pages or the widened ones (widen_int8_kv, which rounds the dequantized values to f16 where
-    the int8 kernels multiply the exact int8 values and apply the scales in f32). Other sequences' rows are
-    untouched. More than one split writes partials to `workspace` and adds the combine launch."""
+    the int8 kernels multiply the exact int8 values and apply the scales in f32), times sigmoid(gate) where a
+    gate is given (applied by the launch that stores out). Other sequences' rows are untouched. More than one
+    split writes partials to `workspace` and adds the combine launch."""
     stream = require_stream(stream)
     hq, hkv, d = heads.num_heads, heads.num_kv_heads, heads.head_dim
     _check_prefill(step, heads, kv, plan, workspace)
     num_rows, inputs = step.num_rows, step.inputs
     _require_bytes("prefill_attention", q=(q, num_rows * hq * d * _BF16), out=(out, num_rows * hq * d * _BF16), **step.table_sizes())
+    if gate is not None:
+        gate.check("prefill_attention", num_rows, hq * d)
+    gate_args = gate.args() if gate is not None else NO_GATE
     if isinstance(kv, WidenedKV):
         kv_args = (kv.k, kv.v, 0, 0, kv.tables)
         kv_reads: tuple[Resource, ...] = (inputs.context_lens.resource, inputs.query_start.resource, *kv.resources)
@@ -247,22 +260,27 @@ def prefill_attention(
     grid_rest = (hkv, step.num_seqs)
     if plan.num_splits == 1:
         function.launch(
-            stream, (plan.tiles, *grid_rest), kernel.threads, out, 0, 0, *args, smem=kernel.smem,
-            label="prefill_attention", reads=reads, writes=(out.resource,), lane=step.lane,
+            stream, (plan.tiles, *grid_rest), kernel.threads, out, 0, 0, *args, *gate_args, smem=kernel.smem,
+            label="prefill_attention", reads=(*reads, *_gate_reads(gate)), writes=(out.resource,), lane=step.lane,
         )
         return
     partials = (workspace.acc.resource, workspace.ml.resource)
-    function.launch(
-        stream, (plan.tiles * plan.num_splits, *grid_rest), kernel.threads, 0, workspace.acc, workspace.ml, *args, smem=kernel.smem,
-        label="prefill_attention", reads=reads, writes=partials, lane=step.lane,
+    function.launch(  # ungated partials: the combine applies the gate
+        stream, (plan.tiles * plan.num_splits, *grid_rest), kernel.threads, 0, workspace.acc, workspace.ml, *args, *NO_GATE,
+        smem=kernel.smem, label="prefill_attention", reads=reads, writes=partials, lane=step.lane,
     )
     lib.kernel(prefill_combine_spec(d)).launch(
         stream, (plan.tiles * prefill_tile_rows(d) // PREFILL_COMBINE_ROWS, *grid_rest), THREADS,
         out, workspace.acc, workspace.ml, inputs.context_lens, inputs.query_start, decode_max_queries(hq, hkv), hq, hkv,
-        plan.num_splits,
+        plan.num_splits, *gate_args,
         label="prefill_attention_combine",
-        reads=(*partials, inputs.context_lens.resource, inputs.query_start.resource), writes=(out.resource,), lane=step.lane,
+        reads=(*partials, inputs.context_lens.resource, inputs.query_start.resource, *_gate_reads(gate)), writes=(out.resource,),
+        lane=step.lane,
     )
+
+
+def _gate_reads(gate: OutputGate | None) -> tuple[Resource, ...]:
+    return () if gate is None else (gate.gates.resource,)
 
 
 def _check_prefill(

@@ -5,6 +5,8 @@ row-major [out, in] as checkpoints store them. cuBLASLt is column-major, so the 
 as its transpose: out^T[N, M] = w[N, K] @ x^T[K, M], where the row-major w is a column-major [K, N] matrix
 used transposed and the row-major x is a column-major [K, M] matrix used as is ("TN", the best supported
 layout). Descriptors, layouts and the heuristic's algorithm are built once per problem shape and reused.
+`out` may be a column range of a wider matrix (GemmShape.out_stride: its rows' stride, a multiple of 8, and
+`out` a 16-byte aligned view of its first column): two products then fill one output side by side.
 
 The library is found the way nvmath-python finds it (cuda.pathfinder: the nvidia-cublas wheel, then a
 CUDA toolkit); `BlasUnavailableError` says which and how to fix it. Each stream gets its own workspace,
@@ -25,6 +27,7 @@ from ninfer_rt.cuda.streams import Stream, StreamSet, require_stream
 WORKSPACE_BYTES = 32 << 20  # what NVIDIA recommends for Hopper; Ampere needs less, Blackwell the same
 OUT_DTYPES = ("bf16", "f32")
 _ELEMENT_BYTES = {"bf16": 2, "f32": 4}
+_STRIDED_OUT_ALIGNMENT = 16  # bytes: what a column range of an output is promised to the heuristic
 
 
 class BlasUnavailableError(RuntimeError):
@@ -42,6 +45,7 @@ class GemmShape:
     k: int  # inner dimension (input features)
     out_dtype: str = "bf16"
     accumulate: bool = False  # out += x @ w^T instead of out = x @ w^T
+    out_stride: int | None = None  # elements between out's rows; None: n (a packed [M, N] output)
 
     def __post_init__(self) -> None:
         for name in ("m", "n", "k"):
@@ -51,12 +55,21 @@ class GemmShape:
         if self.out_dtype not in OUT_DTYPES:
             raise ValueError(f"gemm: out_dtype must be one of {OUT_DTYPES}, got {self.out_dtype!r}")
         # cuBLASLt needs 16-byte aligned leading dimensions for its tensor-core kernels on bf16.
-        if self.k % 8 or self.n % 8:
-            raise ValueError(f"gemm: k ({self.k}) and n ({self.n}) must be multiples of 8 (16-byte rows)")
+        if self.k % 8 or self.n % 8 or self.ldc % 8:
+            raise ValueError(
+                f"gemm: k ({self.k}), n ({self.n}) and the out stride ({self.ldc}) must be multiples of 8 (16-byte rows)"
+            )
+        if self.ldc < self.n:
+            raise ValueError(f"gemm: out rows {self.ldc} apart cannot hold {self.n} columns")
+
+    @property
+    def ldc(self) -> int:
+        return self.n if self.out_stride is None else self.out_stride
 
     @property
     def out_bytes(self) -> int:
-        return self.m * self.n * _ELEMENT_BYTES[self.out_dtype]
+        """Bytes from out's first element to its last: the last row ends n columns in."""
+        return ((self.m - 1) * self.ldc + self.n) * _ELEMENT_BYTES[self.out_dtype]
 
 
 def _lt():  # noqa: ANN202 - the nvmath module; imported lazily so CPU-only installs never load it
@@ -121,6 +134,8 @@ class Blas:
         """out[M, N] (=|+=) x[M, K] @ w[N, K]^T, x and w bf16, out bf16 or f32, accumulated in f32."""
         stream = require_stream(stream)
         _require_bytes(label, x=(x, shape.m * shape.k * 2), w=(w, shape.n * shape.k * 2), out=(out, shape.out_bytes))
+        if shape.ldc != shape.n and out.ptr % _STRIDED_OUT_ALIGNMENT:
+            raise ValueError(f"{label}: a strided out ({out.name}) must be {_STRIDED_OUT_ALIGNMENT}-byte aligned")
         plan = self._plan(shape)
         workspace = self._workspace(stream)
         reads = (x.resource, w.resource, out.resource) if shape.accumulate else (x.resource, w.resource)
@@ -155,7 +170,7 @@ class Blas:
         layouts = (
             _call(lt.matrix_layout_create, "cublasLtMatrixLayoutCreate(w)", bf16, shape.k, shape.n, shape.k),
             _call(lt.matrix_layout_create, "cublasLtMatrixLayoutCreate(x)", bf16, shape.k, shape.m, shape.k),
-            _call(lt.matrix_layout_create, "cublasLtMatrixLayoutCreate(out)", out_type, shape.n, shape.m, shape.n),
+            _call(lt.matrix_layout_create, "cublasLtMatrixLayoutCreate(out)", out_type, shape.n, shape.m, shape.ldc),
         )
         preference = _call(lt.matmul_preference_create, "cublasLtMatmulPreferenceCreate")
         try:
@@ -163,6 +178,10 @@ class Blas:
                 lt.matmul_preference_set_attribute, preference,
                 lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES, np.uint64(self.workspace_bytes),
             )
+            if shape.ldc != shape.n:  # a column range starts mid-row: no algorithm assuming 256-byte pointers
+                aligned = lt.MatmulPreferenceAttribute.MIN_ALIGNMENT_C_BYTES, lt.MatmulPreferenceAttribute.MIN_ALIGNMENT_D_BYTES
+                for attribute in aligned:
+                    self._set(lt.matmul_preference_set_attribute, preference, attribute, np.uint32(_STRIDED_OUT_ALIGNMENT))
             heuristic = lt.MatmulHeuristicResult(1)
             found = np.zeros(1, np.int32)
             _call(

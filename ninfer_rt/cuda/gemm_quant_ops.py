@@ -28,7 +28,7 @@ STAGES_INT4, STAGES_INT8 = 2, 3  # kStagesInt4, kStagesInt8: pipeline stages
 TOKEN_TILES = (32, 64)  # T: the _t32 and _t64 kernels
 LANES = 32
 EPILOGUES = (Epilogue.STORE, Epilogue.RESIDUAL, Epilogue.STORE_F32)
-_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.I32, Arg.I32)
+_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.I32, Arg.I32, Arg.I32)
 
 
 def segments(bits: int, group_size: int) -> int:
@@ -81,18 +81,24 @@ def gemm(
     *,
     label: str = "gemm_quant",
     lane: object = None,
+    out_stride: int | None = None,
 ) -> None:
     """y[rows, N] = epilogue(x[rows, K] @ W^T), N = w.rows, W dequantized in the GEMM's registers: STORE (bf16),
-    STORE_F32, or RESIDUAL (bf16(x @ W^T) + residual; y may alias residual)."""
+    STORE_F32, or RESIDUAL (bf16(x @ W^T) + residual; y may alias residual). y's (and residual's) rows are
+    `out_stride` elements apart (None: N), so the product may fill the first N columns of a wider output."""
     stream = require_stream(stream)
     w.check("gemm_quant")
     _require_positive("gemm_quant", rows=rows)
     if epilogue not in EPILOGUES:
         raise ValueError(f"gemm_quant: the {epilogue.name} epilogue is the GEMV's; the GEMM has {[e.name for e in EPILOGUES]}")
     n = w.rows
+    ldy = n if out_stride is None else out_stride
+    if ldy < n:
+        raise ValueError(f"gemm_quant: out rows {ldy} apart cannot hold the weight's {n} rows")
+    span = (rows - 1) * ldy + n  # elements from y's first to its last
     _require_device_bytes(
-        "gemm_quant", x=(x, rows * w.cols * 2), y=(y, rows * n * epilogue.out_bytes),
-        **residual_entry("gemm_quant", epilogue, residual, rows * n * 2),
+        "gemm_quant", x=(x, rows * w.cols * 2), y=(y, span * epilogue.out_bytes),
+        **residual_entry("gemm_quant", epilogue, residual, span * 2),
     )
     tokens = token_tile(rows)
     spec = gemm_spec(w.bits, w.group_size, tokens, w.scale_format)
@@ -102,6 +108,6 @@ def gemm(
     kernel.launch(
         stream, grid_blocks(w, rows, tokens), THREADS,
         y, x, w.qweight, w.scales, residual.ptr if residual is not None else 0, rows, n, w.cols, w.group_log2,
-        _EPILOGUE_CODE[epilogue],
+        _EPILOGUE_CODE[epilogue], ldy,
         smem=smem, label=label, reads=reads, writes=(y.resource,), lane=lane,
     )

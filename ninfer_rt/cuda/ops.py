@@ -21,7 +21,6 @@ RMSNORM_RESIDUAL = KernelSpec("rmsnorm", "rmsnorm_residual_bf16", (Arg.PTR, Arg.
 RMSNORM_F32W = KernelSpec("rmsnorm", "rmsnorm_bf16_f32w", RMSNORM.signature)
 RMSNORM_RESIDUAL_F32W = KernelSpec("rmsnorm", "rmsnorm_residual_bf16_f32w", RMSNORM_RESIDUAL.signature)
 SILU_MUL = KernelSpec("activation", "silu_mul_bf16", (Arg.PTR, Arg.PTR, Arg.I32, Arg.I32))
-SIGMOID_GATE_MUL = KernelSpec("activation", "sigmoid_gate_mul_bf16", (Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32))
 
 
 def rmsnorm(
@@ -74,24 +73,6 @@ def silu_mul(
     lib.kernel(SILU_MUL).launch(
         stream, blocks, _GRID_STRIDE_THREADS, out, gate_up, rows, inter,
         label="silu_mul", reads=(gate_up.resource,), writes=(out.resource,), lane=lane,
-    )
-
-
-def sigmoid_gate_mul(
-    lib: KernelLibrary, stream: object, out: Buffer, gates: Buffer, gate_column: int, gate_stride: int, rows: int, width: int,
-    *, lane: object = None,
-) -> None:
-    """out[r, :width] *= sigmoid(gates[r, gate_column : gate_column + width]) in place; gates rows are
-    `gate_stride` bf16 values apart (the gated attention's output gate, from its fused qkv rows)."""
-    stream = require_stream(stream)
-    _require_positive("sigmoid_gate_mul", rows=rows, width=width)
-    if gate_column < 0 or gate_column + width > gate_stride:
-        raise ValueError(f"sigmoid_gate_mul: columns {gate_column}..{gate_column + width} overflow the gate rows ({gate_stride})")
-    _require_bytes("sigmoid_gate_mul", out=(out, rows * width * BF16_BYTES), gates=(gates, rows * gate_stride * BF16_BYTES))
-    blocks = min(_MAX_GRID_STRIDE_BLOCKS, -(-rows * width // _GRID_STRIDE_THREADS))
-    lib.kernel(SIGMOID_GATE_MUL).launch(
-        stream, blocks, _GRID_STRIDE_THREADS, out, gates.ptr + BF16_BYTES * gate_column, gate_stride, rows, width,
-        label="sigmoid_gate_mul", reads=(out.resource, gates.resource), writes=(out.resource,), lane=lane,
     )
 
 

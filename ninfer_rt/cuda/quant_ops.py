@@ -1,5 +1,7 @@
 """Launch wrappers for groupwise-quantized weights (kernels_src/gemv_quant.cu): the decode GEMV with
-in-register dequantization on the tensor cores, and dequantization to bf16 for the prefill GEMM (cuBLASLt).
+in-register dequantization on the tensor cores (optionally followed, in the same launch, by a bf16 tail of
+rows: a projection whose last rows are kept bf16), and dequantization to bf16 for the prefill GEMM
+(cuBLASLt).
 
 The weights are in the GPU layout (quantize.layouts.device_layout, LAYOUT_OCTETS: documented at the top of
 gemv_quant.cu). Each wrapper checks shapes, group size and alignment before anything is enqueued and
@@ -26,7 +28,9 @@ CHUNK_BYTES = 16  # one vector load of weights
 MIN_GROUP_SIZE = 32  # a run of 32 inputs (8 per lane of an mma's 4) shares one scale
 # The kernel's epilogue argument (gemv_common.cuh's Epilogue, plus kStoreF32 = 3 in gemv_quant.cu).
 _EPILOGUE_CODE = {Epilogue.STORE: 0, Epilogue.RESIDUAL: 1, Epilogue.SWIGLU: 2, Epilogue.STORE_F32: 3}
-_GEMV_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.I32, Arg.I32)
+_GEMV_SIGNATURE = (
+    Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.I32, Arg.I32, Arg.PTR, Arg.I32,
+)
 _DEQUANT_SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.I64, Arg.I32, Arg.I32, Arg.I32)
 # (bits, group size) with fp16-scale kernels: the `.ninfer` formats as bound (Q4G64; Q5G64 / Q6G64 widened to
 # int8; W8G32).
@@ -111,18 +115,33 @@ def gemv_spec(
     return KernelSpec("gemv_quant", f"gemv_int{bits}_b{bucket}{suffix}", _GEMV_SIGNATURE)
 
 
+@dataclass(frozen=True)
+class DenseTail:
+    """bf16 rows [rows, cols] that follow a quantized weight's rows in one projection: the GEMV computes them
+    in the same launch, into the columns after the quantized weight's (gemv_quant.cu, "Dense tail")."""
+
+    weight: Buffer
+    rows: int
+
+
 def _outputs(w: QuantizedDeviceWeight, epilogue: Epilogue) -> int:
-    """n: the GEMV's outputs per row (SWIGLU pairs gate row i with up row n + i)."""
+    """n: the GEMV's outputs per row from the quantized weight (SWIGLU pairs gate row i with up row n + i)."""
     return w.rows // 2 if epilogue is Epilogue.SWIGLU else w.rows
 
 
+def tail_tiles(tail: DenseTail | None) -> int:
+    """Blocks of 16 tail rows, launched ahead of the quantized tiles (0 without a tail)."""
+    return 0 if tail is None else -(-tail.rows // _TILE_ROWS)
+
+
 def gemv_launch(
-    w: QuantizedDeviceWeight, rows: int, epilogue: Epilogue, sm_count: int, warps: int | None = None
+    w: QuantizedDeviceWeight, rows: int, epilogue: Epilogue, sm_count: int, warps: int | None = None,
+    tail: DenseTail | None = None,
 ) -> tuple[KernelSpec, int, int]:
     """(kernel, blocks, threads per block) of gemv for `w`: one block per 16 output rows (per 8 gate/up pairs
-    for SWIGLU), `warps` per block, gemv_warps' choice if None."""
+    for SWIGLU), plus one per 16 rows of a dense tail; `warps` per block, gemv_warps' choice if None."""
     n = _outputs(w, epilogue)
-    tiles = n // _OCTET_ROWS if epilogue is Epilogue.SWIGLU else -(-n // _TILE_ROWS)
+    tiles = (n // _OCTET_ROWS if epilogue is Epilogue.SWIGLU else -(-n // _TILE_ROWS)) + tail_tiles(tail)
     warps = gemv_warps(tiles, sm_count) if warps is None else warps
     return gemv_spec(w.bits, rows, w.group_size, warps, w.scale_format), tiles, 32 * warps
 
@@ -151,9 +170,11 @@ def gemv(
     label: str = "gemv_quant",
     lane: object = None,
     warps: int | None = None,
+    tail: DenseTail | None = None,
 ) -> None:
     """y[rows, n] = epilogue(x[rows, K] @ W^T) with W dequantized in registers; n = w.rows, or w.rows / 2
-    for SWIGLU (W = [gate; up], n % 8 == 0). `warps` per block: gemv_warps' choice unless given (tests)."""
+    for SWIGLU (W = [gate; up], n % 8 == 0). With a dense `tail` (STORE only) y is [rows, n + tail.rows]:
+    row b = [x_b @ W^T | x_b @ tail^T], one launch. `warps` per block: gemv_warps' choice unless given (tests)."""
     stream = require_stream(stream)
     w.check("gemv_quant")
     _require_positive("gemv_quant", rows=rows)
@@ -162,18 +183,31 @@ def gemv(
         raise ValueError(
             f"gemv_quant: a SwiGLU weight has 2N rows (gate, then up) with N % {_OCTET_ROWS} == 0, got {w.rows}"
         )
+    y_cols = n + _check_tail(tail, epilogue)
     _require_device_bytes(
-        "gemv_quant", x=(x, rows * w.cols * 2), y=(y, rows * n * epilogue.out_bytes),
+        "gemv_quant", x=(x, rows * w.cols * 2), y=(y, rows * y_cols * epilogue.out_bytes),
         **residual_entry("gemv_quant", epilogue, residual, rows * n * 2),
+        **({"tail": (tail.weight, tail.rows * w.cols * 2)} if tail is not None else {}),
     )
-    reads = (x.resource, w.qweight.resource, w.scales.resource) + ((residual.resource,) if residual is not None else ())
-    spec, tiles, threads = gemv_launch(w, rows, epilogue, lib.device.sm_count, warps)
+    weights = (w.qweight, w.scales) + ((tail.weight,) if tail is not None else ())
+    reads = (x.resource, *(b.resource for b in weights)) + ((residual.resource,) if residual is not None else ())
+    spec, tiles, threads = gemv_launch(w, rows, epilogue, lib.device.sm_count, warps, tail)
     lib.kernel(spec).launch(
         stream, tiles, threads,
         y, x, w.qweight, w.scales, residual.ptr if residual is not None else 0, rows, n, w.cols, w.group_log2,
-        _EPILOGUE_CODE[epilogue],
+        _EPILOGUE_CODE[epilogue], tail.weight if tail is not None else 0, tail.rows if tail is not None else 0,
         label=label, reads=reads, writes=(y.resource,), lane=lane,
     )
+
+
+def _check_tail(tail: DenseTail | None, epilogue: Epilogue) -> int:
+    """The tail's rows (0 without one); it is refused with any epilogue but STORE, or without rows."""
+    if tail is None:
+        return 0
+    if epilogue is not Epilogue.STORE:
+        raise ValueError(f"gemv_quant: a dense tail is computed with the STORE epilogue only, not {epilogue.name}")
+    _require_positive("gemv_quant", tail_rows=tail.rows)
+    return tail.rows
 
 
 def dequantize(

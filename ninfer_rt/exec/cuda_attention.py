@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ninfer_rt.cuda import attention_ops, ops
+from ninfer_rt.cuda import attention_ops
 from ninfer_rt.cuda.attention_buffers import (
     STEP_INPUT_NAMES,
     AttentionStep,
     DecodeWorkspace,
+    OutputGate,
     PagedKV,
     PrefillWorkspace,
     RopeArgs,
@@ -161,24 +162,21 @@ class AttentionBackend(CaptureGuard):
     def forward(self, qkv: Buffer, out: Buffer, params: AttentionParams, kv_layer: int) -> None:
         """out [T, Hq D] = attention of the step's rows of `qkv` [T, qkv_stride(params)] over layer `kv_layer`'s
         pages, after writing the step's K/V there; RoPE turns params.rotary_dim dims of each head (all with
-        0), and a gated layer's output is multiplied by sigmoid of the gate rows that follow v."""
+        0), and a gated layer's output is multiplied by sigmoid of the gate rows that follow v, by the kernel
+        that stores it (no launch of its own)."""
         lib, stream, step, heads = self.library, self.stream, self._step, params.shape
         kv, plan, scratch = self._pages[kv_layer], self._layer_plan(heads), self._scratch_for(heads)
         attention_ops.rope_kv(lib, stream, step, heads, qkv, scratch.q, kv, rope_args(params), qkv_stride=qkv_stride(params))
+        gate = OutputGate(qkv, heads.q_size + 2 * heads.kv_size, qkv_stride(params)) if params.output_gate else None
         if plan.decode is not None:
-            attention_ops.decode_attention(lib, stream, step, heads, scratch.q, out, kv, plan.decode, scratch.decode)
+            attention_ops.decode_attention(lib, stream, step, heads, scratch.q, out, kv, plan.decode, scratch.decode, gate)
         if plan.prefill is not None:
             pages: PagedKV | WidenedKV = kv
             if plan.prefill.widened:
                 pages = self.widened_kv(heads)
                 attention_ops.widen_int8_kv(lib, stream, step, heads, kv, pages, plan.prefill.context)
             workspace = self._prefill_workspace(heads.head_dim) if plan.prefill.num_splits > 1 else None
-            attention_ops.prefill_attention(lib, stream, step, heads, scratch.q, out, pages, plan.prefill, workspace)
-        if params.output_gate:
-            ops.sigmoid_gate_mul(
-                lib, stream, out, qkv, heads.q_size + 2 * heads.kv_size, qkv_stride(params), step.num_rows, heads.q_size,
-                lane=step.lane,
-            )
+            attention_ops.prefill_attention(lib, stream, step, heads, scratch.q, out, pages, plan.prefill, workspace, gate)
 
     # -- planning ------------------------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ rows. Everything runs on the one `compute` stream, so a buffer reused by a later
 after the last op that read it.
 
 Per op: linear is the decode GEMV for <= 8 rows and a GEMM above (exec/cuda_linear.py: cuBLASLt, and for
-int4/int8 weights NINFER_QUANT_GEMM's form, dequantize + cuBLASLt or the fused GEMM); a GEMV into gate_up is
+int4/int8 weights NINFER_QUANT_GEMM's form, dequantize + cuBLASLt or the fused GEMM; a projection of
+quantized then bf16 rows is one GEMV launch, or GEMMs into column ranges of one output); a GEMV into gate_up is
 deferred and fused with the SwiGLU that consumes it (one pass over the weights, no gate_up round trip);
 attention is the AttentionBackend's (cuda_attention.py: rope_kv, then the decode or prefill kernel per
 sequence), which owns attention's device state and plans each step once in begin_step; linear attention
@@ -43,7 +44,7 @@ from ninfer_rt.exec.cuda_linear import LinearOps, quant_gemm_from_env
 from ninfer_rt.exec.cuda_linear_attn import LinearAttentionBackend
 from ninfer_rt.exec.cuda_step_inputs import StepInputs, StepLimits, check_step
 from ninfer_rt.exec.cuda_tensors import ActivationPool, DeviceTensor, StepShape, step_shape
-from ninfer_rt.exec.cuda_weights import BF16, W, DeviceWeights
+from ninfer_rt.exec.cuda_weights import BF16, W, DeviceWeights, Weight
 from ninfer_rt.exec.layer_backend import LayerBackend, PublishedStep
 from ninfer_rt.kv.cache import KVCache, KVDtype, page_resource
 from ninfer_rt.kv.states import StateSlotPool
@@ -123,7 +124,7 @@ class CudaExecutor:
 
     # -- preparation -------------------------------------------------------------------------------------
 
-    def prepare_weight(self, name: str, parts: Sequence[Linear], role: WeightRole) -> DeviceTensor | QuantizedDeviceWeight:
+    def prepare_weight(self, name: str, parts: Sequence[Linear], role: WeightRole) -> Weight:
         return self.weights.prepare(name, parts, role)
 
     def rewrite_weight(self, weight: DeviceTensor, parts: Sequence[np.ndarray]) -> None:
@@ -241,7 +242,7 @@ class CudaExecutor:
         )
         return out, (x if residual is None else residual)
 
-    def linear(self, x: DeviceTensor, weight: DeviceTensor) -> DeviceTensor | DeferredSwiglu:
+    def linear(self, x: DeviceTensor, weight: Weight) -> DeviceTensor | DeferredSwiglu:
         x = self._ready(x)
         if self.weights.role(weight) is WeightRole.GATE_UP and x.rows <= linear_ops.GEMV_MAX_ROWS:
             return DeferredSwiglu(x, weight)
@@ -357,7 +358,7 @@ class CudaExecutor:
     # -- internals ---------------------------------------------------------------------------------------
 
     def _matmul(
-        self, x: DeviceTensor, weight: DeviceTensor | QuantizedDeviceWeight, out_dtype: str, capacity: int | None = None
+        self, x: DeviceTensor, weight: Weight, out_dtype: str, capacity: int | None = None
     ) -> DeviceTensor:
         """x @ weight^T in a pooled tensor (exec/cuda_linear.py picks the kernel)."""
         out = self._tensor(x.rows, weight.rows, out_dtype, capacity)

@@ -5,12 +5,17 @@ weights (conv taps, A_log, dt_bias, the gated norm's gain) as f32, read at that 
 Groupwise-int weights keep their format on the device (QuantizedDeviceWeight), scale format included (bf16,
 or a `.ninfer` artifact's fp16, uploaded as stored); a prefill step wider than
 the decode GEMV dequantizes one into a single bf16 scratch matrix sized for the largest, for cuBLASLt.
+A projection whose quantized parts are followed by dense ones (a quantized Gated DeltaNet's [q|k|v|z] rows,
+then its in_proj_b / in_proj_a kept as stored) stays one weight, a SplitFormatWeight: the GEMV computes both
+formats in one launch, the prefill GEMMs write their column ranges of one output (exec/cuda_linear.py).
 Benchmarks may build weights on the device themselves and `adopt_weight` them.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import ml_dtypes
@@ -20,7 +25,7 @@ from ninfer_rt.cuda import quant_ops
 from ninfer_rt.cuda.attention_plan import rope_table
 from ninfer_rt.cuda.kernels import KernelLibrary
 from ninfer_rt.cuda.memory import DeviceBuffer, StagingRing
-from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
+from ninfer_rt.cuda.quant_ops import DenseTail, QuantizedDeviceWeight
 from ninfer_rt.cuda.streams import Stream, StreamSet
 from ninfer_rt.exec.cuda_tensors import ITEMSIZE, DeviceTensor
 from ninfer_rt.model.executor import WeightRole
@@ -30,7 +35,47 @@ from ninfer_rt.quantize.layouts import concat_rows
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32_ROLES = (WeightRole.ZERO_CENTRED_NORM, WeightRole.PARAMETER)  # read at f32 by their kernels
 UPLOAD_CHUNK_BYTES = 64 << 20
-W = TypeVar("W", DeviceTensor, QuantizedDeviceWeight)
+
+
+@dataclass(eq=False)
+class SplitFormatWeight:
+    """One projection [quantized rows; dense rows]: x @ W^T gives the quantized rows' outputs, then the dense
+    rows' (bf16). The dense outputs start at column quantized.rows, kept a multiple of 8 so that they start on
+    a 16-byte boundary of the output row (cuBLASLt's strided output)."""
+
+    quantized: QuantizedDeviceWeight
+    dense: DeviceTensor  # bf16 [dense rows, cols]
+
+    def __post_init__(self) -> None:
+        if self.dense.cols != self.quantized.cols or self.dense.dtype != "bf16":
+            raise ValueError(
+                f"a split-format weight needs bf16 dense rows of {self.quantized.cols} inputs, "
+                f"not {self.dense.dtype} rows of {self.dense.cols}"
+            )
+        if self.quantized.rows % 8:
+            raise ValueError(f"a split-format weight's {self.quantized.rows} quantized rows are not a multiple of 8")
+
+    @property
+    def buffer(self) -> DeviceBuffer:
+        """The quantized codes: they name the weight (labels) and key its role, as for a quantized weight."""
+        return self.quantized.buffer
+
+    @property
+    def rows(self) -> int:
+        return self.quantized.rows + self.dense.rows
+
+    @property
+    def cols(self) -> int:
+        return self.quantized.cols
+
+    @property
+    def tail(self) -> DenseTail:
+        """The dense rows as the GEMV's tail."""
+        return DenseTail(self.dense.buffer, self.dense.rows)
+
+
+Weight = DeviceTensor | QuantizedDeviceWeight | SplitFormatWeight
+W = TypeVar("W", DeviceTensor, QuantizedDeviceWeight, SplitFormatWeight)
 
 
 class DeviceWeights:
@@ -46,12 +91,23 @@ class DeviceWeights:
         self._dequant_scratch: DeviceBuffer | None = None
         self._upload_ring: StagingRing | None = None
 
-    def role(self, weight: DeviceTensor | QuantizedDeviceWeight) -> WeightRole | None:
+    def role(self, weight: Weight) -> WeightRole | None:
         return self._roles.get(weight.buffer)
 
-    def prepare(self, name: str, parts: Sequence[Linear], role: WeightRole) -> DeviceTensor | QuantizedDeviceWeight:
-        if isinstance(parts[0], QuantizedWeight):
-            return self._prepare_quantized(name, concat_rows(parts), role)
+    def prepare(self, name: str, parts: Sequence[Linear], role: WeightRole) -> Weight:
+        """The parts' rows as one weight: quantized parts first (stacked in the GPU layout), then dense ones."""
+        quantized = list(itertools.takewhile(lambda part: isinstance(part, QuantizedWeight), parts))
+        dense = parts[len(quantized) :]
+        if any(isinstance(part, QuantizedWeight) for part in dense):
+            raise ValueError(f"{name}: quantized rows after dense ones; a projection's dense parts must come last")
+        if not quantized:
+            return self._prepare_dense(name, dense, role)
+        head = self._prepare_quantized(name, concat_rows(quantized), role)
+        if not dense:
+            return head
+        return self.adopt(SplitFormatWeight(head, self._prepare_dense(f"{name}.dense", dense, role)), role)
+
+    def _prepare_dense(self, name: str, parts: Sequence[np.ndarray], role: WeightRole) -> DeviceTensor:
         stacked = np.concatenate([np.atleast_2d(np.asarray(part)) for part in parts], axis=0)
         if role in F32_ROLES:
             # 1 + w in f32, never rounded to bf16 (it would lose the small w's precision)
@@ -93,8 +149,9 @@ class DeviceWeights:
         self._roles[weight.buffer] = role
         if role is WeightRole.EMBEDDING:
             self.vocab = weight.rows
-        if isinstance(weight, QuantizedDeviceWeight):
-            self._dequant_elements = max(self._dequant_elements, weight.rows * weight.cols)
+        quantized = weight.quantized if isinstance(weight, SplitFormatWeight) else weight
+        if isinstance(quantized, QuantizedDeviceWeight):
+            self._dequant_elements = max(self._dequant_elements, quantized.rows * quantized.cols)
         return weight
 
     def model_tensor(self, name: str, rows: int, cols: int, dtype: str) -> DeviceTensor:

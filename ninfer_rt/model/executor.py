@@ -202,8 +202,11 @@ class Executor(Protocol):
 
     def prepare_weight(self, name: str, parts: Sequence[np.ndarray], role: WeightRole) -> Tensor:
         """Convert/upload a weight once: the parts' rows stacked in order (a fused qkv or gate_up matrix,
-        or a single matrix/vector). Parts are the checkpoint's arrays, [out, in] for linear weights.
-        `name` labels the weight (buffers, op labels); `role` is what the ops do with it."""
+        or a single matrix/vector). Parts are the checkpoint's arrays, [out, in] for linear weights; a linear
+        weight's parts may differ in format (groupwise-quantized parts, then dense ones: a quantized Gated
+        DeltaNet's in_proj keeps b and a as stored), and it is still one weight to `linear`: how its parts
+        are stored and multiplied is the executor's choice. `name` labels the weight (buffers, op labels);
+        `role` is what the ops do with it."""
 
     def rewrite_weight(self, weight: Tensor, parts: Sequence[np.ndarray]) -> None:
         """Replace a prepared dense weight's values in place (same shape), in the compute stream's order:

@@ -4,20 +4,18 @@ Gated attention: q, k, v and the gate rows fuse into one matrix [q | k | v | gat
 out of q_proj's per-head [q_h | gate_h] interleave at load); q/k norms are zero-centred, RoPE turns the first
 rotary_dim dims of each head, the output is multiplied by sigmoid(gate). Gated DeltaNet: in_proj_qkv,
 in_proj_z, in_proj_b and in_proj_a fuse into one matrix [q | k | v | z | b | a], so the two 48-row
-projections ride along with the big one instead of running alone (a quantized checkpoint keeps b and a as
-stored: then [q | k | v | z] and [b | a] are two matrices whose outputs are concatenated); the conv taps, A_log, dt_bias and the
+projections ride along with the big one instead of running alone. A quantized checkpoint keeps b and a as
+stored (bf16): the projection is still one weight whose parts have different formats, and each executor
+decides how to multiply it (the CUDA one in a single GEMV launch); the conv taps, A_log, dt_bias and the
 output norm's gain are read at f32 or wider (WeightRole.PARAMETER).
 """
 
 from __future__ import annotations
 
-import itertools
-
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.executor import AttentionParams, Executor, LinearAttentionParams, LinearAttentionShape, Tensor, WeightRole
 from ninfer_rt.model.hybrid_weights import GatedAttentionWeights, LinearAttentionWeights
 from ninfer_rt.model.mixers import Mixer, PreparedAttention, PreparedLinearAttention, attention_shape
-from ninfer_rt.quantize.format import QuantizedWeight
 
 
 def linear_attention_shape(cfg: ModelConfig) -> LinearAttentionShape:
@@ -61,10 +59,10 @@ def prepare_linear_attention(
     def prepare(suffix: str, role: WeightRole, *parts: object) -> Tensor:
         return executor.prepare_weight(f"{name}.{suffix}", parts, role)
 
-    parts = (weights.in_proj_qkv, weights.in_proj_z, weights.in_proj_b, weights.in_proj_a)
-    groups = [list(group) for _, group in itertools.groupby(parts, key=lambda part: isinstance(part, QuantizedWeight))]
     return PreparedLinearAttention(
-        projections=tuple(prepare(f"in_proj.{i}", WeightRole.LINEAR, *group) for i, group in enumerate(groups)),
+        in_proj=prepare(
+            "in_proj", WeightRole.LINEAR, weights.in_proj_qkv, weights.in_proj_z, weights.in_proj_b, weights.in_proj_a
+        ),
         params=LinearAttentionParams(
             shape=linear_attention_shape(cfg),
             conv_weight=prepare("conv", WeightRole.PARAMETER, weights.conv_weight),

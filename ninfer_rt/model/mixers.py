@@ -41,9 +41,9 @@ class PreparedAttention:
 
 @dataclass(frozen=True)
 class PreparedLinearAttention:
-    # rows [q | k | v | z | b | a] over one matrix, or over consecutive ones where the parts' formats differ
-    # (a quantized checkpoint keeps in_proj_b / in_proj_a as stored: their outputs are concatenated)
-    projections: tuple[Tensor, ...]
+    # rows [q | k | v | z | b | a], one weight even where the parts' formats differ (a quantized checkpoint
+    # keeps in_proj_b / in_proj_a as stored): the executor multiplies it as one projection
+    in_proj: Tensor
     params: LinearAttentionParams
     out_proj: Tensor
     state_layer: int  # this layer's index among the linear-attention layers (its part of a state slot)
@@ -51,8 +51,7 @@ class PreparedLinearAttention:
     def mix(self, executor: Executor, normed: Tensor, caches: Caches) -> Tensor:
         if caches.states is None:
             raise ValueError("a linear-attention layer needs the sequences' recurrent states")
-        outputs = [executor.linear(normed, weight) for weight in self.projections]
-        projected = outputs[0] if len(outputs) == 1 else executor.concat(outputs)
+        projected = executor.linear(normed, self.in_proj)
         mixed = executor.linear_attention(projected, self.params, caches.states, self.state_layer)
         return executor.linear(mixed, self.out_proj)
 
