@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import queue
-import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -50,15 +48,14 @@ from ninfer_rt.testing.tiny import (
     write_json,
     write_tokenizer_files,
 )
-from tiny_corpus import eval_windows, python_sources, read_texts, source_roots, split, token_stream
+from tiny_corpus import eval_windows, python_sources, read_texts, source_roots, split
 from tiny_dense_model import FULL_SHAPE, RMS_EPS, TINY_SHAPE, Shape, TinyQwen3, config_json
 from tiny_model_eval import acceptance_length, greedy_continue, heldout_perplexity
+from tiny_training_stream import BackgroundEncoder, TrainingStream, encode, prefix_bytes
 
 MTP_LOSS_WEIGHT = 0.3
 INIT_STD = 0.02
 MAX_DRAFTS = 4
-ENCODE_BATCH = 256  # files per encode_batch call: big enough for the Rust side to use every core
-BACKGROUND_CHUNK_FILES = 1024  # files per chunk handed to the training loop (~15 MB of text)
 REFRESH_STEPS = 50  # how often the training loop picks up newly encoded chunks
 
 
@@ -133,79 +130,6 @@ def parameter_count(model: nn.Module, prefix: str = "") -> int:
 
 
 # -- data --------------------------------------------------------------------------------------------------
-
-
-def encode(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
-    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # _fast skips offsets
-    encoded = []
-    for start in range(0, len(texts), ENCODE_BATCH):
-        encoded += [e.ids for e in encode_batch(texts[start : start + ENCODE_BATCH], add_special_tokens=False)]
-    return token_stream(encoded, tokenizer.token_to_id(ENDOFTEXT))
-
-
-def prefix_bytes(texts: list[str], max_bytes: int) -> list[str]:
-    out, total = [], 0
-    for text in texts:
-        if total >= max_bytes:
-            break
-        out.append(text)
-        total += len(text)
-    return out
-
-
-class BackgroundEncoder:
-    """Encodes training text on a thread while the GPU trains on what is ready: encode_batch releases the
-    GIL and spreads over every core, which the training loop leaves idle."""
-
-    def __init__(self, tokenizer: Tokenizer, texts: list[str]) -> None:
-        self._chunks: queue.Queue[np.ndarray] = queue.Queue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(tokenizer, texts), daemon=True)
-        self._thread.start()
-
-    def _run(self, tokenizer: Tokenizer, texts: list[str]) -> None:
-        try:
-            for start in range(0, len(texts), BACKGROUND_CHUNK_FILES):
-                self._chunks.put(encode(tokenizer, texts[start : start + BACKGROUND_CHUNK_FILES]))
-        except BaseException as exc:  # re-raised on the training thread by ready()
-            self._error = exc
-
-    def ready(self) -> list[np.ndarray]:
-        """The chunks encoded since the last call (never blocks)."""
-        if self._error is not None:
-            raise RuntimeError("encoding the training text failed") from self._error
-        chunks = []
-        while not self._chunks.empty():
-            chunks.append(self._chunks.get_nowait())
-        return chunks
-
-    def finish(self) -> list[np.ndarray]:
-        self._thread.join()
-        return self.ready()
-
-
-class TrainingStream:
-    """The training tokens on the device, growing as the background encoder delivers chunks."""
-
-    def __init__(self, first: np.ndarray, encoder: BackgroundEncoder, device: str) -> None:
-        self.device = device
-        self.host = [first]
-        self.tokens = torch.from_numpy(first.astype(np.int32)).to(device)
-        self._encoder = encoder
-
-    def refresh(self) -> None:
-        self._append(self._encoder.ready())
-
-    def complete(self) -> np.ndarray:
-        """Waits for the encoder; every training token on the host."""
-        self._append(self._encoder.finish())
-        return np.concatenate(self.host)
-
-    def _append(self, chunks: list[np.ndarray]) -> None:
-        if chunks:
-            self.host += chunks
-            fresh = torch.from_numpy(np.concatenate(chunks).astype(np.int32)).to(self.device)
-            self.tokens = torch.cat([self.tokens, fresh])
 
 
 # -- training ----------------------------------------------------------------------------------------------
