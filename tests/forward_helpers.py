@@ -3,7 +3,7 @@ StreamSet, Hugging Face reference outputs, and the error metric the golden tests
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.kv.states import StateSlotPool, StateSpec
 from ninfer_rt.model.executor import StepBatch
 from ninfer_rt.model.layers import ForwardOutput, PreparedModel, forward, prepare_model
+from ninfer_rt.model.mtp import PreparedMTP, mtp_forward
 from ninfer_rt.model.tensor_parallel import plan_for, shard_weights
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 
@@ -154,3 +155,16 @@ def hf_outputs(model_dir: Path, tokens: Sequence[int]) -> tuple[np.ndarray, np.n
         hidden = model.model(torch.tensor([list(tokens)])).last_hidden_state
         logits = model.lm_head(hidden)
     return logits[0].numpy(), hidden[0].numpy()
+
+
+def main_then_mtp_steps(
+    runtime: Runtime, mtp: PreparedMTP, tokens: list[int], step_sizes: Sequence[int], pages: list[int]
+) -> Iterator[tuple[ForwardOutput, ForwardOutput]]:
+    """Per step of `step_sizes` tokens of one sequence in `pages`: the main model's output over its tokens,
+    then the MTP module's over the same rows with the tokens shifted by one."""
+    cached = 0
+    for size in step_sizes:
+        main = runtime.step([SeqStep(tokens[cached : cached + size], cached, pages)])
+        shifted = step_batch([SeqStep(tokens[cached + 1 : cached + size + 1], cached, pages)])
+        yield main, mtp_forward(runtime.executor, runtime.model, mtp, shifted, main.hidden, runtime.kv)
+        cached += size

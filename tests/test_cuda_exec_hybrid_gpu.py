@@ -157,17 +157,25 @@ def prefilled(device_runtime: Runtime, prompts: Sequence[Sequence[int]]) -> list
     return [SeqStep([], len(p), pg, state_slot=i) for i, (p, pg) in enumerate(zip(prompts, pages))]
 
 
-@pytest.mark.parametrize("widths", [(1,), (1, 1), (VERIFY,), (VERIFY, 1)], ids=["decode", "batch2", "verify4", "verify4+decode"])
-def test_graph_replays_of_decode_and_verify_steps_equal_eager_steps_bit_for_bit(
-    gpu_tiny_qwen3_5: Path, widths: tuple[int, ...]
-) -> None:
-    vocab = load_model_weights(gpu_tiny_qwen3_5).config.vocab_size
-    rng = np.random.default_rng(len(widths) + widths[0])
+@dataclass(frozen=True)
+class GraphedAndEager:
+    graphed_logits: np.ndarray
+    graphed_pool: np.ndarray
+    graphs: int
+    eager_logits: np.ndarray
+    eager_pool: np.ndarray
+
+
+def graphed_and_eager_steps(model_dir: Path, widths: tuple[int, ...], seed: int) -> GraphedAndEager:
+    """One sequence per width prefilled, then 3 steps of those widths (a capture and 2 replays) from CUDA
+    graphs and eagerly: both runs' logits and state pools."""
+    vocab = load_model_weights(model_dir).config.vocab_size
+    rng = np.random.default_rng(seed)
     prompts = [rng.integers(0, vocab, PROMPT - 5 * i).tolist() for i in range(len(widths))]
     steps = [[rng.integers(0, vocab, w).tolist() for w in widths] for _ in range(3)]  # capture, 2 replays
 
     def run(graphed: bool) -> tuple[np.ndarray, np.ndarray, int]:
-        rt = runtime(gpu_tiny_qwen3_5, device=True)
+        rt = runtime(model_dir, device=True)
         step = rt.graphed() if graphed else None
         parts, logits = prefilled(rt, prompts), []
         for new in steps:
@@ -178,9 +186,17 @@ def test_graph_replays_of_decode_and_verify_steps_equal_eager_steps_bit_for_bit(
 
     graphed_logits, graphed_pool, graphs = run(graphed=True)
     eager_logits, eager_pool, _ = run(graphed=False)
-    assert graphs == 1
-    np.testing.assert_array_equal(graphed_logits, eager_logits)
-    np.testing.assert_array_equal(graphed_pool, eager_pool)  # live states and every verify target
+    return GraphedAndEager(graphed_logits, graphed_pool, graphs, eager_logits, eager_pool)
+
+
+@pytest.mark.parametrize("widths", [(1,), (1, 1), (VERIFY,), (VERIFY, 1)], ids=["decode", "batch2", "verify4", "verify4+decode"])
+def test_graph_replays_of_decode_and_verify_steps_equal_eager_steps_bit_for_bit(
+    gpu_tiny_qwen3_5: Path, widths: tuple[int, ...]
+) -> None:
+    runs = graphed_and_eager_steps(gpu_tiny_qwen3_5, widths, seed=len(widths) + widths[0])
+    assert runs.graphs == 1
+    np.testing.assert_array_equal(runs.graphed_logits, runs.eager_logits)
+    np.testing.assert_array_equal(runs.graphed_pool, runs.eager_pool)  # live states and every verify target
 
 
 def test_one_graph_serves_any_slots_and_each_replay_declares_its_own(gpu_tiny_qwen3_5: Path) -> None:

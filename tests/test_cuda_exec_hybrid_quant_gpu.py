@@ -6,7 +6,6 @@ steps replayed from CUDA graphs equal eager ones bit for bit."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from test_cuda_exec_hybrid_gpu import (
     PROMPT,
     TOLERANCE,
     VERIFY,
-    prefilled,
+    graphed_and_eager_steps,
     run_sequence,
     runtime,
 )
@@ -60,22 +59,6 @@ def test_prefill_and_decode_logits_match_the_numpy_executor(quantized_hybrid: Pa
 
 @pytest.mark.parametrize("widths", [(1,), (VERIFY, 1)], ids=["decode", "verify4+decode"])
 def test_graph_replays_equal_eager_steps_bit_for_bit(quantized_hybrid: Path, widths: tuple[int, ...]) -> None:
-    vocab = load_model_weights(quantized_hybrid).config.vocab_size
-    rng = np.random.default_rng(len(widths))
-    prompts = [rng.integers(0, vocab, PROMPT - 5 * i).tolist() for i in range(len(widths))]
-    steps = [[rng.integers(0, vocab, w).tolist() for w in widths] for _ in range(3)]  # capture, 2 replays
-
-    def run(graphed: bool) -> tuple[np.ndarray, np.ndarray]:
-        rt = runtime(quantized_hybrid, device=True)
-        step = rt.graphed() if graphed else None
-        parts, logits = prefilled(rt, prompts), []
-        for new in steps:
-            parts = [replace(part, tokens=tokens) for part, tokens in zip(parts, new)]
-            logits.append(rt.step(parts, step))
-            parts = [replace(part, cached=part.cached + len(part.tokens)) for part in parts]
-        return np.concatenate(logits), rt.pool_bytes()
-
-    graphed_logits, graphed_pool = run(graphed=True)
-    eager_logits, eager_pool = run(graphed=False)
-    np.testing.assert_array_equal(graphed_logits, eager_logits)
-    np.testing.assert_array_equal(graphed_pool, eager_pool)
+    runs = graphed_and_eager_steps(quantized_hybrid, widths, seed=len(widths))
+    np.testing.assert_array_equal(runs.graphed_logits, runs.eager_logits)
+    np.testing.assert_array_equal(runs.graphed_pool, runs.eager_pool)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forward_helpers import Runtime, SeqStep, make_runtime, random_tokens, relative_error, step_batch
+from forward_helpers import Runtime, SeqStep, main_then_mtp_steps, make_runtime, random_tokens, relative_error, step_batch
 from ninfer_rt.model.config import ModelConfig
 from ninfer_rt.model.mtp import PreparedMTP, mtp_forward, prepare_mtp
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
@@ -66,17 +66,11 @@ def run_main_then_mtp(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per step: the main model over its tokens, then the MTP module over the same rows with the tokens
     shifted by one. Returns (main hidden, mtp hidden, mtp logits) of all rows."""
-    executor, cached = runtime.executor, 0
-    main_hidden, mtp_hidden, mtp_logits = [], [], []
-    for size in step_sizes:
-        main = runtime.step([SeqStep(tokens[cached : cached + size], cached, PAGES)])
-        shifted = step_batch([SeqStep(tokens[cached + 1 : cached + size + 1], cached, PAGES)])
-        draft = mtp_forward(executor, runtime.model, mtp, shifted, main.hidden, runtime.kv)
-        main_hidden.append(executor.to_host(main.hidden))
-        mtp_hidden.append(executor.to_host(draft.hidden))
-        mtp_logits.append(executor.to_host(draft.logits))
-        cached += size
-    return np.concatenate(main_hidden), np.concatenate(mtp_hidden), np.concatenate(mtp_logits)
+    to_host = runtime.executor.to_host
+    steps = list(main_then_mtp_steps(runtime, mtp, tokens, step_sizes, PAGES))
+    main_hidden = np.concatenate([to_host(main.hidden) for main, _ in steps])
+    mtp_hidden = np.concatenate([to_host(draft.hidden) for _, draft in steps])
+    return main_hidden, mtp_hidden, np.concatenate([to_host(draft.logits) for _, draft in steps])
 
 
 @pytest.fixture

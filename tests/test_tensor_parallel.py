@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forward_helpers import Runtime, SeqStep, random_tokens, relative_error, runtime_for, step_batch
-from ninfer_rt.model.mtp import mtp_forward, prepare_mtp
+from forward_helpers import Runtime, main_then_mtp_steps, random_tokens, relative_error, runtime_for
+from ninfer_rt.model.mtp import prepare_mtp
 from ninfer_rt.model.tensor_parallel import TensorParallelError, plan_for
 from ninfer_rt.model.weights import ModelWeights, load_model_weights
 from ninfer_rt.testing.tiny_hybrid import make_tiny_qwen3_5
@@ -30,16 +30,11 @@ def tiny_qwen3_5_four_value_heads(tmp_path_factory: pytest.TempPathFactory) -> P
 def main_and_mtp_logits(runtime: Runtime, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Per step, the main model over its tokens and the MTP module over the same rows (tokens shifted by
     one): (main logits, MTP logits) of every row."""
-    executor, cached, main_logits, mtp_logits = runtime.executor, 0, [], []
-    mtp = prepare_mtp(executor, runtime.weights, runtime.model)
-    for size in STEP_SIZES:
-        main = runtime.step([SeqStep(tokens[cached : cached + size], cached, PAGES)])
-        shifted = step_batch([SeqStep(tokens[cached + 1 : cached + size + 1], cached, PAGES)])
-        draft = mtp_forward(executor, runtime.model, mtp, shifted, main.hidden, runtime.kv)
-        main_logits.append(executor.to_host(main.logits))
-        mtp_logits.append(executor.to_host(draft.logits))
-        cached += size
-    return np.concatenate(main_logits), np.concatenate(mtp_logits)
+    mtp = prepare_mtp(runtime.executor, runtime.weights, runtime.model)
+    steps = list(main_then_mtp_steps(runtime, mtp, tokens, STEP_SIZES, PAGES))
+    to_host = runtime.executor.to_host
+    main_logits = np.concatenate([to_host(main.logits) for main, _ in steps])
+    return main_logits, np.concatenate([to_host(draft.logits) for _, draft in steps])
 
 
 def assert_sharded_equals_unsharded(weights: ModelWeights, ranks: int) -> None:
