@@ -58,7 +58,8 @@ def test_profile_replays_cleanly_at_small_scale(profile: str, tiny_qwen3: Path, 
     if profile in ALIGNED:
         assert summary["aligned"] > 0 and summary["misaligned"] == 0
     if profile in KV_PAGES:
-        assert summary["server"]["kv_pages"]["free"] == 0, "the profile should have filled the cache"
+        # whether a page or two is free at the end depends on which lane finished last; evictions do not
+        assert summary["server"]["kv_pages"]["evictions"] > 0, "the profile should have overflowed the cache"
 
 
 def test_records_are_written_one_json_line_per_request(tiny_qwen3: Path, tmp_path: Path) -> None:

@@ -192,7 +192,7 @@ def format_table(summary: Summary) -> str:
         ("ordering violations", _or_dash((summary.server or {}).get("ordering_violations"))),
         ("KV pages after", "-" if kv is None else
          f"free {kv['free']}, in_use {kv['in_use']}, cached {kv['cached']}, total {kv['total']}"
-         f" ({'idle' if kv['idle'] else 'NOT idle'})"),
+         f" ({'idle' if kv['idle'] else 'NOT idle'}), {kv.get('evictions', 0)} evicted"),
     ]
     if reuse is not None:
         rows.append(("skipped of ideal (turn >= 2)", f"{reuse['skipped_of_ideal']} "

@@ -21,6 +21,7 @@ class KVPages:
     in_use: int
     cached: int
     total: int
+    evictions: int = 0  # cached pages evicted since the server started
 
     @property
     def idle(self) -> bool:
@@ -91,7 +92,9 @@ def read_state(url: str) -> ServerState:
         return ServerState(reachable=False, healthy=False)
     samples = parse_metrics(metrics)
     pages = {labels.get("state"): int(value) for (name, labels), value in samples if name == "ninfer_kv_pages"}
-    kv = KVPages(**{s: pages[s] for s in ("free", "in_use", "cached", "total")}) if len(pages) >= 4 else None
+    evictions = sum(int(v) for (name, _), v in samples if name == "ninfer_kv_page_evictions_total")
+    kv = (KVPages(**{s: pages[s] for s in ("free", "in_use", "cached", "total")}, evictions=evictions)
+          if len(pages) >= 4 else None)
     violations = sum(int(v) for (name, _), v in samples if name == "ninfer_ordering_violations_total")
     return ServerState(reachable=True, healthy=healthy, kv=kv, ordering_violations=violations,
                        states=_state_slots(samples), spec=_spec_counts(samples))

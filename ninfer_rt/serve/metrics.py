@@ -22,6 +22,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self._token_totals = (0, 0)  # (prompt, cached) tokens, for the hit ratio
         self._restores_counted = 0  # the snapshot store's restores already added to the counter
+        self._evictions_counted = 0  # the page pool's evictions already added to the counter
         r = self.registry
         self.requests = Counter("ninfer_requests", "Finished HTTP requests", ["endpoint", "status"], registry=r)
         self.unexpected_errors = Counter(
@@ -57,6 +58,9 @@ class ServerMetrics:
             "ninfer_spec_decode_acceptance_length", "Mean tokens per verify step, per request", buckets=ACCEPTANCE_BUCKETS, registry=r
         )
         self.kv_pages = Gauge("ninfer_kv_pages", "KV pages by state", ["state"], registry=r)
+        self.kv_evictions = Counter(
+            "ninfer_kv_page_evictions", "Cached KV pages evicted to make room (prefix-cache entries lost)", registry=r
+        )
         self.requests_running = Gauge("ninfer_requests_running", "Requests the engine is running (prefill or decode)", registry=r)
         self.requests_waiting = Gauge("ninfer_requests_waiting", "Requests queued in the engine for a lane or pages", registry=r)
         self.requests_in_flight = Gauge("ninfer_requests_in_flight", "Prompts holding a server slot (running, queued or streaming out)", registry=r)
@@ -118,6 +122,8 @@ class ServerMetrics:
         if kv is not None:
             for state, value in (("free", kv.free), ("in_use", kv.in_use), ("cached", kv.cached), ("total", kv.total)):
                 self.kv_pages.labels(state=state).set(value)
+            self.kv_evictions.inc(kv.evictions - self._evictions_counted)
+            self._evictions_counted = kv.evictions
         if load is not None:
             self.requests_running.set(load.running)
             self.requests_waiting.set(load.waiting)
