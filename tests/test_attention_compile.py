@@ -366,7 +366,7 @@ def test_a_widening_that_does_not_fit_its_buffers_is_refused() -> None:
 
 
 def test_widening_buffers_reserved_up_front_are_the_ones_a_step_uses() -> None:
-    # CudaExecutor.reserve_attention reserves them at start-up, before the KV cache is sized
+    # CudaExecutor.reserve_step_buffers reserves them at start-up, before the KV cache is sized
     lib, step = RecordingLibrary(), logical_step([4, 400, 1], [900, 400, 64], kv_dtype="int8")
     backend = backend_for(lib, step)
     backend.reserve(HEADS, KVDtype.INT8)

@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from ninfer_rt.kernel_dev import loop
 from ninfer_rt.cli import kernels as cli_kernels
 from ninfer_rt.cli import main
-from ninfer_rt.cuda import attention_plan, attention_prefill_plan, linear_ops, ops, quant_ops, sampling_ops
+from ninfer_rt.cuda import attention_plan, attention_prefill_plan, linear_ops, ops, quant_layout_ops, quant_ops, sampling_ops
 from ninfer_rt.cuda.compiler import compile_family, families
 from ninfer_rt.cuda.driver import device_count
 from ninfer_rt.kernel_dev.benches import BENCHES
@@ -72,6 +72,7 @@ def kernels_loaded_by_the_launch_wrappers() -> dict[str, set[str]]:
         *(linear_ops.gemv_spec(e, rows) for e in linear_ops.Epilogue for rows in linear_ops.GEMV_BUCKETS),
         *(quant_ops.gemv_spec(bits, rows, 128, w) for bits in (4, 8) for rows in linear_ops.GEMV_BUCKETS for w in quant_ops.WARPS),
         *(quant_ops.dequantize_spec(bits) for bits in (4, 8)),
+        *(quant_layout_ops.octets_from_rows_spec(bits) for bits in (4, 8)),
         *(attention_plan.rope_kv_spec(d, kv) for d in attention_plan.ROPE_HEAD_DIMS for kv in attention_plan.CACHE_VARIANTS),
         *(attention_prefill_plan.prefill_spec(d, kv) for d in attention_prefill_plan.PREFILL_HEAD_DIMS for kv in attention_plan.CACHE_VARIANTS),
         *(attention_prefill_plan.prefill_sm90_spec(kv) for kv in attention_plan.KVVariant), attention_prefill_plan.WIDEN_INT8_KV,

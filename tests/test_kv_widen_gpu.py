@@ -115,12 +115,12 @@ def test_an_executor_reserves_the_widening_buffers_before_the_kv_cache_is_sized(
         pytest.skip(f"int8 KV is widened on sm_90a only (this GPU: {executor.library.target_arch})")
     shape = AttentionShape(HQ, HKV, D, 1e-6)
     free = streams.device.free_memory()
-    executor.reserve_attention(shape, KVDtype.INT8)
+    executor.reserve_step_buffers(shape, KVDtype.INT8)
     allocated = free - streams.device.free_memory()
     reserved = executor.attention_backend.widened_kv(shape)
     assert reserved.capacity == prefill_plan.PREFILL_WIDEN_SEQUENCES * 100
     assert reserved.tables.nbytes == 4 * 4 * 100  # the executor's widest block table: 4 sequences of 100 pages
     assert allocated >= 2 * reserved.capacity * 64 * HKV * D * 2
-    executor.reserve_attention(shape, KVDtype.INT8)  # idempotent
+    executor.reserve_step_buffers(shape, KVDtype.INT8)  # idempotent
     assert executor.attention_backend.widened_kv(shape) == reserved
     assert free - streams.device.free_memory() == allocated

@@ -202,7 +202,8 @@ def poisoned_workspace(gpu: OneStream, step: GdnStep, heads: GdnHeads) -> ops.Sp
     """The split form's arrays, NaN-poisoned: a pass reading what no pass wrote shows up in the outputs."""
     chunks = gdn_split_plan.chunk_bases(step.query_lens, step.num_targets)[-1]
     shape = gdn_split_plan.SplitWorkspace(step.num_rows, chunks, heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim)
-    return ops.SplitWorkspace(*(gpu.poisoned(nbytes) for nbytes in shape.sizes().values()))
+    # a step of decode or verify rows has no chunk: its arrays are empty, yet a buffer must hold a byte
+    return ops.SplitWorkspace(*(gpu.poisoned(max(nbytes, 16)) for nbytes in shape.sizes().values()))
 
 
 def delta_rule_ref(

@@ -61,7 +61,7 @@ def test_the_results_line_has_the_figures_in_milliseconds_and_the_runs_context()
     assert line["itl_ms"] == {"p50": 20.0, "p90": 30.0, "p99": 30.0}
     assert line["cached_ratio"] == 0.9
     assert line["ordering_violations"] == 0 and line["server_alive"] is True
-    assert line["kv_pages"] == {"free": 90, "in_use": 0, "cached": 10, "total": 100, "idle": True}
+    assert line["kv_pages"] == {"free": 90, "in_use": 0, "cached": 10, "total": 100, "evictions": 0, "idle": True}
 
 
 def test_the_results_tool_prints_one_json_line_with_the_verdict(tmp_path: Path) -> None:

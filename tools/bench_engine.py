@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench_decode import append_results, print_table, run_info
+from ninfer_rt.cuda.attention_plan import PAGE_SIZE
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.engine.build import EngineConfig
 from ninfer_rt.engine.engine import Engine
@@ -117,7 +118,9 @@ def main() -> None:
     parser.add_argument("--context", default="256", help="comma list of prompt lengths ('' for none)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--kv-dtype", default="bf16")
-    parser.add_argument("--kv-capacity", default="auto")
+    parser.add_argument("--kv-capacity", default=None,
+                        help="KV pages, or auto (default: auto for one draft setting; with several, each engine's "
+                             "context twice over in pages, since the engines of one process all stay on the device)")
     parser.add_argument("--draft-tokens", default="0", help="comma list of MTP draft lengths, 0 for plain decoding")
     parser.add_argument("--lm-head-draft", type=int, default=None, help="draft over this many lm_head rows")
     parser.add_argument("--agent-turn", default="", help="CACHED,NEW: time a turn that extends a cached prompt")
@@ -130,8 +133,11 @@ def main() -> None:
     if len(cached_new) not in (0, 2):
         parser.error(f"--agent-turn takes CACHED,NEW (two token counts), got {args.agent_turn!r}")
     plan = Plan([int(c) for c in args.context.split(",") if c], args.max_tokens, [tuple(cached_new)] if cached_new else [])
+    draft_settings = [int(d) for d in args.draft_tokens.split(",")]
+    if args.kv_capacity is None:
+        args.kv_capacity = "auto" if len(draft_settings) == 1 else str(2 * -(-plan.max_context // PAGE_SIZE))
     info = run_info(open_device(0) if args.device == "cuda" else None)
-    rows = [info | row for k in (int(d) for d in args.draft_tokens.split(",")) for row in bench_config(args, plan, k)]
+    rows = [info | row for k in draft_settings for row in bench_config(args, plan, k)]
     columns = ["context", "kv_dtype", "overlap", "draft_tokens", "decode_tok_s", "ms_per_token", "tokens_per_round",
                "ms_per_round", "agent_turn_new", "ttft_ms", "cached_tokens"]
     print_table([{c: row.get(c, "") for c in columns} for row in rows], columns)

@@ -8,7 +8,8 @@
 # and the dense qwen3-8b step as the regression check. Each step has its own time limit, so one slow step
 # cannot eat the others. Logs and the bench/results lines they appended are packed into
 # OUT_DIR/gpu_check.tar.gz (one file: the device tool returns at most eight).
-# Usage: NINFER_BENCH_COMMIT=<sha> tools/gpu_check.sh OUT_DIR
+# Usage: NINFER_BENCH_COMMIT=<sha> [STEPS="gpu_tests engine_27b ..."] tools/gpu_check.sh OUT_DIR
+# STEPS, when given, names the steps to run (the others are skipped; build_27b runs when a 27B step does).
 # The full-scale replay, the sanitizers, the soak and the fault drill: tools/replay_gpu.sh (one command each).
 set -u
 out=$1
@@ -16,6 +17,9 @@ deadline=${DEADLINE_S:-560}  # seconds from the start: a step gets what is left 
 logs=$(mktemp -d)
 step() {  # step NAME SECONDS COMMAND...: run, keep the log, print its tail, re-pack the tarball
   local name=$1 limit=$2; shift 2
+  if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then
+    [[ $name == build_27b && $STEPS == *27b* ]] || return 0
+  fi
   local left=$((deadline - SECONDS))
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -lt 20 ]; then echo "$name skipped: past the deadline" | tee -a "$logs/summary.txt"; return; fi
@@ -29,7 +33,7 @@ step() {  # step NAME SECONDS COMMAND...: run, keep the log, print its tail, re-
 parallel=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6")
 q27=/tmp/ninfer-shaped/qwen3.6-27b-int4
 step gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider $parallel tests
-step gdn 90 python3 tools/bench_gdn.py --chunked 531,8192,114812 --repeats 10
+step gdn 150 python3 tools/bench_gdn.py --chunked 531,8192,114812 --repeats 10
 # the chunked delta rule split in three passes (NINFER_GDN_CHUNKED=split), whole and pass by pass
 step gdn_split 60 python3 tools/bench_gdn.py --recurrent "" --chunked 531,8192 --split --no-fla --repeats 10
 # the quantized prefill GEMM: NINFER_QUANT_GEMM=fused (gemm_quant.cu) against the default dequantize + cuBLASLt
@@ -39,7 +43,7 @@ step engine_27b 180 python3 tools/bench_engine.py --model $q27 --context 256,768
   --draft-tokens 0,3 --lm-head-draft 32768 --agent-turn 114281,531
 step decode_27b 120 python3 tools/bench_decode.py --shape qwen3.6-27b --contexts 256,7680 --kv int8 --weights int4,int8,bf16 --steps 30
 # Start-up: the second start finds every kernel in the cache; its "ready in" line splits the time by phase.
-step startup 60 bash -c "for i in 1 2; do python3 -c 'from ninfer_rt.cli import main; main()' generate --model $q27 \
+step startup 90 bash -c "for i in 1 2; do python3 -c 'from ninfer_rt.cli import main; main()' generate --model $q27 \
   --prompt 'def fibonacci(n):' --max-tokens 4 --temperature 0 --device cuda --kv-dtype int8 2>&1 >/dev/null | grep -E 'ready in|compiled'; done"
 step engine_27b_long 120 python3 tools/bench_engine.py --model $q27 --context 114812,262144 --kv-dtype int8 --max-tokens 32
 step decode_8b 60 python3 tools/bench_decode.py --contexts 256 --kv bf16 --weights bf16,int4 --steps 30

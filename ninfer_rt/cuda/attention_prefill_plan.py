@@ -48,7 +48,7 @@ PREFILL_SM90_INT8_LOOKAHEAD = 3
 # the bytes cost about what 210 chunk rows gain (H200, 114,812 keys, qwen3-8b heads, widened against int8: 128
 # rows 792 against 708 us, 256 rows 1369 against 1397, 531 rows 2639 against 3038; bench/logs/h200-2026-11-30-int8-kv-widening-b41b0ef.txt).
 # Its buffers hold the pages of PREFILL_WIDEN_SEQUENCES prefill sequences of the longest context, at most
-# PREFILL_WIDEN_BUDGET bytes; the engine reserves them before sizing the KV cache (Executor.reserve_attention).
+# PREFILL_WIDEN_BUDGET bytes; the engine reserves them before sizing the KV cache (Executor.reserve_step_buffers).
 PREFILL_WIDEN_MIN_QUERIES = 256
 PREFILL_WIDEN_SEQUENCES = 2
 PREFILL_WIDEN_BUDGET = 1 << 30

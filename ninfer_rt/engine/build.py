@@ -146,7 +146,7 @@ def build(
     startup.kernels, clock = time.perf_counter() - clock, time.perf_counter()
     model = prepare_model(executor, weights)
     drafter = make_drafter(executor, weights, model, config, token_frequencies)  # before KV sizing
-    executor.reserve_attention(attention_shape(weights.config), config.kv_dtype)  # likewise
+    executor.reserve_step_buffers(attention_shape(weights.config), config.kv_dtype)  # likewise
     sync_device(executor)
     startup.upload_weights, clock = time.perf_counter() - clock, time.perf_counter()
     # The stores are sized last: `--kv-capacity auto` splits what the weights and activations left free.

@@ -146,9 +146,11 @@ class CudaExecutor:
         """cos/sin table f32 [max_positions, 2, D/2], as rope_kv.cu reads it (row p: cos, then sin)."""
         return self.weights.rope(inv_freq, attention_scaling, self.max_positions)
 
-    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
-        """int8 KV's widening buffers, where long prefill steps widen (AttentionBackend.reserve)."""
+    def reserve_step_buffers(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
+        """int8 KV's widening buffers, where long prefill steps widen (AttentionBackend.reserve), and the
+        weights' scratch at the size of the largest dequantized weight."""
         self.attention_backend.reserve(shape, kv_dtype)
+        self.weights.reserve_scratch()
 
     # -- capabilities ------------------------------------------------------------------------------------
 

@@ -162,7 +162,7 @@ class HostSteps:
     """What an executor on host memory lacks: reservations, graphed steps, sampling on the device. Steps run
     op by op and tokens are sampled on the host."""
 
-    def reserve_attention(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
+    def reserve_step_buffers(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
         """Nothing: host memory is allocated as the ops run."""
 
     def graphed_forward(self, model: PreparedModel, kv: KVCache, states: StateSlotPool | None = None) -> None:

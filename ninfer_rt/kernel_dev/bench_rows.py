@@ -1,11 +1,12 @@
 """The benchmarks of the row-wise families (rmsnorm, activation, embedding, sampling), of the dense and
-groupwise-int GEMVs and of the groupwise-int prefill GEMM, on a model's shapes (cases.py)."""
+groupwise-int GEMVs, of the groupwise-int prefill GEMM and of the load-time octet rearrangement, on a model's
+shapes (cases.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ninfer_rt.cuda import gemm_quant_ops, linear_ops, ops, quant_ops, sampling_ops
+from ninfer_rt.cuda import gemm_quant_ops, linear_ops, ops, quant_layout_ops, quant_ops, sampling_ops
 from ninfer_rt.cuda.benchmark import BenchSession, Measurement, cold_copies
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.quant_ops import QuantizedDeviceWeight
@@ -163,5 +164,24 @@ def bench_gemm_quant(s: BenchSession, shape: Shape) -> list[Measurement]:
                 moved = code_bytes + scale_bytes + rows * k * BF16 + rows * w_rows * epilogue.out_bytes
                 spec = gemm_quant_ops.gemm_spec(bits, QUANT_GROUP, gemm_quant_ops.token_tile(rows))
                 results.append(Measurement(spec.name, f"int{bits} {label} {w_rows}x{k} rows={rows}", seconds, moved, 2 * rows * w_rows * k))
+            s.release()
+    return results
+
+
+def bench_quant_layout(s: BenchSession, shape: Shape) -> list[Measurement]:
+    """Each projection's codes rearranged from the checkpoint's rows into the GPU layout (a load-time pass:
+    codes read once, written once)."""
+    results = []
+    for bits in QUANT_BITS:
+        for label, (n, k, epilogue) in gemv_shapes(shape).items():
+            w_rows = 2 * n if epilogue is Epilogue.SWIGLU else n
+            row_bytes, octet_bytes = w_rows * k * bits // 8, quant_layout_ops.octet_code_bytes(bits, w_rows, k)
+            sources, out = s.cold(row_bytes, "row_codes"), s.filled(octet_bytes, "octets")
+            seconds = s.time(
+                lambda i: quant_layout_ops.octets_from_rows(s.lib, s.stream, sources[i % len(sources)], out, bits, w_rows, k),
+                len(sources),
+            )
+            spec = quant_layout_ops.octets_from_rows_spec(bits)
+            results.append(Measurement(spec.name, f"int{bits} {label} {w_rows}x{k}", seconds, row_bytes + octet_bytes))
             s.release()
     return results

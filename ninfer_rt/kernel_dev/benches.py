@@ -9,7 +9,8 @@ from ninfer_rt.cuda.attention_plan import KVVariant
 from ninfer_rt.kernel_dev.bench_attention import bench_decode_attention, bench_kv_widen, bench_prefill_attention, bench_rope_kv
 from ninfer_rt.kernel_dev.bench_gdn import bench_gdn_chunked_split, bench_gdn_conv, bench_gdn_delta_rule
 from ninfer_rt.kernel_dev.bench_rows import (
-    bench_activation, bench_embedding, bench_gemm_quant, bench_gemv, bench_gemv_quant, bench_rmsnorm, bench_sampling,
+    bench_activation, bench_embedding, bench_gemm_quant, bench_gemv, bench_gemv_quant, bench_quant_layout, bench_rmsnorm,
+    bench_sampling,
 )
 from ninfer_rt.kernel_dev.cases import BenchFunction
 
@@ -21,6 +22,7 @@ BENCHES: dict[str, BenchFunction] = {
     "gemv": bench_gemv,
     "gemv_quant": bench_gemv_quant,
     "gemm_quant": bench_gemm_quant,
+    "quant_layout": bench_quant_layout,
     "rope_kv": bench_rope_kv,
     "decode_attention": bench_decode_attention,
     "prefill_attention": bench_prefill_attention,

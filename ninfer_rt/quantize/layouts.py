@@ -74,17 +74,22 @@ def concat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
 def stack_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
     """concat_rows in the checkpoint layout (LAYOUT_ROWS)."""
     parts = [rows_layout(p) for p in parts]
+    check_fusable(parts)
+    bits = max(p.bits for p in parts)
+    qweights = [p.qweight if p.bits == bits else _widen(p.qweight, p.bits, bits) for p in parts]
+    return QuantizedWeight(
+        bits, parts[0].group_size, np.concatenate(qweights, axis=0), np.concatenate([p.scales for p in parts], axis=0)
+    )
+
+
+def check_fusable(parts: Sequence[QuantizedWeight]) -> None:
+    """Weights stacked into one must share their group size and scale format (their widths may differ)."""
     group_sizes = {p.group_size for p in parts}
     if len(group_sizes) != 1:
         raise QuantFormatError(f"cannot fuse weights with different group sizes {sorted(group_sizes)}")
     scale_formats = {p.scale_format.value for p in parts}
     if len(scale_formats) != 1:
         raise QuantFormatError(f"cannot fuse weights with different scale formats {sorted(scale_formats)}")
-    bits = max(p.bits for p in parts)
-    qweights = [p.qweight if p.bits == bits else _widen(p.qweight, p.bits, bits) for p in parts]
-    return QuantizedWeight(
-        bits, parts[0].group_size, np.concatenate(qweights, axis=0), np.concatenate([p.scales for p in parts], axis=0)
-    )
 
 
 def split_rows(weight: QuantizedWeight, *sizes: int) -> list[QuantizedWeight]:
@@ -113,8 +118,7 @@ def device_layout(weight: QuantizedWeight) -> QuantizedWeight:
     column = column_inputs(bits)
     if in_features % column:
         raise QuantFormatError(f"the GPU layout needs in_features % {column} == 0 for int{bits}, got {in_features}")
-    octets = -(-out // OCTET_ROWS)
-    octets += octets % 2
+    octets = padded_octets(out)
     half = 1 << (bits - 1)
     codes = np.full((octets * OCTET_ROWS, in_features), half, np.uint8)
     codes[:out] = unpack(weight.qweight, bits)
@@ -126,10 +130,22 @@ def device_layout(weight: QuantizedWeight) -> QuantizedWeight:
     else:
         chunks = np.ascontiguousarray(runs_of[..., INT8_RUN_ORDER])
     qweight = chunks.reshape(octets, in_features // column, LANES, 16)
-    scales = np.zeros((octets * OCTET_ROWS, weight.scales.shape[1]), weight.scales.dtype)
-    scales[:out] = weight.scales
-    scales = np.ascontiguousarray(scales.reshape(octets, OCTET_ROWS, -1).transpose(0, 2, 1))
-    return QuantizedWeight(bits, weight.group_size, qweight, scales, LAYOUT_OCTETS, out)
+    return QuantizedWeight(bits, weight.group_size, qweight, octet_scales(weight.scales), LAYOUT_OCTETS, out)
+
+
+def padded_octets(rows: int) -> int:
+    """Octets of a weight of `rows` rows in the GPU layout: an even number (a GEMV tile is two octets)."""
+    octets = -(-rows // OCTET_ROWS)
+    return octets + octets % 2
+
+
+def octet_scales(scales: np.ndarray) -> np.ndarray:
+    """Scales [rows, groups] in the GPU layout [octets, groups, 8], the padding rows' scales 0."""
+    rows, groups = scales.shape
+    octets = padded_octets(rows)
+    padded = np.zeros((octets * OCTET_ROWS, groups), scales.dtype)
+    padded[:rows] = scales
+    return np.ascontiguousarray(padded.reshape(octets, OCTET_ROWS, groups).transpose(0, 2, 1))
 
 
 def rows_layout(weight: QuantizedWeight) -> QuantizedWeight:
