@@ -42,6 +42,8 @@ step build_27b 60 bash -c "[ -d $q27 ] || python3 tools/make_shaped_model.py --s
 step engine_27b 180 python3 tools/bench_engine.py --model $q27 --context 256,7680 --kv-dtype int8 --max-tokens 64 \
   --draft-tokens 0,3 --lm-head-draft 32768 --agent-turn 114281,531
 step decode_27b 120 python3 tools/bench_decode.py --shape qwen3.6-27b --contexts 256,7680 --kv int8 --weights int4,int8,bf16 --steps 30
+# where the int4 27B step's time goes, kernel by kernel (CUPTI marginal times)
+step profile_27b 90 python3 tools/profile_decode.py --shape qwen3.6-27b --context 256 --kv int8 --weights int4 --steps 20
 # Start-up: the second start finds every kernel in the cache; its "ready in" line splits the time by phase.
 step startup 90 bash -c "for i in 1 2; do python3 -c 'from ninfer_rt.cli import main; main()' generate --model $q27 \
   --prompt 'def fibonacci(n):' --max-tokens 4 --temperature 0 --device cuda --kv-dtype int8 2>&1 >/dev/null | grep -E 'ready in|compiled'; done"
