@@ -68,3 +68,12 @@ def test_a_timeline_that_does_not_split_into_whole_steps_is_refused() -> None:
         assert "incomplete" in str(stop)
     else:
         raise AssertionError("a partial timeline was split")
+
+
+def test_a_hybrid_s_rows_are_by_kernel_name_alone() -> None:
+    # its layers differ (linear attention, full attention), so places in "the" layer mean nothing
+    rows = summarize(split_steps(timeline(2, 2), 2), SHAPES["qwen3.6-27b"], 2, "int4", 4.0e12, hybrid=True)
+    named = by_label(rows)
+    assert named["gemv_bf16_b1"]["per_step"] == 6 and named["rmsnorm"]["per_step"] == 5
+    assert all(r["weight_MB"] == 0.0 for r in rows)
+    assert abs(sum(r["ms_per_step"] for r in rows) * 1e3 - (10.0 * (1 + 2 * len(LAYER) + len(HEAD)) + 5.0)) < 1e-9

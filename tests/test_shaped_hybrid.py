@@ -42,6 +42,7 @@ def test_the_int4_checkpoint_holds_codes_and_scales_never_a_bf16_copy(shrunken_i
     weights = load_model_weights(shrunken_int4)
     cfg = weights.config
     assert cfg.is_hybrid and cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",)
+    assert cfg.max_position_embeddings == 262144  # the 27B's: served with the seed's --max-context 262144
     linear, full = weights.layers[0], weights.layers[3]
     for matrix in (linear.mixer.in_proj_qkv, linear.mixer.out_proj, full.mixer.q_proj, linear.gate_proj, full.down_proj):
         assert isinstance(matrix, QuantizedWeight) and (matrix.bits, matrix.group_size) == (4, 128)

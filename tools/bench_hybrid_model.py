@@ -30,9 +30,8 @@ from ninfer_rt.model.hybrid_layers import linear_attention_shape
 from ninfer_rt.model.layers import PreparedLayer, PreparedModel
 from ninfer_rt.model.mixers import Mixer, PreparedAttention, PreparedLinearAttention, attention_shape
 from ninfer_rt.model.rope import rope_attention_scaling, rope_inv_freq
-from ninfer_rt.model.shapes import SHAPES, hybrid_text_config
+from ninfer_rt.model.shapes import HYBRID_MAX_POSITIONS, SHAPES, hybrid_text_config
 
-MAX_POSITIONS = 262144  # the 27B's max_position_embeddings (tests/fixtures/qwen3_6_27b_config.json)
 CONV_TAP = 0.25  # every conv tap: the conv averages its window, so the activations stay of the inputs' size
 _QUANT_ROWS = 16  # the device layout's octets of 8 rows come in pairs
 
@@ -93,7 +92,7 @@ def hybrid_config(name: str, layers: int | None = None) -> ModelConfig:
     shape = dict(SHAPES[name])
     if layers is not None:
         shape["num_hidden_layers"] = layers
-    return ModelConfig.from_dict(hybrid_text_config(shape) | {"max_position_embeddings": MAX_POSITIONS})
+    return ModelConfig.from_dict(hybrid_text_config(shape) | {"max_position_embeddings": HYBRID_MAX_POSITIONS})
 
 
 def _gain(size: int) -> Values:

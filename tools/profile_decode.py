@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench_decode import (
-    PAGE_SIZE, WEIGHT_BITS, OverlappedLoop, append_results, build_random_model, decode_batch, make_kv, print_table,
-    run_info, shape_config,
+    PAGE_SIZE, WEIGHT_BITS, OverlappedLoop, append_results, bench_slot, build_random_model, decode_batch,
+    make_kv, print_table, run_info, shape_config,
 )
-from random_weights import QUANT_GROUP
+from bench_hybrid_model import build_hybrid_model, hybrid_config
+from random_weights import BENCH_SLOT, QUANT_GROUP
 from ninfer_rt.cuda.benchmark import copy_bandwidth
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.linear_ops import Epilogue
@@ -36,7 +37,7 @@ from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.cuda_exec import CudaExecutor
 from ninfer_rt.exec.cuda_graphs import GraphedForward
 from ninfer_rt.kernel_dev.cases import Shape, gemv_shapes
-from ninfer_rt.model.shapes import SHAPES
+from ninfer_rt.model.shapes import SHAPES, is_hybrid_shape
 
 GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")  # what the device does, in CUPTI's trace categories
 GEMV_ORDER = ("qkv", "o_proj", "gate_up", "down")  # the decoder layer's projections, in launch order
@@ -104,8 +105,10 @@ def label_step(step: list[GpuOp], layers: int) -> list[str]:
 
 
 def summarize(
-    steps: list[list[GpuOp]], shape: Shape, layers: int, weights: str, bandwidth: float
+    steps: list[list[GpuOp]], shape: Shape, layers: int, weights: str, bandwidth: float, hybrid: bool = False
 ) -> list[dict[str, object]]:
+    """Rows by kernel (and, for a dense model, by place in the layer). A hybrid's layers differ, so its rows
+    are by kernel name alone, with no weight bytes."""
     marginal: dict[str, list[float]] = defaultdict(list)
     duration: dict[str, list[float]] = defaultdict(list)
     last_end = None
@@ -114,12 +117,12 @@ def summarize(
             marginal["(between steps)"].append(step[0].start_us - last_end)
             duration["(between steps)"].append(0.0)
         previous_end = step[0].start_us
-        for kernel, label in zip(step, label_step(step, layers)):
+        for kernel, label in zip(step, [k.name for k in step] if hybrid else label_step(step, layers)):
             marginal[label].append(max(kernel.end_us, previous_end) - previous_end)
             duration[label].append(kernel.end_us - kernel.start_us)
             previous_end = max(previous_end, kernel.end_us)
         last_end = previous_end
-    nbytes = projection_bytes(shape, weights)
+    nbytes = {} if hybrid else projection_bytes(shape, weights)
     rows = []
     for label, times in marginal.items():
         per_step = len(times) / (len(steps) - 1 if label == "(between steps)" else len(steps))
@@ -164,17 +167,21 @@ def main() -> None:
 
     device = open_device(0)
     streams = StreamSet(device, verify=False)
-    cfg = shape_config(args.shape)
+    hybrid = is_hybrid_shape(SHAPES[args.shape])
+    cfg = hybrid_config(args.shape) if hybrid else shape_config(args.shape)
     executor = CudaExecutor(streams, max_tokens=8, max_seqs=1, max_pages_per_seq=-(-args.context // PAGE_SIZE),
                             max_positions=args.context + 1, max_logit_rows=8)
     bandwidth = copy_bandwidth(streams)
-    random = build_random_model(executor, cfg, weight_bits=WEIGHT_BITS[args.weights])
+    build = build_hybrid_model if hybrid else build_random_model
+    random = build(executor, cfg, weight_bits=WEIGHT_BITS[args.weights])
     kv = make_kv(streams, cfg, args.context, args.kv, executor)
-    graphed = GraphedForward(executor, random.model, kv)
-    batch = decode_batch(args.context)
+    if random.states is not None:
+        random.states.zero(BENCH_SLOT, executor.compute)
+    graphed = GraphedForward(executor, random.model, kv, random.states)
+    batch = decode_batch(args.context, state_slot=bench_slot(graphed))
     step = OverlappedLoop(executor, graphed, args.context).step if args.loop == "overlap" else lambda: graphed(batch)
     steps = profile_steps(step, executor.compute.synchronize, args.steps)
-    rows = summarize(steps, SHAPES[args.shape], cfg.num_hidden_layers, args.weights, bandwidth)
+    rows = summarize(steps, SHAPES[args.shape], cfg.num_hidden_layers, args.weights, bandwidth, hybrid)
     step_ms = sum(r["ms_per_step"] for r in rows)
     print(f"{len(steps)} steps profiled; {step_ms:.3f} ms per step (marginal times and the gaps between steps); "
           f"copy bandwidth {bandwidth / 1e12:.3f} TB/s")

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 
 Shape = dict[str, int | float]
 
+HYBRID_MAX_POSITIONS = 262144  # the 27B's max_position_embeddings (tests/fixtures/qwen3_6_27b_config.json)
+
 SHAPES: dict[str, Shape] = {
     "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                      head_dim=128, intermediate_size=12288, vocab_size=151936),

@@ -40,7 +40,7 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
 from ninfer_rt.model.config import ModelConfig
-from ninfer_rt.model.shapes import hybrid_text_config, is_hybrid_shape
+from ninfer_rt.model.shapes import HYBRID_MAX_POSITIONS, hybrid_text_config, is_hybrid_shape
 from ninfer_rt.model.weights import SHARD_INDEX, Shape, expected_tensors
 from ninfer_rt.quantize.format import check_group_size
 from ninfer_rt.quantize.scheme import quantization_config
@@ -49,7 +49,7 @@ from ninfer_rt.testing.tiny import (
     ENDOFTEXT, IM_END, WEIGHT_STD, TinyModelSpec, config_json, trained_tokenizer, write_json, write_tokenizer_files,
 )
 
-SHAPED_MAX_POSITIONS = 131072  # the agent replay's conversations reach ~115k tokens
+SHAPED_MAX_POSITIONS = 131072  # a dense shape's: the agent replay's conversations reach ~115k tokens
 BPE_VOCAB = 512  # the tiny model's trained tokenizer: every replay word (trace.WORDS) is one token in it
 RANDOM_ELEMENTS = 67_108_859  # a prime (2^26 - 5): 128 MB of bf16 values, cycled through by every matrix
 SHARD_BYTES = 4 << 30  # about Hugging Face's shard size
@@ -103,7 +103,7 @@ def _spec(shape: Mapping[str, int | float], seed: int) -> TinyModelSpec:
         arch="qwen3", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"],
         heads=sizes["num_attention_heads"], kv_heads=sizes["num_key_value_heads"], head_dim=sizes["head_dim"],
         intermediate=sizes["intermediate_size"], vocab=sizes["vocab_size"], tie=False, seed=seed,
-        max_positions=SHAPED_MAX_POSITIONS,
+        max_positions=HYBRID_MAX_POSITIONS if is_hybrid_shape(shape) else SHAPED_MAX_POSITIONS,
     )
 
 
