@@ -331,14 +331,17 @@ __forceinline__ void chunked(const DeltaRuleArgs& p) {
 
 // -- gated output norm ------------------------------------------------------------------------------------
 
-// Grid (T), block 128: warp w normalises heads w, w + 4, ...; lanes stride over the head's dv values.
+// Grid (T, ceil(Hv / 4)), block 128: warp w of block (t, g) normalises head 4g + w of row t; lanes stride
+// over the head's dv values. A warp per head: with one block per row walking its heads, a decode step's
+// 48 heads took 19 us of a 7 ms 27B step in each of 48 layers (H200, 2026-12-05).
 extern "C" __global__ void __launch_bounds__(128) gdn_gated_norm(bf16* y, const float* o, const bf16* x, int x_stride,
                                                                    int z_column, const float* weight, int value_heads,
                                                                    int value_dim, float eps) {
     enter_dependent_kernel();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int head = blockIdx.y * 4 + (threadIdx.x >> 5);
     const long long row = blockIdx.x;
-    for (int head = warp; head < value_heads; head += 4) {
+    if (head < value_heads) {
         const float* o_head = o + (row * value_heads + head) * value_dim;
         float sum_squares = 0.0f;
         for (int d = lane; d < value_dim; d += 32) sum_squares += o_head[d] * o_head[d];

@@ -325,8 +325,9 @@ def gated_norm(
         "gdn_gated_norm", o=(o, rows * heads.value_size * _F32), x=(x, rows * heads.projection_stride * _BF16),
         weight=(weight, heads.value_dim * _F32), y=(y, rows * heads.value_size * _BF16),
     )
+    head_groups = -(-heads.value_heads // (GATED_NORM_THREADS // 32))  # a warp per (row, head)
     lib.kernel(GATED_NORM).launch(
-        stream, rows, GATED_NORM_THREADS,
+        stream, (rows, head_groups), GATED_NORM_THREADS,
         y, o, x, heads.projection_stride, heads.conv_channels, weight, heads.value_heads, heads.value_dim, float(heads.norm_eps),
         label="gdn_gated_norm", reads=(o.resource, x.resource, weight.resource), writes=(y.resource,), lane=lane,
     )
