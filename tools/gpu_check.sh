@@ -47,6 +47,6 @@ step profile_27b 90 python3 tools/profile_decode.py --shape qwen3.6-27b --contex
 # Start-up: the second start finds every kernel in the cache; its "ready in" line splits the time by phase.
 step startup 90 bash -c "for i in 1 2; do python3 -c 'from ninfer_rt.cli import main; main()' generate --model $q27 \
   --prompt 'def fibonacci(n):' --max-tokens 4 --temperature 0 --device cuda --kv-dtype int8 2>&1 >/dev/null | grep -E 'ready in|compiled'; done"
-step engine_27b_long 120 python3 tools/bench_engine.py --model $q27 --context 114812,262144 --kv-dtype int8 --max-tokens 32
+step engine_27b_long 120 python3 tools/bench_engine.py --model $q27 --context 114812,262112 --kv-dtype int8 --max-tokens 32
 step decode_8b 60 python3 tools/bench_decode.py --contexts 256 --kv bf16 --weights bf16,int4 --steps 30
 cat "$logs/summary.txt"

@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ninfer_rt.cuda.driver import device_count, open_device
-from ninfer_rt.cuda.fault_drill import FaultDrill
 from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.engine.kv_ledger import KVLedger
 from ninfer_rt.engine.runner import ModelRunner
@@ -168,8 +167,6 @@ def build(
     # None: steps run op by op. A hybrid's graphed steps publish their state slots like their pages.
     step_forward = executor.graphed_forward(model, kv, None if states is None else states.pool)
     runner = make_runner(executor, model, kv, ledger, drafter, step_forward)
-    if config.debug_fault_after is not None:  # armed last: the drill counts the serving ops, not start-up's
-        FaultDrill.arm(streams, config.debug_fault_after)
     return EngineParts(device, streams, executor, kv, kv_manager, ledger, scheduler, runner, step_forward is not None)
 
 

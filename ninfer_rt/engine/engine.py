@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ninfer_rt.cuda.driver import open_device
+from ninfer_rt.cuda.fault_drill import FaultDrill
 from ninfer_rt.engine.build import EngineConfig, StartupTimes, build, sync_device
 from ninfer_rt.engine.output import OutputStream, RequestOutput
 from ninfer_rt.engine.request import FinishReason, Request, SamplingParams, as_token_ids
@@ -85,6 +86,8 @@ class Engine:
             clock = time.perf_counter()
             self._capture_decode_graphs()
             self.startup.graphs = time.perf_counter() - clock
+        if config.debug_fault_after is not None:  # armed last: the drill counts the serving ops, not start-up's
+            FaultDrill.arm(self.streams, config.debug_fault_after)
 
     @classmethod
     def load(cls, model_dir: str | Path, config: EngineConfig = EngineConfig()) -> Engine:
