@@ -23,11 +23,13 @@ DECODE = Bench(
     defaults={"weights": "bf16"},
 )
 ENGINE = Bench(
-    "Decode through the whole engine (qwen3-8b-shaped checkpoint from tools/make_shaped_model.py)",
+    "Decode through the whole engine (checkpoints from tools/make_shaped_model.py: /tmp/m8b and /tmp/q8 of "
+    "the qwen3-8b shape, qwen3.6-27b-int4 the hybrid with int4 g128 weights; random weights accept no draft)",
     "engine.jsonl",
-    "python tools/bench_engine.py --model DIR --context 256,114812 --kv-dtype int8 [--no-overlap]",
-    (GPU, C("context", "context", "{:,}"), KV, C("overlap", "overlap")),
+    "python tools/bench_engine.py --model DIR --context 256,114812 --kv-dtype int8 [--no-overlap] [--draft-tokens 0,3]",
+    (GPU, C("checkpoint", "model"), C("draft tokens", "draft_tokens"), C("context", "context", "{:,}"), KV, C("overlap", "overlap")),
     (C("tok/s", "decode_tok_s", "{:.1f}"), C("ms a token", "ms_per_token", "{:.2f}")),
+    defaults={"draft_tokens": 0},
 )
 TORCH = Bench(
     "torch on the same GPU, same shape (peers)",
