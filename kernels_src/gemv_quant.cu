@@ -318,17 +318,13 @@ __forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf1
     const DequantMasks masks = dequant_masks<BITS>();
     for (long long chunk = (long long)blockIdx.x * blockDim.x + threadIdx.x; chunk < chunks;
          chunk += (long long)gridDim.x * blockDim.x) {
-        const int lane = (int)(chunk & 31), g = lane >> 2, t = lane & 3;
-        const long long octet_column = chunk >> 5;
-        const long long octet = octet_column / columns;
-        const int column = (int)(octet_column - octet * columns);
-        const long long row = 8 * octet + g;
-        if (row >= n_w) continue;  // a padding row
+        const OctetChunk at = octet_chunk(chunk, columns);
+        if (at.row >= n_w) continue;  // a padding row
         const uint4 v = load_streaming(q4 + chunk);
 #pragma unroll
         for (int j = 0; j < kRuns<BITS>; ++j) {
-            const int k0 = column * kColumnK<BITS> + 32 * j + 8 * t;
-            const unsigned int s = s16[(octet * groups + (k0 >> group_log2)) * 8 + g];
+            const int k0 = at.column * kColumnK<BITS> + 32 * j + 8 * at.t;
+            const unsigned int s = s16[(at.octet * groups + (k0 >> group_log2)) * 8 + at.g];
             unsigned int p[4];
             dequant_chunk_run<BITS>(v, j, masks, p);
             uint4 out;
@@ -342,7 +338,7 @@ __forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf1
                 out.z = bf16x2_fma(p[2], s | (s << 16), kNegZero2);
                 out.w = bf16x2_fma(p[3], s | (s << 16), kNegZero2);
             }
-            *reinterpret_cast<uint4*>(w + row * k + k0) = out;
+            *reinterpret_cast<uint4*>(w + at.row * k + k0) = out;
         }
     }
 }

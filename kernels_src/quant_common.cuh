@@ -17,6 +17,19 @@ constexpr int kRuns = BITS == 4 ? 4 : 2;  // 8-input runs per 16-byte chunk
 template <int BITS>
 constexpr int kColumnK = 32 * kRuns<BITS>;  // inputs per column: 4 lanes x 8 x kRuns
 
+// Where 16-byte chunk `chunk` of the octet layout sits: chunk (octet * columns + column) * 32 + 4g + t holds
+// row 8 * octet + g's runs j at inputs column * kColumnK + 32j + 8t.
+struct OctetChunk {
+    long long octet, row;
+    int column, g, t;
+};
+__forceinline__ OctetChunk octet_chunk(long long chunk, int columns) {
+    const int lane = (int)(chunk & 31), g = lane >> 2;
+    const long long octet_column = chunk >> 5;
+    const long long octet = octet_column / columns;
+    return {octet, 8 * octet + g, (int)(octet_column - octet * columns), g, lane & 3};
+}
+
 __forceinline__ unsigned int bf16x2_fma(unsigned int a, unsigned int b, unsigned int c) {
     unsigned int d;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));

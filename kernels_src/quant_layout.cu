@@ -32,21 +32,18 @@ __forceinline__ void octets_from_rows(uint4* octets, const unsigned char* rows, 
     const long long row_bytes = (long long)k * BITS / 8;
     for (long long chunk = (long long)blockIdx.x * blockDim.x + threadIdx.x; chunk < chunks;
          chunk += (long long)gridDim.x * blockDim.x) {
-        const int lane = (int)(chunk & 31), g = lane >> 2, t = lane & 3;
-        const long long octet_column = chunk >> 5;
-        const long long octet = octet_column / columns;
-        const int column = (int)(octet_column - octet * columns);
-        const long long row = 8 * octet + g;
-        const unsigned char* row_codes = rows + row * row_bytes;
+        const OctetChunk at = octet_chunk(chunk, columns);
+        const unsigned char* row_codes = rows + at.row * row_bytes;
+        const bool padding = at.row >= n_w;
         unsigned int words[4];
 #pragma unroll
         for (int j = 0; j < kRuns<BITS>; ++j) {
-            const long long k0 = (long long)column * kColumnK<BITS> + 32 * j + 8 * t;
+            const long long k0 = (long long)at.column * kColumnK<BITS> + 32 * j + 8 * at.t;
             if (BITS == 4) {
-                const unsigned int stored = row < n_w ? *reinterpret_cast<const unsigned int*>(row_codes + k0 / 2) : kPadding;
+                const unsigned int stored = padding ? kPadding : *reinterpret_cast<const unsigned int*>(row_codes + k0 / 2);
                 words[j] = int4_run_word(stored);
             } else {
-                const uint2 stored = row < n_w ? *reinterpret_cast<const uint2*>(row_codes + k0) : make_uint2(kPadding, kPadding);
+                const uint2 stored = padding ? make_uint2(kPadding, kPadding) : *reinterpret_cast<const uint2*>(row_codes + k0);
                 words[2 * j] = __byte_perm(stored.x, 0, 0x3120);  // bytes (0 2 1 3) of the run's first word
                 words[2 * j + 1] = __byte_perm(stored.y, 0, 0x3120);
             }
