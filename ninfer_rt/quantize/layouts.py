@@ -1,9 +1,11 @@
 """The GPU layout of groupwise weights (LAYOUT_OCTETS), and the operations that read either layout.
 
-On the GPU the codes and scales are rearranged once, at load time (device_layout()): rows in octets of 8,
-each row's inputs in 16-byte chunks of 8-input runs ordered so that the decode GEMV's tensor-core fragments
-come straight out of a load (kernels_src/gemv_quant.cu documents it). concat_rows(), which the CUDA
-executor calls on every quantized weight it uploads, returns that layout; dequantize() reads either.
+On the GPU the codes and scales are rearranged once, at load time (device_layout() defines it): rows in
+octets of 8, each row's inputs in 16-byte chunks of 8-input runs ordered so that the decode GEMV's tensor-core
+fragments come straight out of a load (kernels_src/gemv_quant.cu documents it). The CUDA executor rearranges
+the codes on the device (kernels_src/quant_layout.cu, byte for byte this definition) and the scales here
+(octet_scales); concat_rows() returns the whole layout on the host, for what the kernel does not take (parts
+of different widths) and for tests; dequantize() reads either layout.
 """
 
 from __future__ import annotations
