@@ -53,6 +53,16 @@ def test_chunk_points_are_the_64_grid_and_every_target_count(num_targets: int) -
     assert plan.max_chunks(lengths, num_targets) == max(reference.local) + 1
 
 
+@pytest.mark.parametrize("num_targets", [1, 4, 8])
+def test_a_step_never_has_more_chunks_than_the_reserved_bound(num_targets: int) -> None:
+    rng = np.random.default_rng(num_targets)
+    for _ in range(500):
+        seqs = int(rng.integers(1, 6))
+        lengths = tuple(int(n) for n in rng.integers(1, 400, seqs))
+        total = plan.chunk_bases(lengths, num_targets)[-1]
+        assert total <= plan.max_step_chunks(sum(lengths), seqs, num_targets), lengths
+
+
 def test_short_sequences_have_no_chunks_and_take_no_chunk_numbers() -> None:
     assert plan.chunk_bases((8, 70, 1, 9), 2) == [0, 0, 3, 3, 5]  # 70 rows: cut at 64 and 69
     assert plan.max_chunks((1, 8), 1) == 0

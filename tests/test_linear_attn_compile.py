@@ -222,10 +222,8 @@ def test_a_layer_is_conv_then_delta_rule_then_gated_norm_over_the_layers_part_of
         assert {pool.resource(0), pool.resource(3)} <= set(launch.writes) and pool.resource(2) not in launch.writes
 
 
-def test_the_split_form_is_chosen_by_the_environment_and_its_workspace_grows_with_the_steps(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("NINFER_GDN_CHUNKED", "split")
+def test_the_split_form_is_the_default_and_its_workspace_grows_with_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NINFER_GDN_CHUNKED", raising=False)
     lib, _, backend = backend_run((1, 100), slots=[0, 2], targets=[[0], [3]], form=None)
     assert [launch.name for launch in lib.launches] == [
         "gdn_conv_silu_k4", "gdn_recurrent_d128", "gdn_split_terms_d128", "gdn_split_carry_d128_c32", "gdn_split_out_d128",
@@ -240,6 +238,16 @@ def test_the_split_form_is_chosen_by_the_environment_and_its_workspace_grows_wit
     monkeypatch.setenv("NINFER_GDN_CHUNKED", "fast")
     with pytest.raises(ValueError, match="NINFER_GDN_CHUNKED='fast'"):
         backend_run((100,), slots=[0], targets=[[3]], form=None)
+
+
+def test_a_reserved_backend_runs_its_widest_step_in_the_arrays_it_reserved() -> None:
+    streams, lib = StreamSet(verify=False), RecordingLibrary()
+    backend = LinearAttentionBackend(lib, streams, streams.create("compute"), max_tokens=1024, chunked_form="split")
+    backend.reserve(SHAPE_27B, max_seqs=2)
+    backend_run((1, 100), slots=[0, 2], targets=[[0], [3]], backend=backend)
+    reserved = lib.launches[2].args[-6:]
+    backend_run((1016, 8), slots=[0, 2], targets=[[0, 1, 2, 3], [3, 2, 1, 0]], backend=backend)
+    assert lib.launches[8].name == "gdn_split_terms_d128" and lib.launches[8].args[-6:] == reserved
 
 
 def test_decode_steps_never_touch_the_split_workspace() -> None:

@@ -63,6 +63,12 @@ def max_chunks(query_lens: Sequence[int], num_targets: int) -> int:
     return max((chunk_count(n, num_targets) for n in query_lens if is_chunked(n)), default=0)
 
 
+def max_step_chunks(rows: int, seqs: int, num_targets: int) -> int:
+    """A bound on chunk_bases' total over any step of at most `rows` rows in `seqs` sequences: a sequence of
+    n rows has at most ceil(n / CHUNK) grid chunks plus num_targets - 1 extra cuts."""
+    return -(-rows // CHUNK) + seqs * num_targets
+
+
 @dataclass(frozen=True)
 class SplitWorkspace:
     """Bytes of the f32 arrays passed between the passes, for `rows` rows and `chunks` chunks: q and k

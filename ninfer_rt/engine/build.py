@@ -30,6 +30,7 @@ from ninfer_rt.kv.cache import KVCache, KVDtype, KVSpec
 from ninfer_rt.kv.manager import KVManager
 from ninfer_rt.kv.memory_plan import SnapshotBudget
 from ninfer_rt.model.executor import Executor, StepForward
+from ninfer_rt.model.hybrid_layers import linear_attention_shape
 from ninfer_rt.model.layers import PreparedModel, attention_shape, prepare_model
 from ninfer_rt.model.mtp import prepare_mtp
 from ninfer_rt.model.config import ModelConfig
@@ -145,7 +146,8 @@ def build(
     startup.kernels, clock = time.perf_counter() - clock, time.perf_counter()
     model = prepare_model(executor, weights)
     drafter = make_drafter(executor, weights, model, config, token_frequencies)  # before KV sizing
-    executor.reserve_step_buffers(attention_shape(weights.config), config.kv_dtype)  # likewise
+    linear = linear_attention_shape(weights.config) if weights.config.is_hybrid else None
+    executor.reserve_step_buffers(attention_shape(weights.config), config.kv_dtype, linear)  # likewise
     sync_device(executor)
     startup.upload_weights, clock = time.perf_counter() - clock, time.perf_counter()
     # The stores are sized last: `--kv-capacity auto` splits what the weights and activations left free.

@@ -52,6 +52,7 @@ from ninfer_rt.model.executor import (
     AttentionParams,
     AttentionShape,
     LinearAttentionParams,
+    LinearAttentionShape,
     SampleTokens,
     StepBatch,
     WeightRole,
@@ -146,11 +147,14 @@ class CudaExecutor:
         """cos/sin table f32 [max_positions, 2, D/2], as rope_kv.cu reads it (row p: cos, then sin)."""
         return self.weights.rope(inv_freq, attention_scaling, self.max_positions)
 
-    def reserve_step_buffers(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
-        """int8 KV's widening buffers, where long prefill steps widen (AttentionBackend.reserve), and the
-        weights' scratch at the size of the largest dequantized weight."""
+    def reserve_step_buffers(self, shape: AttentionShape, kv_dtype: KVDtype, linear: LinearAttentionShape | None = None) -> None:
+        """int8 KV's widening buffers, where long prefill steps widen (AttentionBackend.reserve), the
+        weights' scratch at the size of the largest dequantized weight, and a hybrid's linear-attention
+        scratch and workspace (LinearAttentionBackend.reserve)."""
         self.attention_backend.reserve(shape, kv_dtype)
         self.weights.reserve_scratch()
+        if linear is not None:
+            self.linear_attention_backend.reserve(linear, self.max_seqs)
 
     # -- capabilities ------------------------------------------------------------------------------------
 

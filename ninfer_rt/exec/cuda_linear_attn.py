@@ -12,11 +12,13 @@ conv output bf16 [max_tokens, C] and the delta rule's f32 output [max_tokens, Hv
 at the geometry's first step, outside any capture, and kept: a captured step replays over the same
 addresses, and allocating while `capturing()` raises instead.
 
-NINFER_GDN_CHUNKED picks the chunked form of sequences above 8 rows: `fused` (gdn_delta_rule.cu's one kernel
-walking the chunks, the default) or `split` (gdn_chunked_split.cu's three passes). The split form's f32
-workspace (gdn_split_plan.SplitWorkspace: ~112 KiB a row and 3 MiB a chunk at the 27B shape) is sized by the
-largest step seen and grown, after the compute stream drains, when a longer one comes; prefill steps are
-eager, so growing never meets a capture. The launches of a step depend only on its
+NINFER_GDN_CHUNKED picks the chunked form of sequences above 8 rows: `split` (gdn_chunked_split.cu's three
+passes, the default: 284 us against 541 at 531 rows, 3.5 ms against 7.7 at 8,192 on the H200's 27B layer) or
+`fused` (gdn_delta_rule.cu's one kernel walking the chunks). The split form's f32 workspace
+(gdn_split_plan.SplitWorkspace: ~64 KiB a row and 3 MiB a chunk at the 27B shape) and the layer scratch are
+reserved for the widest step before the KV cache is sized (`reserve`); a step wider than that (a backend used
+without reserving) grows them after the compute stream drains; prefill steps are eager, so growing never meets
+a capture. The launches of a step depend only on its
 query lengths and target width, never on the state values, so decode and verify steps can be captured;
 a replay declares the slot spans of its own step (`slot_spans`).
 """
@@ -45,7 +47,7 @@ CHUNKED_FORMS = ("fused", "split")
 
 
 def chunked_form_from_env() -> str:
-    form = os.environ.get(CHUNKED_FORM_ENV, "fused")
+    form = os.environ.get(CHUNKED_FORM_ENV, "split")
     if form not in CHUNKED_FORMS:
         raise ValueError(f"{CHUNKED_FORM_ENV}={form!r}: expected one of {', '.join(CHUNKED_FORMS)}")
     return form
@@ -89,6 +91,16 @@ class LinearAttentionBackend(CaptureGuard):
         self._split: dict[GdnHeads, tuple[gdn_split_plan.SplitWorkspace, SplitWorkspace]] = {}
         self._host: _HostStep | None = None
         self._steps: dict[int, GdnStep] = {}  # this step's, by the id of the pool it runs over
+
+    def reserve(self, shape: LinearAttentionShape, max_seqs: int) -> None:
+        """Allocate the scratch and (split form) the workspace of the widest step now, so that the KV cache
+        is sized around them and no step allocates them later."""
+        heads = gdn_heads(shape)
+        self._scratch_for(heads)
+        if self.chunked_form == "split":
+            chunks = gdn_split_plan.max_step_chunks(self.max_tokens, max_seqs, MAX_STATE_TARGETS)
+            self._workspace_covering(heads, gdn_split_plan.SplitWorkspace(
+                self.max_tokens, chunks, heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim))
 
     def plan(self, step: PublishedStep) -> None:
         self._steps = {}
@@ -159,6 +171,9 @@ class LinearAttentionBackend(CaptureGuard):
         """The split form's arrays for `step`, grown to the step's rows and chunks if they are short."""
         chunks = gdn_split_plan.chunk_bases(step.query_lens, step.num_targets)[-1]
         needed = gdn_split_plan.SplitWorkspace(step.num_rows, chunks, heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim)
+        return self._workspace_covering(heads, needed)
+
+    def _workspace_covering(self, heads: GdnHeads, needed: gdn_split_plan.SplitWorkspace) -> SplitWorkspace:
         held = self._split.get(heads)
         if held is not None and held[0].covers(needed):
             return held[1]

@@ -21,7 +21,9 @@ from ninfer_rt.exec.numpy_gated_attention import apply_partial_neox_rope, gate_o
 from ninfer_rt.exec.numpy_state_slots import run_linear_attention
 from ninfer_rt.kv.cache import KVCache, KVDtype, KVLayer
 from ninfer_rt.kv.states import StateSlotPool
-from ninfer_rt.model.executor import AttentionParams, AttentionShape, LinearAttentionParams, StepBatch, WeightRole
+from ninfer_rt.model.executor import (
+    AttentionParams, AttentionShape, LinearAttentionParams, LinearAttentionShape, StepBatch, WeightRole,
+)
 from ninfer_rt.model.layers import PreparedModel
 from ninfer_rt.model.mtp import PreparedMTP
 from ninfer_rt.ordering.verifier import Resource
@@ -162,7 +164,7 @@ class HostSteps:
     """What an executor on host memory lacks: reservations, graphed steps, sampling on the device. Steps run
     op by op and tokens are sampled on the host."""
 
-    def reserve_step_buffers(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
+    def reserve_step_buffers(self, shape: AttentionShape, kv_dtype: KVDtype, linear: LinearAttentionShape | None = None) -> None:
         """Nothing: host memory is allocated as the ops run."""
 
     def graphed_forward(self, model: PreparedModel, kv: KVCache, states: StateSlotPool | None = None) -> None:

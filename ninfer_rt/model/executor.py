@@ -216,10 +216,13 @@ class Executor(Protocol):
         """NeoX RoPE with these inverse frequencies (pair i rotates dims i and i+D/2); cos/sin are scaled by
         `attention_scaling` (YaRN's mscale) as transformers does."""
 
-    def reserve_step_buffers(self, shape: AttentionShape, kv_dtype: KVDtype) -> None:
+    def reserve_step_buffers(
+        self, shape: AttentionShape, kv_dtype: KVDtype, linear: LinearAttentionShape | None = None
+    ) -> None:
         """Allocate now what the widest steps will need (the attention's buffers for the longest ones, the
-        quantized prefill's dequantized matrix) before the KV cache takes what memory is left, so no step
-        allocates it later. `kv_dtype` is the KV spec's."""
+        quantized prefill's dequantized matrix, the linear attention's scratch for a hybrid: `linear`)
+        before the KV cache takes what memory is left, so no step allocates it later. `kv_dtype` is the KV
+        spec's."""
 
     def begin_step(self, batch: StepBatch, kv: PagedKV) -> None:
         """Publish the step's inputs (ids, positions, block tables, slots) in the compute stream's order."""
