@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,10 @@ def replay(url: str, turns_file: Path, *args: str) -> tuple[int, dict[str, Any],
     result = CliRunner().invoke(main, ["replay", str(turns_file), "--url", url, "--no-progress",
                                        "--summary-json", str(summary_file), *args])
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
-    return result.exit_code, summary, result.output
+    crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
+    # an exception inside the replayer leaves no output of its own: show its traceback instead
+    output = result.output + ("".join(traceback.format_exception(result.exception)) if crashed else "")
+    return result.exit_code, summary, output
 
 
 @pytest.mark.parametrize("profile", list(PROFILES))
