@@ -135,8 +135,8 @@ class DeviceWeights:
         width and come as the checkpoint stores them, else (or with no device: logical streams) on the host."""
         if len(parts) == 1 and parts[0].layout == LAYOUT_OCTETS:
             return self._upload_octets(name, parts[0], role)
-        mixed = len({part.bits for part in parts}) > 1 or any(part.layout != LAYOUT_ROWS for part in parts)
-        if mixed or self.streams.logical:
+        kernel_takes = len({part.bits for part in parts}) == 1 and all(part.layout == LAYOUT_ROWS for part in parts)
+        if not kernel_takes or self.streams.logical:
             return self._upload_octets(name, concat_rows(parts), role)
         check_fusable(parts)
         bits, cols, rows = parts[0].bits, parts[0].shape[1], sum(part.shape[0] for part in parts)
