@@ -1,14 +1,22 @@
 """Decode steps replayed from CUDA graphs are bit-identical to eager steps, allocate nothing in steady
-state, and are declared to the verifier as one op with the captured accesses plus the step's pages."""
+state, and are declared to the verifier as one op with the captured accesses plus the step's pages; a
+garbage collection falling due while capturing waits until the capture ends."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda.bindings import driver as cu
 
 from forward_helpers import SeqStep, random_tokens, step_batch
+from ninfer_rt.cuda.driver import open_device
+from ninfer_rt.cuda.graphs import capture
+from ninfer_rt.cuda.memory import DeviceBuffer
+from ninfer_rt.cuda.streams import StreamSet
 from ninfer_rt.exec.cuda_graphs import GraphedForward
 from ninfer_rt.kv.cache import page_resource
 from ninfer_rt.model.layers import forward
@@ -73,3 +81,38 @@ def test_replays_allocate_nothing_and_declare_the_current_pages(gpu_tiny: Path) 
     (graph,) = graphed.graphs.values()
     assert not any(isinstance(r, tuple) and r[0] == "kv" for r in graph.accesses.reads | graph.accesses.writes)
     assert page_resource(PAGES[0]) in set(rt.executor.step_pages[0])
+
+
+class _Cycle:
+    """Garbage only the cyclic collector frees."""
+
+    def __init__(self) -> None:
+        self.itself = self
+
+
+def test_a_collection_due_while_capturing_finalizes_after_the_capture() -> None:
+    # A finalizer the collector runs may synchronize (freeing device memory does): inside a capture that
+    # invalidates the graph, and the error surfaces at a later launch. With a collection due at every
+    # allocation and such garbage made mid-capture, the capture still succeeds and the finalizer runs after.
+    streams = StreamSet(open_device(0))
+    stream = streams.create("compute")
+    src, dst = DeviceBuffer(streams, 4096, "src"), DeviceBuffer(streams, 4096, "dst")
+    statuses: list[object] = []
+
+    def enqueue() -> None:
+        stream.copy(dst, src, label="before the garbage")
+        weakref.finalize(_Cycle(), lambda: statuses.append(cu.cuCtxSynchronize()[0]))
+        _ = [{} for _ in range(1000)]  # allocations: a collection would be due at each
+        stream.copy(src, dst, label="after the garbage")
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        graph = capture(stream, enqueue)
+    finally:
+        gc.set_threshold(*thresholds)
+    gc.collect()
+    graph.replay()
+    stream.synchronize()
+    assert statuses == [cu.CUresult.CUDA_SUCCESS]
+    graph.destroy()

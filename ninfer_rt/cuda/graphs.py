@@ -6,7 +6,8 @@ decode step shape (batch size and verify width, see `exec/cuda_tensors.StepShape
 Capture: cuStreamBeginCapture(THREAD_LOCAL) on the (non-default) compute stream, the ops enqueued as in
 an eager step, cuStreamEndCapture, cuGraphInstantiate. Nothing may allocate or load modules while
 capturing, so a shape is always run eagerly once first (it fills the activation pool and loads every
-kernel); the capture then reuses exactly those buffers. Replay: the step's inputs are published into
+kernel); the capture then reuses exactly those buffers. Python's cyclic garbage collector is paused while
+capturing: a finalizer it runs may free device memory. Replay: the step's inputs are published into
 their fixed device buffers by an ordinary copy on the same stream (outside the graph), then
 cuGraphLaunch on that stream.
 
@@ -20,6 +21,7 @@ pages and slot spans declared instead.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -65,6 +67,21 @@ def _recording(stream: Stream, into: CapturedAccesses) -> Iterator[None]:
         del stream.declare
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic collector held off for the span. A collection may run at any allocation, and what it
+    finalizes (a cuBLASLt handle left in a cycle by an earlier executor, say) can free device memory, which
+    synchronizes: inside a capture that invalidates the capture, and the error surfaces at a later, innocent
+    launch (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class Graph:
     """One instantiated capture, replayable on the stream it was captured on."""
 
@@ -104,16 +121,17 @@ def capture(stream: object, enqueue: Callable[[], Any], per_step: Iterable[Resou
         raise TypeError(f"cannot capture on logical stream {stream.name!r}")
     accesses = CapturedAccesses(frozenset(per_step))
     mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-    check(cu.cuStreamBeginCapture(stream.handle, mode), "cuStreamBeginCapture")
-    try:
-        with _recording(stream, accesses):
-            outputs = enqueue()
-    except BaseException:
-        # End the capture so the stream is usable again; the partial graph is discarded.
-        graph = cu.cuStreamEndCapture(stream.handle)[1]
-        if graph is not None:
-            cu.cuGraphDestroy(graph)
-        raise
-    graph = check(cu.cuStreamEndCapture(stream.handle), "cuStreamEndCapture")
+    with _collector_paused():
+        check(cu.cuStreamBeginCapture(stream.handle, mode), "cuStreamBeginCapture")
+        try:
+            with _recording(stream, accesses):
+                outputs = enqueue()
+        except BaseException:
+            # End the capture so the stream is usable again; the partial graph is discarded.
+            graph = cu.cuStreamEndCapture(stream.handle)[1]
+            if graph is not None:
+                cu.cuGraphDestroy(graph)
+            raise
+        graph = check(cu.cuStreamEndCapture(stream.handle), "cuStreamEndCapture")
     executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
     return Graph(stream, graph, executable, accesses, outputs)
