@@ -101,7 +101,7 @@ def main(model_dir: Path | None, text_file: Path | None, seq_len: int, max_token
     stream = token_stream([tokenizer.encode(t) for t in texts], tokenizer.token_to_id(ENDOFTEXT))
     windows = eval_windows(stream, seq_len, max_tokens)
     engine = Engine.load(
-        model_dir, EngineConfig(device=device, kv_dtype=kv_dtype, max_context=seq_len + 1, max_concurrency=1)
+        model_dir, EngineConfig(device=device, kv_dtype=kv_dtype, max_context=seq_len + 1, max_concurrency=1, logit_rows=seq_len)
     )
     start = time.perf_counter()
     ppl, scored = perplexity(engine, windows)

@@ -51,7 +51,7 @@ def score(model_dir: Path, windows: np.ndarray, device: str) -> Scores:
     seq_len = windows.shape[1] - 1
     engine = Engine.load(model_dir, EngineConfig(
         # One window's pages: 'auto' would take every free byte and starve the next variant's engine.
-        device=device, max_context=seq_len + 1, max_concurrency=1, kv_capacity=str(seq_len // 64 + 2)))
+        device=device, max_context=seq_len + 1, max_concurrency=1, kv_capacity=str(seq_len // 64 + 2), logit_rows=seq_len))
     nll, argmax = 0.0, []
     for window in windows:
         output = forward(engine.executor, engine.runner.model, window_batch(window[:-1], engine.kv.spec.page_size), engine.kv)

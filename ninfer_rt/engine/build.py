@@ -63,6 +63,7 @@ class EngineConfig:
     verify_ordering: bool | None = None  # None: NINFER_VERIFY_ORDERING decides
     spec: str = "none"  # speculative decoding: 'none' or 'mtp' (the checkpoint's MTP module drafts)
     draft_tokens: int = 3  # drafts verified per step
+    logit_rows: int | None = None  # rows a step may score; None: each lane's last row or its verified rows
     lm_head_draft: int | None = None  # draft over the N most frequent tokens only (engine/spec_vocab.py)
     overlap: bool = True  # enqueue each step before reading the previous one's samples (engine.py)
     state_snapshot_budget: str | None = None  # hybrids: snapshot memory ('4GiB') or count ('16'); None: planned
@@ -192,6 +193,14 @@ def max_step_rows(config: EngineConfig) -> int:
     return config.token_budget + config.max_concurrency * drafts
 
 
+def max_step_logit_rows(config: EngineConfig) -> int:
+    """The most rows a serving step scores: a prefill chunk its last row, a decode 1 + draft_tokens. The
+    logits buffer is sized by it before the KV cache takes what is free: at a 248k vocabulary every
+    step row would cost 1 MB of float32 logits (2 GB at a 2,048-token budget)."""
+    drafts = config.draft_tokens if config.spec == "mtp" else 0
+    return config.max_concurrency * (1 + drafts)
+
+
 def require_tensor_parallel_path(device: str, ranks: int) -> None:
     """Tensor parallelism runs as simulated ranks on the CPU; the GPUs' NCCL path is not built."""
     if ranks > 1 and device == "cuda":
@@ -210,6 +219,7 @@ def make_executor(config: EngineConfig, streams: StreamSet, max_context: int, pl
         streams,
         max_tokens=max_step_rows(config),
         max_seqs=config.max_concurrency,
+        max_logit_rows=config.logit_rows or max_step_logit_rows(config),
         max_pages_per_seq=-(-max_context // config.page_size) + 1,
         max_positions=max_context,
     )
