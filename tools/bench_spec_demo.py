@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
 
     model = resolve_model(args.model)
-    info = run_info(open_device(0)) if args.device == "cuda" else {"gpu": "none"}
+    info = run_info(open_device(0) if args.device == "cuda" else None)
     rows = [info | run(model, args.device, 0, None, args.max_tokens)]
     for k in range(1, 5):
         for vocab in (None, args.lm_head_draft):

@@ -99,16 +99,16 @@ SPEC = Bench(
     defaults={"lm_head_draft": "none"},
 )
 SPEC_DEMO = Bench(
-    "MTP on the shipped model (greedy)",
+    "MTP on the shipped models (greedy)",
     "spec_demo.jsonl",
-    "python tools/bench_spec_demo.py",
-    (GPU, C("device", "device"), C("drafts", "draft_tokens", "{}"), C("lm-head draft", "lm_head_draft", "{}")),
+    "python tools/bench_spec_demo.py [--model NAME|DIR] [--device cpu]",
+    (GPU, C("model", "model"), C("device", "device"), C("drafts", "draft_tokens", "{}"), C("lm-head draft", "lm_head_draft", "{}")),
     (
         C("acceptance length", "acceptance_length", "{:.2f}"),
         C("tok/s", "decode_tok_s", "{:.0f}"),
         C("speed-up", "speedup", "{:.2f}"),
     ),
-    defaults={"lm_head_draft": "none"},
+    defaults={"lm_head_draft": "none", "model": "tiny-qwen3-code"},
 )
 QUANT_QUALITY = Bench(
     "Quantization quality on the shipped model",

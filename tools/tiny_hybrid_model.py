@@ -2,7 +2,8 @@
 attention layers 3 : 1, zero-centred norms, tied embeddings, and one MTP layer of the hybrid class.
 
 The main model is transformers' own Qwen3_5TextModel (what Qwen3_5ForCausalLM wraps): on a GPU where fla-core
-imports, transformers runs its Triton delta-rule kernels; elsewhere its torch implementation. The MTP module
+imports and its gradients check out (fast_delta_rule), transformers runs its Triton delta-rule kernels;
+elsewhere its torch implementation. The MTP module
 follows model/mtp.py's math with transformers' parts: z = fc(cat(norm_e(embed(x[p+1])), norm_h(h[p]))) -> one
 full-attention Qwen3_5DecoderLayer (gated attention) -> mtp.norm -> the tied lm_head, every norm zero-centred.
 Attribute names are the checkpoint's tensor names: model.* as Qwen3_5ForCausalLM saves them, mtp.* as vLLM's
@@ -12,7 +13,7 @@ qwen3_5_mtp.py (and ninfer-rt) load them.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -45,12 +46,13 @@ class HybridShape:
     vocab: int
 
 
-# 6,987,080 parameters (591,232 in the MTP module), -0.9% of the dense model's 7,050,624 = 14.0 MB in bf16. The
-# linear-attention head dim is 64 because the CUDA delta-rule kernels are instantiated for key dims 64 and 128;
-# the MLP width 256 keeps every projection's input a multiple of the int4 group size 128.
+# 6,978,212 parameters (591,232 in the MTP module), -1.0% of the dense model's 7,050,624 = 14.0 MB in bf16. The
+# linear-attention head dim is 128, the 27B's (the CUDA delta-rule kernels take key dims 64 and 128): at 64,
+# fla-core's backward on Hopper hits a Triton miscompile (fla #640) and training falls back to the 3x slower
+# torch rule (fast_delta_rule). The MLP width 256 keeps every projection's input a multiple of the int4 group size 128.
 FULL_HYBRID_SHAPE = HybridShape(
     hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64,
-    linear_key_heads=2, linear_value_heads=6, linear_head_dim=64, intermediate=256, vocab=8192,
+    linear_key_heads=1, linear_value_heads=3, linear_head_dim=128, intermediate=256, vocab=8192,
 )
 TINY_HYBRID_SHAPE = HybridShape(
     hidden=64, layers=4, heads=4, kv_heads=2, head_dim=16,
@@ -144,12 +146,80 @@ class TinyQwen3_5(nn.Module):
 
 
 @contextmanager
-def float32_delta_rule() -> Iterator[None]:
-    """transformers' torch delta rule for the span: fla-core's chunked kernel refuses float32 inputs, and
-    evaluation scores the bf16-rounded weights in float32 math, as the numpy executor does."""
+def torch_delta_rule() -> Iterator[None]:
+    """transformers' torch delta rule for the span, in place of fla-core's kernel where fla-core is installed.
+    Evaluation needs it (fla-core's chunked kernel refuses float32 inputs, and evaluation scores the bf16-rounded
+    weights in float32 math, as the numpy executor does), and so does training where fla-core's gradients are
+    not trusted (fast_delta_rule)."""
     chosen = modeling_qwen3_5.torch_chunk_gated_delta_rule
     modeling_qwen3_5.torch_chunk_gated_delta_rule = inspect.unwrap(chosen)
     try:
         yield
     finally:
         modeling_qwen3_5.torch_chunk_gated_delta_rule = chosen
+
+
+# fla-core's gradients must match the torch rule's within this (relative L2, each parameter of a linear-attention
+# layer, bf16 autocast both): rounding differences stay near 1e-2; fla #640's miscompile is off by ~0.5.
+FLA_GRADIENT_TOLERANCE = 3e-2
+PROBE_TOKENS = 256  # four chunks of 64
+
+
+@contextmanager
+def fast_delta_rule(model: TinyQwen3_5, device: str, log: Callable[[str], None]) -> Iterator[dict[str, Any]]:
+    """Training's delta rule: fla-core's Triton kernels where the gradients of one of the model's own
+    linear-attention layers agree with transformers' torch rule on a probe batch, the torch rule otherwise
+    (~3x slower a step at the shipped shape). fla-core 0.6.0 refuses its gated backward on every Hopper GPU
+    with Triton 3.4-3.7.0, a miscompile at a key block of 64 (fla #640): the probe runs with that refusal
+    lifted, and the refusal is lifted for training only if the probe agrees. Yields what was chosen and why."""
+    wrapped = modeling_qwen3_5.torch_chunk_gated_delta_rule
+    if device != "cuda" or inspect.unwrap(wrapped) is wrapped:
+        log("delta rule: transformers' torch rule (fla-core not in use here)")
+        yield {"delta_rule": "torch", "reason": "fla-core not in use here"}
+        return
+    with _hopper_refusal_lifted():
+        layer = model.model.layers[model.config.layer_types.index("linear_attention")].linear_attn
+        generator = torch.Generator(device).manual_seed(0)
+        hidden = torch.randn(2, PROBE_TOKENS, model.config.hidden_size, device=device, generator=generator)
+        try:
+            fla_grads = _layer_gradients(layer, hidden)
+        except RuntimeError as exc:
+            fla_grads, failure = None, str(exc).splitlines()[0]
+        with torch_delta_rule():
+            reference = _layer_gradients(layer, hidden)
+        if fla_grads is not None:
+            error = max(float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(fla_grads, reference))
+            failure = None if error <= FLA_GRADIENT_TOLERANCE else f"gradients off by {error:.3g} (relative L2)"
+        if failure is None:
+            log(f"delta rule: fla-core (gradients within {error:.2e} of the torch rule's on a probe batch)")
+            yield {"delta_rule": "fla-core", "probe_gradient_error": round(error, 5)}
+            return
+    log(f"delta rule: transformers' torch rule (fla-core: {failure})")
+    with torch_delta_rule():
+        yield {"delta_rule": "torch", "reason": failure}
+
+
+def _layer_gradients(layer: nn.Module, hidden: torch.Tensor) -> list[torch.Tensor]:
+    layer.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = layer(hidden)
+    out.float().square().mean().backward()
+    grads = [p.grad.float().clone() for p in layer.parameters() if p.grad is not None]
+    layer.zero_grad(set_to_none=True)
+    return grads
+
+
+@contextmanager
+def _hopper_refusal_lifted() -> Iterator[None]:
+    """fla-core's module flag behind the Hopper refusal, cleared for the span (absent: nothing to lift)."""
+    try:
+        from fla.ops.common import chunk_o
+    except ImportError:
+        yield
+        return
+    flag = getattr(chunk_o, "IS_NVIDIA_HOPPER", False)
+    chunk_o.IS_NVIDIA_HOPPER = False
+    try:
+        yield
+    finally:
+        chunk_o.IS_NVIDIA_HOPPER = flag

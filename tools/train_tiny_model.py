@@ -17,8 +17,8 @@ One time-boxed run does everything and writes a Hugging Face-layout checkpoint i
      k = 1..4 drafts; train_summary.json holds every figure and timing, also printed as JSON.
 
 Run from the repository root: PYTHONPATH=. python tools/train_tiny_model.py --out DIR --minutes 6 [--arch qwen3_5]
-torch (and for the hybrid transformers, with fla-core on a GPU for speed) is needed here only; the runtime
-never imports either.
+torch (and for the hybrid transformers, with fla-core on a GPU for speed: tools/tiny_hybrid_model.py's
+fast_delta_rule checks its gradients first) is needed here only; the runtime never imports either.
 """
 
 from __future__ import annotations
@@ -89,10 +89,15 @@ class Architecture:
     build: Callable[[Any], nn.Module]  # shape -> a model with hidden / mtp_hidden / logits and .shape
     config_json: Callable[[Any, Tokenizer], dict]  # (model, tokenizer) -> config.json
     exact_math: Callable[[], AbstractContextManager]  # evaluation's float32 math
+    # training's kernels: (model, device, log) -> a context yielding a dict of what was chosen, for the summary
+    training_math: Callable[[nn.Module, str, Callable[[str], None]], AbstractContextManager[dict]]
 
 
 def dense_architecture() -> Architecture:
-    return Architecture("qwen3", FULL_SHAPE, TINY_SHAPE, TinyQwen3, lambda model, tok: config_json(model.shape, tok), nullcontext)
+    return Architecture(
+        "qwen3", FULL_SHAPE, TINY_SHAPE, TinyQwen3, lambda model, tok: config_json(model.shape, tok), nullcontext,
+        lambda model, device, log: nullcontext({}),
+    )
 
 
 def hybrid_architecture() -> Architecture:
@@ -107,7 +112,8 @@ def hybrid_architecture() -> Architecture:
         hybrid.TINY_HYBRID_SHAPE,
         lambda shape: hybrid.TinyQwen3_5(shape, TINY_MAX_POSITIONS, RMS_EPS, INIT_STD),
         config,
-        hybrid.float32_delta_rule,
+        hybrid.torch_delta_rule,
+        hybrid.fast_delta_rule,
     )
 
 
@@ -294,7 +300,8 @@ def run(out: Path, arch: Architecture, shape: Any, cfg: RunConfig) -> dict:
     init_weights(model)
     model.to(cfg.device)
     log(f"{parameter_count(model):,} parameters ({parameter_count(model, 'mtp.'):,} in the MTP module) on {cfg.device}")
-    training = train(model, stream, cfg, log)
+    with arch.training_math(model, cfg.device, log) as kernels:
+        training = train(model, stream, cfg, log)
     timer.mark("train_loop_s")
     train_tokens = stream.complete()
     corpus["train_tokens"] = len(train_tokens)
@@ -314,6 +321,7 @@ def run(out: Path, arch: Architecture, shape: Any, cfg: RunConfig) -> dict:
         "trained_context": cfg.seq_len,
         "device": torch.cuda.get_device_name() if cfg.device == "cuda" else "cpu",
         "torch": torch.__version__,
+        "training_kernels": kernels,
         "run": asdict(cfg),
         "corpus": corpus,
         **training,
