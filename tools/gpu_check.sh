@@ -5,7 +5,7 @@
 # 27B's matrices at 531 and 8192 tokens), the 27B int4 checkpoint written directly, decode through the engine
 # (plain and MTP k=3 over a 32,768-row draft head) and the agent turn (114,281 cached + 531 new tokens, resumed
 # from a state snapshot), the graphed step at 27B for bf16/int8/int4 weights, start-up with a warm kernel cache,
-# and the dense qwen3-8b step as the regression check. Each step has its own time limit, so one slow step
+# the 27B as a NInfer `.ninfer` artifact, and the dense qwen3-8b step as the regression check. Each step has its own time limit, so one slow step
 # cannot eat the others. Logs and the bench/results lines they appended are packed into
 # OUT_DIR/gpu_check.tar.gz (one file: the device tool returns at most eight).
 # Usage: NINFER_BENCH_COMMIT=<sha> [STEPS="gpu_tests engine_27b ..."] tools/gpu_check.sh OUT_DIR
@@ -47,6 +47,13 @@ step profile_27b 90 python3 tools/profile_decode.py --shape qwen3.6-27b --contex
 # Start-up: the second start finds every kernel in the cache; its "ready in" line splits the time by phase.
 step startup 90 bash -c "for i in 1 2; do python3 -c 'from ninfer_rt.cli import main; main()' generate --model $q27 \
   --prompt 'def fibonacci(n):' --max-tokens 4 --temperature 0 --device cuda --kv-dtype int8 2>&1 >/dev/null | grep -E 'ready in|compiled'; done"
+# The user's NInfer artifact format at the 27B shape (random codes, Q4/Q5/Q6G64 + W8G32): written, started
+# (its "ready in" and memory lines), decoded at 7,680 tokens beside engine_27b's int4 g128 figure.
+a27=/tmp/ninfer-shaped/qwen3.6-27b.ninfer
+step artifact_27b 240 bash -c "[ -f $a27 ] || python3 tools/make_shaped_model.py --shape qwen3.6-27b --format ninfer --out $a27; \
+  python3 -c 'from ninfer_rt.cli import main; main()' generate --model $a27 --prompt 'def f(n):' --max-tokens 4 \
+  --temperature 0 --device cuda --kv-dtype int8 2>&1 >/dev/null | grep -E 'ready in|memory'; \
+  python3 tools/bench_engine.py --model $a27 --context 7680 --kv-dtype int8 --max-tokens 64"
 step engine_27b_long 120 python3 tools/bench_engine.py --model $q27 --context 114812,262112 --kv-dtype int8 --max-tokens 32
 step decode_8b 60 python3 tools/bench_decode.py --contexts 256 --kv bf16 --weights bf16,int4 --steps 30
 cat "$logs/summary.txt"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,12 +44,23 @@ class TensorEntry:
 
 
 @dataclass(frozen=True)
+class PackedEntry:
+    """A grouped-format matrix given as its `row-split-k128-v1` payload (RowSplitGeometry's planes), made
+    only when it is written: an artifact of many such entries is never whole in memory."""
+
+    name: str
+    shape: tuple[int, int]
+    format: str
+    payload: Callable[[], bytes]
+
+
+@dataclass(frozen=True)
 class ResourceEntry:
     name: str
     data: bytes
 
 
-Entry = TensorEntry | ResourceEntry
+Entry = TensorEntry | PackedEntry | ResourceEntry
 
 
 def quantize_groups(fmt: str, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -112,44 +123,73 @@ def pack_row_split(fmt: str, codes: np.ndarray, scales: np.ndarray, cols: int) -
     return bytes(payload)
 
 
-def encode_tensor(entry: TensorEntry) -> tuple[dict, bytes]:
-    """The directory record (offset filled in later) and the payload of one tensor."""
-    values = np.asarray(entry.values)
+@dataclass(frozen=True)
+class _Planned:
+    record: dict  # without offset and bytes
+    nbytes: int
+    alignment: int
+    payload: Callable[[], bytes]
+
+
+def _plan(entry: Entry) -> _Planned:
+    if isinstance(entry, ResourceEntry):
+        record = {"name": entry.name, "kind": "resource", "encoding": RAW_BYTES}
+        return _Planned(record, len(entry.data), RESOURCE_ALIGNMENT, lambda: entry.data)
+    record, nbytes, payload = _planned_tensor(entry)
+    return _Planned(record, nbytes, TENSOR_ALIGNMENT, payload)
+
+
+def _planned_tensor(entry: TensorEntry | PackedEntry) -> tuple[dict, int, Callable[[], bytes]]:
+    """(record, payload size, payload producer): the size is known before anything is encoded."""
+    shape = tuple(entry.shape) if isinstance(entry, PackedEntry) else np.shape(entry.values)
+    record = {"name": entry.name, "kind": "tensor", "shape": list(shape), "format": entry.format}
     if entry.format in GROUPED_FORMATS:
-        layout, payload = ROW_SPLIT, encode_row_split(entry.format, values)
-    elif entry.format == "BF16":
-        bits = float32_to_bf16_float32(values.astype(np.float32)).view(np.uint32) >> 16
-        layout, payload = CONTIGUOUS, bits.astype("<u2").tobytes()
-    elif entry.format in DIRECT_FORMATS:
-        layout, payload = CONTIGUOUS, values.astype(DIRECT_FORMATS[entry.format].dtype).tobytes()
-    else:
+        size = RowSplitGeometry(GROUPED_FORMATS[entry.format], shape[0], shape[1]).payload_bytes
+        if isinstance(entry, PackedEntry):
+            return {**record, "layout": ROW_SPLIT}, size, entry.payload
+        return {**record, "layout": ROW_SPLIT}, size, lambda: encode_row_split(entry.format, entry.values)
+    if entry.format not in DIRECT_FORMATS:
         raise ArtifactError(f"unknown tensor format {entry.format!r}")
-    record = {"name": entry.name, "kind": "tensor", "shape": list(values.shape), "format": entry.format, "layout": layout}
-    return record, payload
+    if isinstance(entry, PackedEntry):
+        raise ArtifactError(f"{entry.name}: a packed payload needs a grouped format, not {entry.format}")
+    size = int(np.prod(shape, dtype=np.int64)) * DIRECT_FORMATS[entry.format].dtype.itemsize
+    return {**record, "layout": CONTIGUOUS}, size, lambda: _direct_payload(entry)
 
 
-def write_artifact(path: Path | str, model_id: str, entries: Sequence[Entry]) -> Path:
-    """Writes the objects, in the given order, as one `.ninfer` v1 file; nothing is left at `path` on failure."""
+def _direct_payload(entry: TensorEntry) -> bytes:
+    values = np.asarray(entry.values)
+    if entry.format == "BF16":
+        bits = float32_to_bf16_float32(values.astype(np.float32)).view(np.uint32) >> 16
+        return bits.astype("<u2").tobytes()
+    return values.astype(DIRECT_FORMATS[entry.format].dtype).tobytes()
+
+
+def write_artifact(
+    path: Path | str, model_id: str, entries: Sequence[Entry], progress: Callable[[str, int], None] | None = None
+) -> Path:
+    """Writes the objects, in the given order, as one `.ninfer` v1 file, one payload in memory at a time;
+    `progress(name, bytes)` after each. Nothing is left at `path` on failure."""
     path = Path(path)
-    records, payloads, cursor = [], [], 0
-    for entry in entries:
-        if isinstance(entry, ResourceEntry):
-            record, payload, alignment = {"name": entry.name, "kind": "resource", "encoding": RAW_BYTES}, entry.data, RESOURCE_ALIGNMENT
-        else:
-            (record, payload), alignment = encode_tensor(entry), TENSOR_ALIGNMENT
-        cursor = align_up(cursor, alignment)
-        records.append({**record, "offset": cursor, "bytes": len(payload)})
-        payloads.append((cursor, payload))
-        cursor += len(payload)
+    planned = [_plan(entry) for entry in entries]
+    records, cursor = [], 0
+    for plan in planned:
+        cursor = align_up(cursor, plan.alignment)
+        records.append({**plan.record, "offset": cursor, "bytes": plan.nbytes})
+        cursor += plan.nbytes
     directory = json.dumps({"model_id": model_id, "objects": records}, separators=(",", ":")).encode()
     payload_offset = align_up(PREFIX_BYTES + len(directory), PAYLOAD_ALIGNMENT)
     partial = path.with_name(path.name + ".partial")
     try:
         with open(partial, "wb") as out:
             out.write(MAGIC + len(directory).to_bytes(8, "little") + directory)
-            for offset, payload in payloads:
-                out.seek(payload_offset + offset)
+            for plan, record in zip(planned, records):
+                payload = plan.payload()
+                if len(payload) != plan.nbytes:
+                    raise ArtifactError(f"{record['name']}: {len(payload)} payload bytes where {plan.nbytes} were planned")
+                out.seek(payload_offset + record["offset"])
                 out.write(payload)
+                if progress is not None:
+                    progress(record["name"], plan.nbytes)
             out.truncate(payload_offset + cursor)
         os.replace(partial, path)
     finally:

@@ -97,7 +97,7 @@ def _mtp_values(cfg: ModelConfig, src: dict[str, np.ndarray]) -> dict[str, np.nd
     }
 
 
-def _vision_shape(name: str, text_hidden: int) -> tuple[int, ...]:
+def vision_shape(name: str, text_hidden: int) -> tuple[int, ...]:
     h, i = VISION_HIDDEN, VISION_INTERMEDIATE
     suffix = name.split("/", 3)[-1] if name.startswith("vision/layers/") else name
     shapes = {
@@ -118,7 +118,7 @@ def draft_token_ids(tokens: int, rows: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).permutation(tokens)[:rows].astype(np.int32)
 
 
-def _frontend(model_dir: Path) -> dict[str, bytes]:
+def frontend_resources(model_dir: Path) -> dict[str, bytes]:
     files = {name: (model_dir / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json")}
     jinja = model_dir / "chat_template.jinja"
     template = jinja.read_text() if jinja.exists() else json.loads(files["tokenizer_config.json"]).get("chat_template", "")
@@ -142,7 +142,7 @@ def artifact_values(model_dir: Path, draft_rows: int, tokens: int) -> dict[str, 
     rng = np.random.default_rng(1)
     for name in inv.inventory(cfg.num_hidden_layers):
         if name.startswith("vision/"):
-            values[name] = (0.02 * rng.standard_normal(_vision_shape(name, cfg.hidden_size))).astype(np.float32)
+            values[name] = (0.02 * rng.standard_normal(vision_shape(name, cfg.hidden_size))).astype(np.float32)
     return values
 
 
@@ -151,7 +151,7 @@ def write_tiny_artifact(model_dir: Path, path: Path, draft_rows: int, tokens: in
     cfg = ModelConfig.from_dir(model_dir)
     formats = inv.inventory(cfg.num_hidden_layers)
     tensors = [TensorEntry(name, np.ascontiguousarray(v), formats[name]) for name, v in artifact_values(model_dir, draft_rows, tokens).items()]
-    resources: list[Entry] = [ResourceEntry(inv.FRONTEND_PREFIX + n, d) for n, d in _frontend(model_dir).items()]
+    resources: list[Entry] = [ResourceEntry(inv.FRONTEND_PREFIX + n, d) for n, d in frontend_resources(model_dir).items()]
     write_artifact(path, model_id, [*resources, *tensors])
     return tensors
 
