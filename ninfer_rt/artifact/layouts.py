@@ -133,6 +133,10 @@ def float32_to_bf16_float32(values: np.ndarray) -> np.ndarray:
     return (rounded & np.uint32(0xFFFF0000)).view(np.float32)
 
 
+_BYTES = np.arange(256, dtype="<u2")
+_NIBBLE_PAIRS = (_BYTES & 0x0F) | ((_BYTES >> 4) << 8)  # little-endian pairs: a byte's two nibbles as two bytes
+
+
 def row_split_codes(geometry: RowSplitGeometry, payload: memoryview) -> np.ndarray:
     """The signed codes [N, K_pad] as int8, rebuilt from the base plane and, for Q5/Q6, the high-bit plane."""
     fmt, groups = geometry.fmt, geometry.groups
@@ -140,19 +144,20 @@ def row_split_codes(geometry: RowSplitGeometry, payload: memoryview) -> np.ndarr
     base = np.frombuffer(payload, np.uint8, groups * fmt.base_bytes_per_group)
     if fmt.code_bits == 8:
         return base.view(np.int8).reshape(geometry.rows, padded_cols)
-    unsigned = np.empty(base.size * 2, np.uint8)
-    unsigned[0::2] = base & 0x0F
-    unsigned[1::2] = base >> 4
+    unsigned = _NIBBLE_PAIRS[base].view(np.uint8)  # byte i -> codes 2i (low nibble), 2i + 1 (high nibble)
     high_bits = fmt.code_bits - 4
     if high_bits:
         high = np.frombuffer(payload, np.uint8, groups * fmt.high_bytes_per_group, geometry.high_offset)
-        # The high-bit stream is lane-major, bit t in bit (t mod 8) of byte t // 8.
-        stream = np.unpackbits(high, bitorder="little").reshape(-1, high_bits)
-        weights = (1 << np.arange(high_bits, dtype=np.uint8)).astype(np.uint8)
-        unsigned |= (stream * weights).sum(axis=1, dtype=np.uint8) << 4
+        # The high-bit stream is lane-major: code t's high bit j is stream bit t * high_bits + j, bit (s mod 8)
+        # of byte s // 8.
+        stream = np.unpackbits(high, bitorder="little")
+        np.left_shift(stream, np.uint8(4), out=stream)
+        for j in range(high_bits):
+            np.bitwise_or(unsigned, stream[j::high_bits] << np.uint8(j), out=unsigned)
     sign = np.uint8(1 << (fmt.code_bits - 1))
-    signed = unsigned.astype(np.int16) - ((unsigned & sign).astype(np.int16) << 1)
-    return signed.astype(np.int8).reshape(geometry.rows, padded_cols)
+    unsigned ^= sign  # two's complement of code_bits bits, sign-extended in 8: (u ^ s) - s, wrapping
+    unsigned -= sign
+    return unsigned.view(np.int8).reshape(geometry.rows, padded_cols)
 
 
 def row_split_scales(geometry: RowSplitGeometry, payload: memoryview) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Grouped `.ninfer` tensors as the project's groupwise weights (QuantizedWeight), every value unchanged.
 
-Q4G64 codes (4-bit two's complement, -8..7) are the int4 format's codes re-centred, u = q + 8, at group 64.
+Q4G64 codes (4-bit two's complement, -8..7) are the int4 format's codes re-centred, u = q + 8, at group 64:
+the base plane with each nibble's top bit flipped.
 Q5G64 (-16..15), Q6G64 (-32..31) and W8G32 (-128..127) have no kernels of their own: their codes are widened
 to int8, u = q + 128, at their own group size (64, or 32 for W8). The fp16 multipliers are kept as stored
 (ScaleFormat.FP16), whose value bf16(q * scale) is what the reader decodes (layouts.dequantize_row_split).
@@ -20,7 +21,7 @@ from ninfer_rt.artifact.layouts import (
     row_split_codes,
     row_split_scales,
 )
-from ninfer_rt.quantize.format import QuantizedWeight, pack
+from ninfer_rt.quantize.format import QuantizedWeight
 
 BOUND_BITS = {"Q4G64_F16S": 4, "Q5G64_F16S": 8, "Q6G64_F16S": 8, "W8G32_F16S": 8}  # format -> int bits
 
@@ -40,6 +41,12 @@ def quantized_weight(obj: ArtifactObject, payload: memoryview) -> QuantizedWeigh
     rows, cols = obj.shape
     geometry = RowSplitGeometry(fmt, rows, cols)
     bits = BOUND_BITS[obj.format]
-    codes = row_split_codes(geometry, payload)[:, :cols].astype(np.int16) + (1 << (bits - 1))
+    if bits == 4:
+        # The base plane is already int4's packing (code 2i in the low nibble of byte i); flipping each
+        # nibble's top bit re-centres two's complement q as u = q + 8. One pass, not an unpack and a repack.
+        base = np.frombuffer(payload, np.uint8, geometry.groups * fmt.base_bytes_per_group).reshape(rows, -1)
+        qweight = base[:, : cols // 2] ^ np.uint8(0x88)
+    else:
+        qweight = row_split_codes(geometry, payload)[:, :cols].view(np.uint8) ^ np.uint8(0x80)  # u = q + 128
     scales = np.array(row_split_scales(geometry, payload)[:, : cols // fmt.group], np.float16)
-    return QuantizedWeight(bits, fmt.group, pack(codes.astype(np.uint8), bits), scales)
+    return QuantizedWeight(bits, fmt.group, np.ascontiguousarray(qweight), scales)
