@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ninfer_rt.artifact import Artifact, ArtifactError
+from ninfer_rt.artifact import Artifact, ArtifactError, layouts
 from ninfer_rt.artifact.container import ArtifactObject
 from ninfer_rt.artifact.layouts import GROUPED_FORMATS, ROW_SPLIT, dequantize_row_split
 from ninfer_rt.artifact.quantized import binds_quantized, quantized_weight
@@ -117,3 +117,18 @@ def test_layouts_splits_and_fusions_keep_fp16_multipliers_bit_for_bit() -> None:
         stack_rows([q8, QuantizedWeight(8, 64, q8.qweight, q8.scales.astype(ml_dtypes.bfloat16))])
     with pytest.raises(QuantFormatError, match="bf16 or float16"):
         QuantizedWeight(8, 64, q8.qweight, q8.scales.astype(np.float32))
+
+
+@pytest.mark.parametrize("fmt", list(BOUND))
+def test_row_blocks_bind_and_decode_what_one_block_does(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Large tensors are decoded a block of rows at a time (the 27B's 248k-row embedding would otherwise need
+    # ~20 GB of temporaries); a block of one or three rows must change nothing.
+    weight, _, _, payload = bound(fmt, 24, 320, 11)
+    whole = dequantize_row_split(fmt, (24, 320), memoryview(payload))
+    for block_codes in (1, 3 * 384):
+        monkeypatch.setattr(layouts, "ROW_BLOCK_CODES", block_codes)
+        blocked, _, _, _ = bound(fmt, 24, 320, 11)
+        np.testing.assert_array_equal(blocked.qweight, weight.qweight)
+        np.testing.assert_array_equal(dequantize_row_split(fmt, (24, 320), memoryview(payload)), whole)
+        bf16 = dequantize_row_split(fmt, (24, 320), memoryview(payload), ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(bf16.astype(np.float32), whole)

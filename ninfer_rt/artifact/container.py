@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ninfer_rt.artifact.layouts import (
     CONTIGUOUS,
@@ -175,14 +176,15 @@ class Artifact:
         require(self.object(name).kind == "resource", f"object {name!r} is a tensor, not a resource")
         return bytes(self.payload(name))
 
-    def tensor_values(self, name: str) -> np.ndarray:
-        """The logical values: float32 (grouped formats dequantized through bfloat16, BF16 widened), int32 for I32."""
+    def tensor_values(self, name: str, dtype: DTypeLike = np.float32) -> np.ndarray:
+        """The logical values: float32 (grouped formats dequantized through bfloat16, BF16 widened; a grouped
+        tensor straight into `dtype` when asked, e.g. bfloat16), int32 for I32."""
         obj = self.object(name)
         require(obj.kind == "tensor", f"object {name!r} is a resource, not a tensor")
         assert obj.shape is not None and obj.format is not None
         payload = self.payload(name)
         if obj.layout != CONTIGUOUS:
-            return dequantize_row_split(obj.format, obj.shape, payload)
+            return dequantize_row_split(obj.format, obj.shape, payload, dtype)
         words = direct_words(obj.format, obj.shape, payload)
         if obj.format == "BF16":
             return bf16_words_to_float32(words)

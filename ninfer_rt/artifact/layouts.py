@@ -9,9 +9,12 @@ closed: a name that is not listed here is refused, never parsed into components.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
+from numpy.typing import DTypeLike
 
 CONTIGUOUS = "contiguous-le-v1"
 ROW_SPLIT = "row-split-k128-v1"
@@ -128,26 +131,38 @@ def bf16_words_to_float32(words: np.ndarray) -> np.ndarray:
 
 def float32_to_bf16_float32(values: np.ndarray) -> np.ndarray:
     """Rounds binary32 to the nearest bfloat16, ties to even, and returns it widened back to float32."""
-    bits = values.astype(np.float32).view(np.uint32)
-    rounded = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))
-    return (rounded & np.uint32(0xFFFF0000)).view(np.float32)
+    return np.asarray(values, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
 _BYTES = np.arange(256, dtype="<u2")
 _NIBBLE_PAIRS = (_BYTES & 0x0F) | ((_BYTES >> 4) << 8)  # little-endian pairs: a byte's two nibbles as two bytes
 
 
-def row_split_codes(geometry: RowSplitGeometry, payload: memoryview) -> np.ndarray:
-    """The signed codes [N, K_pad] as int8, rebuilt from the base plane and, for Q5/Q6, the high-bit plane."""
-    fmt, groups = geometry.fmt, geometry.groups
+ROW_BLOCK_CODES = 1 << 25  # codes decoded at a time: bounds a large tensor's temporaries (~0.5 GB for f32 values)
+
+
+def row_blocks(geometry: RowSplitGeometry) -> Iterator[tuple[int, int]]:
+    """[start, stop) row ranges of about ROW_BLOCK_CODES codes each."""
+    step = max(1, ROW_BLOCK_CODES // (geometry.groups_per_row * geometry.fmt.group))
+    for start in range(0, geometry.rows, step):
+        yield start, min(start + step, geometry.rows)
+
+
+def row_split_codes(geometry: RowSplitGeometry, payload: memoryview, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """The signed codes of rows [start, stop) as int8 [rows, K_pad], rebuilt from the base plane and, for
+    Q5/Q6, the high-bit plane (a row's codes are whole bytes of either plane: K_pad is a multiple of 128)."""
+    fmt = geometry.fmt
+    stop = geometry.rows if stop is None else stop
     padded_cols = geometry.groups_per_row * fmt.group
-    base = np.frombuffer(payload, np.uint8, groups * fmt.base_bytes_per_group)
+    base_row = geometry.groups_per_row * fmt.base_bytes_per_group
+    base = np.frombuffer(payload, np.uint8, (stop - start) * base_row, start * base_row)
     if fmt.code_bits == 8:
-        return base.view(np.int8).reshape(geometry.rows, padded_cols)
+        return base.view(np.int8).reshape(stop - start, padded_cols)
     unsigned = _NIBBLE_PAIRS[base].view(np.uint8)  # byte i -> codes 2i (low nibble), 2i + 1 (high nibble)
     high_bits = fmt.code_bits - 4
     if high_bits:
-        high = np.frombuffer(payload, np.uint8, groups * fmt.high_bytes_per_group, geometry.high_offset)
+        high_row = geometry.groups_per_row * fmt.high_bytes_per_group
+        high = np.frombuffer(payload, np.uint8, (stop - start) * high_row, geometry.high_offset + start * high_row)
         # The high-bit stream is lane-major: code t's high bit j is stream bit t * high_bits + j, bit (s mod 8)
         # of byte s // 8.
         stream = np.unpackbits(high, bitorder="little")
@@ -157,7 +172,7 @@ def row_split_codes(geometry: RowSplitGeometry, payload: memoryview) -> np.ndarr
     sign = np.uint8(1 << (fmt.code_bits - 1))
     unsigned ^= sign  # two's complement of code_bits bits, sign-extended in 8: (u ^ s) - s, wrapping
     unsigned -= sign
-    return unsigned.view(np.int8).reshape(geometry.rows, padded_cols)
+    return unsigned.view(np.int8).reshape(stop - start, padded_cols)
 
 
 def row_split_scales(geometry: RowSplitGeometry, payload: memoryview) -> np.ndarray:
@@ -166,9 +181,14 @@ def row_split_scales(geometry: RowSplitGeometry, payload: memoryview) -> np.ndar
     return scales.reshape(geometry.rows, geometry.groups_per_row)
 
 
-def dequantize_row_split(fmt: str, shape: tuple[int, ...], payload: memoryview) -> np.ndarray:
-    """w = binary32(scale * code) for the logical columns, rounded to bfloat16 and returned as float32."""
+def dequantize_row_split(fmt: str, shape: tuple[int, ...], payload: memoryview, dtype: DTypeLike = np.float32) -> np.ndarray:
+    """w = binary32(scale * code) for the logical columns, rounded to bfloat16 and returned as `dtype`
+    (float32, or bfloat16 itself), a block of rows at a time."""
     geometry = RowSplitGeometry(GROUPED_FORMATS[fmt], shape[0], shape[1])
-    codes = row_split_codes(geometry, payload).astype(np.float32)
-    scales = np.repeat(row_split_scales(geometry, payload).astype(np.float32), geometry.fmt.group, axis=1)
-    return float32_to_bf16_float32(scales * codes)[:, : geometry.cols]
+    scales = row_split_scales(geometry, payload)
+    out = np.empty((geometry.rows, geometry.cols), dtype)
+    for start, stop in row_blocks(geometry):
+        codes = row_split_codes(geometry, payload, start, stop).astype(np.float32)
+        codes *= np.repeat(scales[start:stop].astype(np.float32), geometry.fmt.group, axis=1)  # exact in f32
+        out[start:stop] = codes[:, : geometry.cols].astype(ml_dtypes.bfloat16)
+    return out

@@ -18,6 +18,7 @@ from ninfer_rt.artifact.layouts import (
     GROUPED_FORMATS,
     ArtifactError,
     RowSplitGeometry,
+    row_blocks,
     row_split_codes,
     row_split_scales,
 )
@@ -47,6 +48,8 @@ def quantized_weight(obj: ArtifactObject, payload: memoryview) -> QuantizedWeigh
         base = np.frombuffer(payload, np.uint8, geometry.groups * fmt.base_bytes_per_group).reshape(rows, -1)
         qweight = base[:, : cols // 2] ^ np.uint8(0x88)
     else:
-        qweight = row_split_codes(geometry, payload)[:, :cols].view(np.uint8) ^ np.uint8(0x80)  # u = q + 128
+        qweight = np.empty((rows, cols), np.uint8)
+        for start, stop in row_blocks(geometry):
+            qweight[start:stop] = row_split_codes(geometry, payload, start, stop)[:, :cols].view(np.uint8) ^ np.uint8(0x80)  # q + 128
     scales = np.array(row_split_scales(geometry, payload)[:, : cols // fmt.group], np.float16)
     return QuantizedWeight(bits, fmt.group, np.ascontiguousarray(qweight), scales)

@@ -164,8 +164,10 @@ class _Values:
 
     def decoded(self, name: str) -> np.ndarray:
         """bfloat16 (exact for every format but FP32), FP32 kept as float32."""
-        values = self._artifact.tensor_values(name)
-        return values if self._artifact.objects[name].format == "FP32" else values.astype(ml_dtypes.bfloat16)
+        if self._artifact.objects[name].format == "FP32":
+            return self._artifact.tensor_values(name)
+        # bf16 as decoded, block by block: a 248k-row embedding never exists in float32
+        return self._artifact.tensor_values(name, ml_dtypes.bfloat16).astype(ml_dtypes.bfloat16, copy=False)
 
 
 def _rows(matrix: Linear, *sizes: int) -> list[Linear]:
