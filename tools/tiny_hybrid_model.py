@@ -183,8 +183,8 @@ def fast_delta_rule(model: TinyQwen3_5, device: str, log: Callable[[str], None])
         hidden = torch.randn(2, PROBE_TOKENS, model.config.hidden_size, device=device, generator=generator)
         try:
             fla_grads = _layer_gradients(layer, hidden)
-        except RuntimeError as exc:
-            fla_grads, failure = None, str(exc).splitlines()[0]
+        except Exception as exc:  # noqa: BLE001 -- any failure of the probe (a refusal, a Triton compile error) means the torch rule
+            fla_grads, failure = None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         with torch_delta_rule():
             reference = _layer_gradients(layer, hidden)
         if fla_grads is not None:
