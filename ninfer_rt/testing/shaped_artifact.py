@@ -78,15 +78,15 @@ def random_payload(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> 
     around the one that gives uniformly drawn codes a spread of WEIGHT_SPREAD."""
     grouped = GROUPED_FORMATS[fmt]
     geometry = RowSplitGeometry(grouped, rows, cols)
-    payload = bytearray(geometry.payload_bytes)
+    payload = np.zeros(geometry.payload_bytes, np.uint8)
     base = geometry.groups * grouped.base_bytes_per_group
     high = geometry.groups * grouped.high_bytes_per_group
-    payload[:base] = rng.bytes(base)
-    payload[geometry.high_offset : geometry.high_offset + high] = rng.bytes(high)
+    payload[:base] = rng.integers(0, 256, base, np.uint8)  # 6x Generator.bytes' rate
+    payload[geometry.high_offset : geometry.high_offset + high] = rng.integers(0, 256, high, np.uint8)
     code_spread = (1 << grouped.code_bits) / math.sqrt(12)
     scales = (WEIGHT_SPREAD / code_spread) * rng.uniform(0.5, 1.5, geometry.groups)
-    payload[geometry.scale_offset :] = scales.astype("<f2").tobytes()
-    return bytes(payload)
+    payload[geometry.scale_offset :] = scales.astype("<f2").view(np.uint8)
+    return payload.tobytes()
 
 
 def _direct_values(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
