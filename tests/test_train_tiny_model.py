@@ -232,3 +232,16 @@ def test_the_full_hybrid_is_in_the_dense_models_size_class_with_shapes_the_cuda_
     s = hybrid.full_shape
     assert s.linear_value_heads == 3 * s.linear_key_heads and s.layers % 4 == 0 and s.head_dim in PREFILL_HEAD_DIMS
     GdnHeads(s.linear_key_heads, s.linear_value_heads, s.linear_head_dim, s.linear_head_dim, 1e-6)  # raises if not instantiated
+
+
+def test_the_fla_probe_measures_gradients_against_the_torch_rule_in_float32_on_the_cpu() -> None:
+    import tiny_hybrid_model as hybrid
+
+    model = hybrid.TinyQwen3_5(hybrid.TINY_HYBRID_SHAPE, 256, 1e-6, 0.02)
+    layer = model.model.layers[0].linear_attn
+    hidden = hybrid.probe_batch(model.config.hidden_size, "cpu")
+    reference = hybrid.torch_reference_gradients(layer, hidden)
+    assert len(reference) == len(list(layer.parameters()))
+    assert hybrid.gradient_error(hybrid.layer_gradients(layer, hidden), reference) < 1e-6
+    miscompiled = [g * 1.5 for g in reference]  # off as fla #640's backward is, ~0.5
+    assert hybrid.gradient_error(miscompiled, reference) > hybrid.FLA_GRADIENT_TOLERANCE
