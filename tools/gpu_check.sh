@@ -5,9 +5,9 @@
 # 27B's matrices at 531 and 8192 tokens), the 27B int4 checkpoint written directly, decode through the engine
 # (plain and MTP k=3 over a 32,768-row draft head) and the agent turn (114,281 cached + 531 new tokens, resumed
 # from a state snapshot), the graphed step at 27B for bf16/int8/int4 weights, start-up with a warm kernel cache,
-# the 27B as a NInfer `.ninfer` artifact, and the dense qwen3-8b step as the regression check. Each step has its own time limit, so one slow step
-# cannot eat the others. Logs and the bench/results lines they appended are packed into
-# OUT_DIR/gpu_check.tar.gz (one file: the device tool returns at most eight).
+# the 27B as a NInfer `.ninfer` artifact, and the dense qwen3-8b step as the regression check. Each step has
+# its own time limit, so one slow step cannot eat the others. Logs and the bench/results lines they appended
+# are packed into OUT_DIR/gpu_check.tar.gz (one file: the device tool returns at most eight).
 # Usage: NINFER_BENCH_COMMIT=<sha> [STEPS="gpu_tests engine_27b ..."] tools/gpu_check.sh OUT_DIR
 # STEPS, when given, names the steps to run (the others are skipped; build_27b runs when a 27B step does).
 # The full-scale replay, the sanitizers, the soak and the fault drill: tools/replay_gpu.sh (one command each).

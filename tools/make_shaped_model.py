@@ -38,6 +38,8 @@ def main(shape: str, out_path: Path, seed: int, bits: str | None, group_size: in
             write_shaped_artifact(out_path, SHAPES[shape], DRAFT_ROWS, seed, progress=lambda name, nbytes: bar.update(nbytes))
         size = out_path.stat().st_size
     else:
+        if out_path.is_file():
+            raise click.UsageError(f"--out {out_path}: a checkpoint is a directory, and this is a file")
         quantized = Quantized(int(bits), group_size) if bits else None
         make_shaped_model(out_path, SHAPES[shape], seed, quantized)
         size = sum(f.stat().st_size for f in out_path.iterdir())
