@@ -8,6 +8,7 @@ an unknown tensor name, is one line and exit status 2, and no .npy is written.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -47,7 +48,12 @@ def inspect(artifact_path: Path, tensor_name: str | None, npy_path: Path | None)
         obj = artifact.objects.get(tensor_name)
         if obj is None or obj.kind != "tensor":
             raise BadUsage(f"--tensor {tensor_name}: no tensor of that name in {artifact_path}")
-        values = artifact.tensor_values(tensor_name).astype(np.float32)
+        values = artifact.tensor_values(tensor_name).astype(np.float32, copy=False)  # I32 ids widen
     assert npy_path is not None
-    with open(npy_path, "wb") as out:
-        np.save(out, values)
+    partial = npy_path.with_name(npy_path.name + ".partial")  # a failed write leaves nothing at npy_path
+    try:
+        with open(partial, "wb") as out:
+            np.save(out, values)
+        os.replace(partial, npy_path)
+    finally:
+        partial.unlink(missing_ok=True)
