@@ -54,3 +54,12 @@ def test_inspect_refuses_a_missing_file_and_a_lone_tensor_flag(tmp_path: Path) -
     lone = CliRunner().invoke(main, ["inspect", str(tmp_path / "absent.ninfer"), "--tensor", "text/q4"])
     assert (missing.exit_code, lone.exit_code) == (2, 2)
     assert "no such file" in missing.output and "--tensor and --npy go together" in lone.output
+
+
+@needs_fixture
+def test_inspect_refuses_an_unwritable_npy_in_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "absent-dir" / "q6.npy"
+    result = CliRunner().invoke(main, ["inspect", str(TINY), "--tensor", "text/q6", "--npy", str(out)])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [f"Error: --npy {out}: No such file or directory"]
+    assert not list(tmp_path.rglob("*.npy*"))

@@ -55,5 +55,7 @@ def inspect(artifact_path: Path, tensor_name: str | None, npy_path: Path | None)
         with open(partial, "wb") as out:
             np.save(out, values)
         os.replace(partial, npy_path)
+    except OSError as exc:
+        raise BadUsage(f"--npy {npy_path}: {exc.strerror or exc}") from None
     finally:
         partial.unlink(missing_ok=True)
