@@ -34,6 +34,8 @@ def main(shape: str, out_path: Path, seed: int, bits: str | None, group_size: in
     if out_format == "ninfer":
         if not is_hybrid_shape(SHAPES[shape]) or bits is not None:
             raise click.UsageError(f"--format ninfer: a hybrid shape in the artifact's own formats (no --bits), not {shape}")
+        if not out_path.parent.is_dir():
+            raise click.UsageError(f"--out {out_path}: no directory {out_path.parent}")
         with tqdm(desc="writing", unit="B", unit_scale=True, disable=not sys.stderr.isatty()) as bar:
             write_shaped_artifact(out_path, SHAPES[shape], DRAFT_ROWS, seed, progress=lambda name, nbytes: bar.update(nbytes))
         size = out_path.stat().st_size
