@@ -132,28 +132,22 @@ class _Planned:
 
 
 def _plan(entry: Entry) -> _Planned:
+    """The entry's record, payload size and payload producer: the size is known before anything is encoded."""
     if isinstance(entry, ResourceEntry):
         record = {"name": entry.name, "kind": "resource", "encoding": RAW_BYTES}
         return _Planned(record, len(entry.data), RESOURCE_ALIGNMENT, lambda: entry.data)
-    record, nbytes, payload = _planned_tensor(entry)
-    return _Planned(record, nbytes, TENSOR_ALIGNMENT, payload)
-
-
-def _planned_tensor(entry: TensorEntry | PackedEntry) -> tuple[dict, int, Callable[[], bytes]]:
-    """(record, payload size, payload producer): the size is known before anything is encoded."""
     shape = tuple(entry.shape) if isinstance(entry, PackedEntry) else np.shape(entry.values)
     record = {"name": entry.name, "kind": "tensor", "shape": list(shape), "format": entry.format}
     if entry.format in GROUPED_FORMATS:
         size = RowSplitGeometry(GROUPED_FORMATS[entry.format], shape[0], shape[1]).payload_bytes
-        if isinstance(entry, PackedEntry):
-            return {**record, "layout": ROW_SPLIT}, size, entry.payload
-        return {**record, "layout": ROW_SPLIT}, size, lambda: encode_row_split(entry.format, entry.values)
+        payload = entry.payload if isinstance(entry, PackedEntry) else lambda: encode_row_split(entry.format, entry.values)
+        return _Planned({**record, "layout": ROW_SPLIT}, size, TENSOR_ALIGNMENT, payload)
     if entry.format not in DIRECT_FORMATS:
         raise ArtifactError(f"unknown tensor format {entry.format!r}")
     if isinstance(entry, PackedEntry):
         raise ArtifactError(f"{entry.name}: a packed payload needs a grouped format, not {entry.format}")
     size = int(np.prod(shape, dtype=np.int64)) * DIRECT_FORMATS[entry.format].dtype.itemsize
-    return {**record, "layout": CONTIGUOUS}, size, lambda: _direct_payload(entry)
+    return _Planned({**record, "layout": CONTIGUOUS}, size, TENSOR_ALIGNMENT, lambda: _direct_payload(entry))
 
 
 def _direct_payload(entry: TensorEntry) -> bytes:
