@@ -52,4 +52,4 @@ def quantized_weight(obj: ArtifactObject, payload: memoryview) -> QuantizedWeigh
         for start, stop in row_blocks(geometry):
             qweight[start:stop] = row_split_codes(geometry, payload, start, stop)[:, :cols].view(np.uint8) ^ np.uint8(0x80)  # q + 128
     scales = np.array(row_split_scales(geometry, payload)[:, : cols // fmt.group], np.float16)
-    return QuantizedWeight(bits, fmt.group, np.ascontiguousarray(qweight), scales)
+    return QuantizedWeight(bits, fmt.group, qweight, scales)  # both branches made a new contiguous array

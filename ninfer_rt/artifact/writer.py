@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from ninfer_rt.artifact.container import MAGIC, PAYLOAD_ALIGNMENT, PREFIX_BYTES
@@ -153,8 +154,7 @@ def _plan(entry: Entry) -> _Planned:
 def _direct_payload(entry: TensorEntry) -> bytes:
     values = np.asarray(entry.values)
     if entry.format == "BF16":
-        bits = float32_to_bf16_float32(values.astype(np.float32)).view(np.uint32) >> 16
-        return bits.astype("<u2").tobytes()
+        return values.astype(np.float32).astype(ml_dtypes.bfloat16).view("<u2").tobytes()
     return values.astype(DIRECT_FORMATS[entry.format].dtype).tobytes()
 
 

@@ -159,16 +159,22 @@ class _Values:
 
     def __init__(self, artifact: Artifact, quantized: bool) -> None:
         self._artifact = artifact
+        self._quantized = quantized
         self._pool = ThreadPoolExecutor(min(BIND_THREADS, os.cpu_count() or 1), thread_name_prefix="ninfer-bind")
-        ahead = [name for name, obj in artifact.objects.items() if quantized and binds_quantized(obj) and _bound_quantized(name)]
+        ahead = [name for name in artifact.objects if self._binds(name) and _taken_quantized(name)]
         self._bound = {name: self._pool.submit(self._bind, name) for name in ahead}
+
+    def _binds(self, name: str) -> bool:
+        return self._quantized and binds_quantized(self._artifact.object(name))
 
     def _bind(self, name: str) -> QuantizedWeight:
         return quantized_weight(self._artifact.object(name), self._artifact.payload(name))
 
     def __call__(self, name: str) -> Linear:
         future = self._bound.pop(name, None)
-        return future.result() if future is not None else self.decoded(name)
+        if future is not None:
+            return future.result()
+        return self._bind(name) if self._binds(name) else self.decoded(name)
 
     def close(self) -> None:
         for future in self._bound.values():
@@ -237,9 +243,9 @@ def _layer(values: _Values, prefix: str, cfg: ModelConfig, mixer: GatedAttention
     )
 
 
-def _bound_quantized(name: str) -> bool:
-    """The grouped objects the model takes quantized: layers, MTP and the output head (the embedding and
-    the draft head are decoded; Vision objects are not bound)."""
+def _taken_quantized(name: str) -> bool:
+    """The objects the model takes quantized, worth binding ahead: layers, MTP and the output head (the
+    embedding and the draft head are decoded; Vision objects are not bound)."""
     return name.startswith(("text/layers/", "mtp/")) or name == inv.OUTPUT_HEAD
 
 
