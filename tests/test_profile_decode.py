@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from profile_decode import GpuOp, label_step, split_steps, summarize  # noqa: E402 -- lives in tools/
+from profile_decode import GpuOp, kernel_totals, label_step, split_steps, summarize  # noqa: E402 -- lives in tools/
 
 from ninfer_rt.model.shapes import SHAPES  # noqa: E402
 
@@ -77,3 +77,19 @@ def test_a_hybrid_s_rows_are_by_kernel_name_alone() -> None:
     assert named["gemv_bf16_b1"]["per_step"] == 6 and named["rmsnorm"]["per_step"] == 5
     assert all(r["weight_MB"] == 0.0 for r in rows)
     assert abs(sum(r["ms_per_step"] for r in rows) * 1e3 - (10.0 * (1 + 2 * len(LAYER) + len(HEAD)) + 5.0)) < 1e-9
+
+
+def test_a_turns_kernels_add_up_to_the_time_the_gpu_was_busy_and_idle_gaps_count_for_none() -> None:
+    ops = [
+        GpuOp("gemm", 0.0, 100.0),
+        GpuOp("attention", 90.0, 400.0),  # launched early (PDL): its first 10 us overlap the GEMM
+        GpuOp("gemm", 1400.0, 1500.0),  # 1 ms of host time before it: the GPU idle
+        GpuOp("copy", 1450.0, 1460.0),  # wholly inside the GEMM: no marginal time
+    ]
+    busy_ms, rows = kernel_totals(ops)
+    assert abs(busy_ms - (100.0 + 300.0 + 100.0) / 1e3) < 1e-12
+    named = by_label(rows)
+    assert [r["kernel"] for r in rows] == ["attention", "gemm", "copy"]  # heaviest first
+    assert named["gemm"]["launches"] == 2 and abs(named["gemm"]["busy_ms"] - 0.2) < 1e-12
+    assert abs(named["attention"]["busy_ms"] - 0.3) < 1e-12 and abs(named["attention"]["duration_ms"] - 0.31) < 1e-12
+    assert named["copy"]["busy_ms"] == 0.0 and abs(named["copy"]["duration_ms"] - 0.01) < 1e-12

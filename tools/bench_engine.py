@@ -14,7 +14,10 @@ the same prompt plus NEW tokens: its time to first token, and how many prompt to
 on a hybrid, the state snapshot at the end of the first prompt) let it skip.
 
 --profile-host prints where the host's time goes over the decode steps (cProfile, top functions; the wait
-for the GPU shows up under synchronize). Appends JSON lines to bench/results/engine.jsonl unless --no-append.
+for the GPU shows up under synchronize). --profile-turn prints where the agent turn's time to first token
+goes on the GPU, kernel by kernel (a CUPTI trace of the second request; torch's profiler, on the GPU machine
+only), and how much of it the GPU sat idle. Appends JSON lines to bench/results/engine.jsonl (the turn's
+kernels to turn_profile.jsonl) unless --no-append.
 
     python tools/make_shaped_model.py --shape qwen3.6-27b --bits 4 --out /tmp/qwen3.6-27b
     python tools/bench_engine.py --model /tmp/qwen3.6-27b --context 256,7680 --kv-dtype int8 --draft-tokens 0,3 \
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench_decode import append_results, print_table, run_info
+from profile_decode import kernel_totals, profiled
 from ninfer_rt.cuda.attention_plan import PAGE_SIZE
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.engine.build import EngineConfig
@@ -70,14 +74,30 @@ def decode_row(engine: Engine, context: int, max_tokens: int, profiler: cProfile
     return row
 
 
-def agent_turn_row(engine: Engine, cached: int, new: int) -> dict[str, object]:
-    """The second turn of a conversation: its prompt is the first turn's plus `new` tokens."""
+def agent_turn_row(engine: Engine, cached: int, new: int, kernels: list[dict[str, object]] | None = None) -> dict[str, object]:
+    """The second turn of a conversation: its prompt is the first turn's plus `new` tokens. With `kernels`
+    (a list to fill), the turn runs under a CUPTI trace and its kernels' rows go there."""
     first = random_prompt(engine, cached, seed=cached)
     run_request(engine, first, max_tokens=1)
+    second = first + random_prompt(engine, new, seed=new)
+    outcome: list[RequestStats] = []
     began = time.perf_counter()
-    stats = run_request(engine, first + random_prompt(engine, new, seed=new), max_tokens=1)
+    if kernels is None:
+        outcome.append(run_request(engine, second, max_tokens=1))
+    else:
+        ops = profiled(lambda: outcome.append(run_request(engine, second, max_tokens=1)), engine.runner.executor.compute.synchronize)
+        busy_ms, rows = kernel_totals(ops)
+        kernels += [{"busy_ms_total": busy_ms} | row for row in rows]
+    stats = outcome[0]
     return {"context": cached + new, "agent_turn_new": new, "ttft_ms": 1e3 * stats.ttft_s,
-            "cached_tokens": stats.cached_tokens, "turn_ms": 1e3 * (time.perf_counter() - began)}
+            "cached_tokens": stats.cached_tokens, "turn_ms": 1e3 * (time.perf_counter() - began), "traced": kernels is not None}
+
+
+def print_turn_profile(kernels: list[dict[str, object]], turn: dict[str, object], top: int = 30) -> None:
+    busy = float(kernels[0]["busy_ms_total"]) if kernels else 0.0
+    print(f"agent turn: time to first token {turn['ttft_ms']:.1f} ms (under the trace); the GPU busy {busy:.1f} ms of it, "
+          f"{len(kernels)} kernels and copies by name, the heaviest {min(top, len(kernels))}:")
+    print_table(kernels[:top], ["kernel", "launches", "busy_ms", "duration_ms"])
 
 
 @dataclass(frozen=True)
@@ -92,7 +112,9 @@ class Plan:
         return longest + self.max_tokens + 64
 
 
-def bench_config(args: argparse.Namespace, plan: Plan, draft_tokens: int) -> list[dict[str, object]]:
+def bench_config(
+    args: argparse.Namespace, plan: Plan, draft_tokens: int, turn_profiles: list[dict[str, object]]
+) -> list[dict[str, object]]:
     spec = {"spec": "mtp", "draft_tokens": draft_tokens, "lm_head_draft": args.lm_head_draft} if draft_tokens else {}
     engine = Engine.load(args.model, EngineConfig(
         device=args.device, kv_dtype=args.kv_dtype, max_concurrency=1, max_context=plan.max_context,
@@ -107,7 +129,12 @@ def bench_config(args: argparse.Namespace, plan: Plan, draft_tokens: int) -> lis
         if profiler is not None:
             print(f"host profile of the decode steps at context {context}, {draft_tokens} draft tokens:")
             pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
-    rows += [setting | agent_turn_row(engine, cached, new) for cached, new in plan.agent_turns]
+    for cached, new in plan.agent_turns:
+        kernels: list[dict[str, object]] | None = [] if args.profile_turn else None
+        rows.append(setting | agent_turn_row(engine, cached, new, kernels))
+        if kernels is not None:
+            print_turn_profile(kernels, rows[-1])
+            turn_profiles.extend(setting | {"context": cached + new, "agent_turn_new": new} | k for k in kernels)
     return rows
 
 
@@ -125,6 +152,7 @@ def main() -> None:
     parser.add_argument("--lm-head-draft", type=int, default=None, help="draft over this many lm_head rows")
     parser.add_argument("--agent-turn", default="", help="CACHED,NEW: time a turn that extends a cached prompt")
     parser.add_argument("--profile-host", action="store_true")
+    parser.add_argument("--profile-turn", action="store_true", help="trace the agent turn's kernels (CUPTI, through torch)")
     parser.add_argument("--no-overlap", action="store_true", help="read each step's samples before the next step")
     parser.add_argument("--no-append", action="store_true", help="print the table only")
     args = parser.parse_args()
@@ -137,12 +165,17 @@ def main() -> None:
     if args.kv_capacity is None:
         args.kv_capacity = "auto" if len(draft_settings) == 1 else str(2 * -(-plan.max_context // PAGE_SIZE))
     info = run_info(open_device(0) if args.device == "cuda" else None)
-    rows = [info | row for k in draft_settings for row in bench_config(args, plan, k)]
+    if args.profile_turn and (args.device != "cuda" or not plan.agent_turns):
+        parser.error("--profile-turn traces the GPU's kernels: it needs --device cuda and --agent-turn")
+    turn_profiles: list[dict[str, object]] = []
+    rows = [info | row for k in draft_settings for row in bench_config(args, plan, k, turn_profiles)]
     columns = ["context", "kv_dtype", "overlap", "draft_tokens", "decode_tok_s", "ms_per_token", "tokens_per_round",
                "ms_per_round", "agent_turn_new", "ttft_ms", "cached_tokens"]
     print_table([{c: row.get(c, "") for c in columns} for row in rows], columns)
     if not args.no_append:
         print(f"appended to {append_results('engine', rows)}")
+        if turn_profiles:
+            print(f"appended to {append_results('turn_profile', [info | row for row in turn_profiles])}")
 
 
 if __name__ == "__main__":

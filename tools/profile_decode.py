@@ -135,23 +135,50 @@ def summarize(
     return sorted(rows, key=lambda r: -r["ms_per_step"])
 
 
-def profile_steps(step: Callable[[], object], synchronize: Callable[[], None], steps: int) -> list[list[GpuOp]]:
+def kernel_totals(ops: list[GpuOp]) -> tuple[float, list[dict[str, object]]]:
+    """A span's GPU ops (one request's turn, say) by name: launches, summed marginal time (from the end of
+    the previous op to the end of this one, so overlapping ops count once and the rows add up to the time
+    the GPU was busy) and summed duration; heaviest first. Returns (busy ms, rows)."""
+    count: dict[str, int] = defaultdict(int)
+    marginal: dict[str, float] = defaultdict(float)
+    duration: dict[str, float] = defaultdict(float)
+    previous_end = None
+    for op in sorted(ops, key=lambda o: o.start_us):
+        begin = op.start_us if previous_end is None else max(op.start_us, previous_end)
+        count[op.name] += 1
+        marginal[op.name] += max(0.0, op.end_us - begin)
+        duration[op.name] += op.end_us - op.start_us
+        previous_end = op.end_us if previous_end is None else max(previous_end, op.end_us)
+    rows = [{"kernel": name, "launches": count[name], "busy_ms": marginal[name] / 1e3, "duration_ms": duration[name] / 1e3}
+            for name in count]
+    return sum(marginal.values()) / 1e3, sorted(rows, key=lambda r: -r["busy_ms"])
+
+
+def profiled(work: Callable[[], object], synchronize: Callable[[], None]) -> list[GpuOp]:
+    """The GPU ops `work` issued, from a CUPTI trace taken around it."""
     import torch  # the profiler only
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.init()
-    for _ in range(3):
-        step()
-    synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
+        work()
         synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
-        ops = gpu_timeline(trace)
-    return split_steps(ops, steps)
+        return gpu_timeline(trace)
+
+
+def profile_steps(step: Callable[[], object], synchronize: Callable[[], None], steps: int) -> list[list[GpuOp]]:
+    for _ in range(3):
+        step()
+    synchronize()
+
+    def replays() -> None:
+        for _ in range(steps):
+            step()
+
+    return split_steps(profiled(replays, synchronize), steps)
 
 
 def main() -> None:
