@@ -40,7 +40,8 @@
 // 99 / 100.5 KiB at D = 256 (int8 KV at D = 256 exceeds the 99 KiB of sm_86/89/120 blocks); the kernel traps
 // on less); blocks past their sequence's chunk exit at once. prefill_attention_combine_d{64,128,256}
 // (only when num_splits > 1): grid (tiles * R / 16, Hkv, B), blockIdx.x = tile * R / 16 + row group; block 128
-// (M rows 16 g .. 16 g + 15 of the tile: warp w merges rows w, w + 4, ...; each lane D / 32 dims).
+// (M rows 16 g .. 16 g + 15 of the tile: warp w merges rows w, w + 4, ...; each lane D / 32 dims);
+// prefill_attention_combine_d256_r128 the same for the sm_90a kernel's 128-row tiles at D = 256.
 // Pipeline (key tiles are pages of 64 keys; one K and one V tile in shared memory): top of page kt: wait for
 // K(kt) and a barrier, start V(kt)'s cp.async, S = Q K^T (Q and K fragments by ldmatrix; each K fragment feeds
 // the warp's two m tiles), causal mask only on pages that reach past the tile's first position, online
@@ -50,8 +51,8 @@
 // -> two exact f16x2 words; Q's dims are permuted within each k step to match, once, when it is staged),
 // V is converted to an f16 tile by all threads after the middle barrier (then another barrier); both pages'
 // scales arrive with K. Rows of every 16-bit tile are padded by 16 bytes (int8 rows too), so ldmatrix, the
-// K words and the cp.async stores are conflict-free. sm_90a runs this kernel at D = 256 too (the wgmma
-// kernels are D = 128 only).
+// K words and the cp.async stores are conflict-free. sm_90a runs this kernel at D = 64, and for int8 KV at
+// D = 256 when the pages are not widened (its wgmma kernels: bf16 and widened at D = 128 and 256, int8 at 128).
 #include "attention_common.cuh"
 #include "prefill_common.cuh"
 
@@ -469,7 +470,7 @@ __forceinline__ void prefill_attention_combine(bf16* out, const float* partial_a
     }
 
 #define PREFILL_COMBINE(NAME, D, ROWS)                                                                         \
-    extern "C" __global__ void __launch_bounds__(kPrefillThreads) NAME##_d##D(                                 \
+    extern "C" __global__ void __launch_bounds__(kPrefillThreads) NAME(                                        \
         bf16* out, const float* partial_acc, const float* partial_ml, const int* context_lens,                 \
         const int* query_start, int decode_max_queries, int num_q_heads, int num_kv_heads, int num_splits,     \
         const bf16* gate, int gate_stride) {                                                                   \
@@ -485,6 +486,8 @@ PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 256, bf16, false)
 PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 64, int8, true)
 PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 128, int8, true)
 PREFILL_KERNEL(prefill_attention, flash_prefill_attention, 256, int8, true)
-PREFILL_COMBINE(prefill_attention_combine, 64, kTileRows<64>)
-PREFILL_COMBINE(prefill_attention_combine, 128, kTileRows<128>)
-PREFILL_COMBINE(prefill_attention_combine, 256, kTileRows<256>)
+PREFILL_COMBINE(prefill_attention_combine_d64, 64, kTileRows<64>)
+PREFILL_COMBINE(prefill_attention_combine_d128, 128, kTileRows<128>)
+PREFILL_COMBINE(prefill_attention_combine_d256, 256, kTileRows<256>)
+// the sm_90a wgmma kernel's partials at D = 256 (prefill_attention_sm90.cu: 128-row tiles)
+PREFILL_COMBINE(prefill_attention_combine_d256_r128, 256, kFlashRows)

@@ -1,5 +1,5 @@
-// Hopper warpgroup-MMA (wgmma) building blocks of the sm_90a prefill attention kernels at head_dim 128
-// (prefill_attention_sm90.cu, bf16 and widened int8 KV; prefill_attention_sm90_int8.cu, int8 KV): 128-byte-swizzled tiles and
+// Hopper warpgroup-MMA (wgmma) building blocks of the sm_90a prefill attention kernels (prefill_attention_sm90.cu,
+// bf16 and widened int8 KV at head_dim 128 and 256; prefill_attention_sm90_int8.cu, int8 KV at 128): 128-byte-swizzled tiles and
 // their shared-memory matrix descriptors, S = Q K^T (Q from shared memory or registers) and O += P V, the
 // fences that keep the compiler off accumulators in flight, and the cp.async copies of Q's rows and of a page. Empty unless compiled
 // for sm_90a. Included after prefill_common.cuh; part of the including files' cache keys.
@@ -103,45 +103,48 @@ __forceinline__ void keep_in_place(unsigned (&frag)[kKeyTile / 16][4]) {
 
 // Q's M rows row0 .. row0 + kThreads / 2 - 1 of a tile into the swizzled Q tile at `q_tile` (padding rows and
 // rows past the chunk zero-filled), copied by thread `tid` of kThreads (cp.async): chunk i = tid + kThreads j,
-// row row0 + i / 16, 16-byte chunk i % 16. q_rows_to_f16 converts the same chunks in place once they landed.
-template <int kThreads>
+// row row0 + i / (D / 8), 16-byte chunk i % (D / 8), in the 64-dim half chunk / 8. q_rows_to_f16 converts the
+// same chunks in place once they landed.
+template <int kThreads, int D>
 __forceinline__ unsigned q_chunk_at(unsigned q_tile, int row0, int tid, int j, int& row, int& chunk) {
+    constexpr int kRowShift = D == 256 ? 5 : 4;  // log2 of the 16-byte chunks per row, D / 8
+    static_assert(D == 128 || D == 256, "Q tiles of 128 or 256 dims");
     const int i = tid + j * kThreads;
-    row = row0 + (i >> 4);
-    chunk = i & 15;
+    row = row0 + (i >> kRowShift);
+    chunk = i & ((1 << kRowShift) - 1);
     return q_tile + (chunk >> 3) * kQHalf + swizzled(row, chunk);
 }
 
-template <int kThreads>
+template <int kThreads, int D = 128>
 __forceinline__ void copy_q_rows(unsigned q_tile, const PrefillTile& t, const bf16* q, int kv_head, int num_q_heads,
                                  int row0, int tid) {
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < D / 16; ++j) {
         int r, chunk;
-        const unsigned to = q_chunk_at<kThreads>(q_tile, row0, tid, j, r, chunk);
+        const unsigned to = q_chunk_at<kThreads, D>(q_tile, row0, tid, j, r, chunk);
         const int qi = tile_query(t, r);
-        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, kv_head, num_q_heads, 128) + chunk * 8 : q;
+        const bf16* src = qi >= 0 ? q + tile_row_offset(t, r, qi, kv_head, num_q_heads, D) + chunk * 8 : q;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(qi >= 0 ? 16 : 0));
     }
 }
 
-// The chunks copy_q_rows<kThreads> gave thread `tid`, bf16 -> f16 in place (`q` points at the tile's
+// The chunks copy_q_rows<kThreads, D> gave thread `tid`, bf16 -> f16 in place (`q` points at the tile's
 // shared-memory bytes, `q_tile` is their shared address): the f16 MMAs' Q.
-template <int kThreads>
+template <int kThreads, int D = 128>
 __forceinline__ void q_rows_to_f16(unsigned char* q, unsigned q_tile, int row0, int tid) {
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < D / 16; ++j) {
         int r, chunk;
-        uint4* at = reinterpret_cast<uint4*>(q + (q_chunk_at<kThreads>(q_tile, row0, tid, j, r, chunk) - q_tile));
+        uint4* at = reinterpret_cast<uint4*>(q + (q_chunk_at<kThreads, D>(q_tile, row0, tid, j, r, chunk) - q_tile));
         const uint4 v = *at;
         *at = make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z), bf16x2_to_f16x2(v.w));
     }
 }
 
 // Keys [0, valid_keys) of `page` for one kv head into shared memory at `dst`, copied by thread `tid` of
-// kThreads (cp.async, zero-filled past valid_keys): bf16 straight into a swizzled page tile; int8 as the raw
-// page, [64][128] bytes.
-template <bool kInt8, int kThreads>
+// kThreads (cp.async, zero-filled past valid_keys): bf16 straight into a swizzled page tile (D / 64 halves of
+// kPageHalf); int8 as the raw page, [64][D] bytes.
+template <bool kInt8, int kThreads, int D = 128>
 __forceinline__ void copy_page(unsigned dst, const void* cache, long long page, int kv_head, int num_kv_heads, int valid_keys, int tid) {
-    constexpr int kChunks = kInt8 ? 8 : 16;  // 16-byte chunks per key row
+    constexpr int kChunks = kInt8 ? D / 16 : D / 8;  // 16-byte chunks per key row
     const unsigned char* base = static_cast<const unsigned char*>(cache);
 #pragma unroll
     for (int j = 0; j < kKeyTile * kChunks / kThreads; ++j) {

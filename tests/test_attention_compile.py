@@ -38,7 +38,8 @@ def kernel_names() -> dict[str, set[str]]:
         "rope_kv": set(), "decode_attention": {"decode_attention_combine"}, "prefill_attention": set(),
         "kv_widen": {prefill_plan.WIDEN_INT8_KV.name},
     }
-    names["prefill_attention"] |= {prefill_plan.prefill_combine_spec(d).name for d in prefill_plan.PREFILL_HEAD_DIMS}
+    names["prefill_attention"] |= {prefill_plan.prefill_combine_spec(d, prefill_plan.mma_sync_tile_rows(d)).name for d in prefill_plan.PREFILL_HEAD_DIMS}
+    names["prefill_attention"] |= {prefill_plan.prefill_combine_spec(d, prefill_plan.PREFILL_TILE_ROWS).name for d in prefill_plan.PREFILL_SM90_HEAD_DIMS}
     for kind in plan.CACHE_VARIANTS:
         names["rope_kv"] |= {plan.rope_kv_spec(d, kind).name for d in plan.ROPE_HEAD_DIMS}
         names["prefill_attention"] |= {prefill_plan.prefill_spec(d, kind).name for d in prefill_plan.PREFILL_HEAD_DIMS}
@@ -300,10 +301,11 @@ def test_mixed_step_adds_one_prefill_launch_and_verify_rows_take_more_row_groups
     # GQA 4: 32 chunk rows x 4 q heads per 128-row tile, ceil(300 / 32) = 10 tiles per kv head; the context
     # bound is the block table's width (16 pages), so at most 4 splits of 4 pages
     blocks = 10 * 4 * 3
-    splits = prefill_plan.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, prefill_plan.prefill_workspace_blocks(H200_SMS))
+    capacity = prefill_plan.prefill_workspace_rows(H200_SMS, 128) // 128
+    splits = prefill_plan.prefill_num_splits(blocks, H200_SMS, RESIDENT, 16 * PAGE, capacity)
     assert splits > 1
     assert prefill.grid == (10 * splits, 4, 3) and set(step.read) <= set(prefill.reads)
-    assert (prefill.block, prefill.smem) == (256, prefill_plan.prefill_sm90_smem(KVVariant.BF16)) == (256, 99_328)
+    assert (prefill.block, prefill.smem) == (256, prefill_plan.prefill_sm90_smem(128, KVVariant.BF16)) == (256, 99_328)
     assert step.out.resource not in prefill.writes and len(prefill.writes) == 2
     assert combine.grid == (10 * 128 // 16, 4, 3) and set(prefill.writes) <= set(combine.reads) and combine.writes == (step.out.resource,)
     assert not any(r[0] == "kv" for r in combine.reads)
@@ -319,7 +321,7 @@ def test_a_long_int8_chunk_is_widened_once_and_the_prefill_reads_only_the_widene
     assert (widen.grid, widen.block) == ((step.batch.block_tables.shape[1], 3), 256)
     assert set(step.read) <= set(widen.reads) and not any(r[0] == "kv" for r in prefill.reads)
     assert set(widen.writes) <= set(prefill.reads) and len(widen.writes) == 3
-    assert (prefill.block, prefill.smem) == (256, prefill_plan.prefill_sm90_smem(KVVariant.WIDENED)) == (256, 99_328)
+    assert (prefill.block, prefill.smem) == (256, prefill_plan.prefill_sm90_smem(128, KVVariant.WIDENED)) == (256, 99_328)
 
 
 def test_a_short_int8_chunk_runs_the_int8_kernel_without_widening() -> None:
@@ -327,7 +329,7 @@ def test_a_short_int8_chunk_runs_the_int8_kernel_without_widening() -> None:
     run_attention_op(lib, step)
     prefill = lib.launches[1]
     assert [launch.name for launch in lib.launches][:2] == ["rope_kv_d128_int8", "prefill_attention_sm90_d128_int8"]
-    assert (prefill.block, prefill.smem) == (384, prefill_plan.prefill_sm90_smem(KVVariant.INT8)) == (384, 218_688)
+    assert (prefill.block, prefill.smem) == (384, prefill_plan.prefill_sm90_smem(128, KVVariant.INT8)) == (384, 218_688)
     assert set(step.read) <= set(prefill.reads)
 
 
@@ -382,7 +384,7 @@ def test_widening_where_it_does_not_apply_is_refused_before_any_launch() -> None
     kv, widened = step.kv.layers[0], WidenedKV.allocate(step.streams, 4, 128, 40, 4 * 8 * step.batch.block_tables.shape[1])
     with pytest.raises(ValueError, match="widening needs int8 KV"):
         attention_ops.widen_int8_kv(lib, step.stream, attention_step(step, [400]), HEADS, PagedKV(kv.k, kv.v), widened, 900)
-    with pytest.raises(ValueError, match="need sm_90a"):
+    with pytest.raises(ValueError, match="no wgmma kernel for widened pages at head_dim 128 on sm_80"):
         prefill_plan.prefill_kernel("sm_80", 128, KVVariant.WIDENED)
     assert lib.launches == []
 
@@ -394,7 +396,7 @@ def test_prefill_only_step_launches_no_decode_kernels() -> None:
     assert [launch.name for launch in lib.launches] == ["rope_kv_d128_bf16", "prefill_attention_sm90_d128_bf16"]
     prefill = lib.launches[1]
     assert prefill.grid == (4, 4, 1) and prefill.writes == (step.out.resource,)
-    assert (prefill.block, prefill.smem) == (256, prefill_plan.prefill_sm90_smem(KVVariant.BF16)) == (256, 99_328)
+    assert (prefill.block, prefill.smem) == (256, prefill_plan.prefill_sm90_smem(128, KVVariant.BF16)) == (256, 99_328)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_120a"])
@@ -418,39 +420,67 @@ def test_the_wgmma_prefill_kernel_is_chosen_only_where_it_applies() -> None:
     assert name("sm_90a", 128, widened) == "prefill_attention_sm90_d128_widened"
     assert name("sm_90a", 64, bf16) == "prefill_attention_d64_bf16"
     assert name("sm_90", 128, bf16) == "prefill_attention_d128_bf16"  # wgmma needs the arch-specific target
-    with pytest.raises(ValueError, match="need sm_90a"):
+    assert name("sm_90a", 256, bf16) == "prefill_attention_sm90_d256_bf16"
+    assert name("sm_90a", 256, widened) == "prefill_attention_sm90_d256_widened"
+    assert name("sm_90a", 256, int8) == "prefill_attention_d256_int8"  # no int8 wgmma kernel at 256: mma.sync
+    with pytest.raises(ValueError, match="no wgmma kernel"):
         prefill_plan.prefill_kernel("sm_120a", 128, bf16, wgmma=True)
-    with pytest.raises(ValueError, match="need sm_90a"):
+    with pytest.raises(ValueError, match="no wgmma kernel"):
         prefill_plan.prefill_kernel("sm_120a", 128, widened)
+    with pytest.raises(ValueError, match="no wgmma kernel for int8 pages at head_dim 256"):
+        prefill_plan.prefill_kernel("sm_90a", 256, int8, wgmma=True)
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_120a"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_120a"])
 @pytest.mark.parametrize(("variant", "smem"), [(KVVariant.BF16, 101_376), (KVVariant.INT8, 102_912)])
-def test_head_dim_256_prefill_is_the_mma_sync_kernel_on_every_arch(arch: str, variant: KVVariant, smem: int) -> None:
+def test_head_dim_256_prefill_is_the_mma_sync_kernel_off_hopper(arch: str, variant: KVVariant, smem: int) -> None:
     # 64-row tiles: Q, K, V [64][264] 16-bit (int8: V f16, the raw pages [64][272] bytes and their scales); the
-    # wgmma kernels and the widening are head_dim 128 only
+    # wgmma kernels and the widening are sm_90a only
     kernel = prefill_plan.prefill_kernel(arch, 256, variant)
     assert (kernel.spec.name, kernel.threads, kernel.smem) == (f"prefill_attention_d256_{variant.value}", 128, smem)
+    assert (kernel.tile_rows, kernel.combine.name) == (64, "prefill_attention_combine_d256")
     assert prefill_plan.prefill_smem_bytes(256, variant) == smem
-    assert not prefill_plan.prefill_wgmma_applies(arch, 256) and not prefill_plan.prefill_widens(arch, 256, variant, 4096)
-    with pytest.raises(ValueError, match="need sm_90a and head_dim 128"):
+    assert not prefill_plan.prefill_wgmma_applies(arch, 256, variant) and not prefill_plan.prefill_widens(arch, 256, variant, 4096)
+    with pytest.raises(ValueError, match="no wgmma kernel"):
         prefill_plan.prefill_kernel(arch, 256, variant, wgmma=True)
 
 
-def test_head_dim_256_tiles_hold_64_rows_and_a_workspace_block_as_many_accumulators() -> None:
-    # the gated-attention layers of Qwen3.6-27B: 24 q heads over 4 kv heads, GQA 6 -> 10 chunk rows (60 of 64 used)
-    assert prefill_plan.prefill_tile_rows(256) == 64 and prefill_plan.prefill_tile_rows(128) == prefill_plan.prefill_tile_rows(64) == 128
-    assert prefill_plan.prefill_tile_queries(24, 4, 256) == 10 and prefill_plan.prefill_tile_queries(24, 4, 128) == 21
-    assert prefill_plan.prefill_grid_blocks(531, 2, 24, 4, 256) == 54 * 4 * 2
-    assert prefill_plan.prefill_workspace_bytes(7, 256) == (7 * 64 * 256 * 4, 7 * 64 * 2 * 4)
-    assert prefill_plan.prefill_workspace_bytes(7, 256)[0] == prefill_plan.prefill_workspace_bytes(7, 128)[0]
-    with pytest.raises(ValueError, match="exceeds the 64-row tile of head_dim 256"):
-        prefill_plan.prefill_tile_queries(65, 1, 256)
+@pytest.mark.parametrize("variant", [KVVariant.BF16, KVVariant.WIDENED])
+def test_head_dim_256_prefill_on_sm_90a_is_the_wgmma_kernel_with_128_row_tiles(variant: KVVariant) -> None:
+    # Q [128][256] 16-bit and two buffers of K and V [64][256]: 192 KiB + the 1 KiB of swizzle alignment (one block per SM)
+    kernel = prefill_plan.prefill_kernel("sm_90a", 256, variant)
+    assert (kernel.spec.name, kernel.threads, kernel.smem) == (f"prefill_attention_sm90_d256_{variant.value}", 256, 197_632)
+    assert (kernel.tile_rows, kernel.combine.name) == (128, "prefill_attention_combine_d256_r128")
+    assert prefill_plan.prefill_sm90_smem(256, variant) == 128 * 256 * 2 + 4 * 64 * 256 * 2 + 1024
+    assert prefill_plan.prefill_kernel("sm_90a", 256, KVVariant.BF16, wgmma=False).spec.name == "prefill_attention_d256_bf16"
+
+
+def test_int8_kv_at_head_dim_256_on_sm_90a_is_widened_for_long_chunks_else_the_mma_sync_kernel() -> None:
+    int8 = KVVariant.INT8
+    assert prefill_plan.prefill_widens("sm_90a", 256, int8, 256) and not prefill_plan.prefill_widens("sm_90a", 256, int8, 255)
+    assert prefill_plan.prefill_kernel("sm_90a", 256, int8).spec.name == "prefill_attention_d256_int8"
+
+
+def test_tiles_and_the_workspace_follow_the_kernels_tile_rows() -> None:
+    # the gated-attention layers of Qwen3.6-27B: 24 q heads over 4 kv heads, GQA 6 -> 10 chunk rows of a 64-row
+    # tile (60 used; the mma.sync kernel at head_dim 256), 21 of a 128-row tile (126 used)
+    assert prefill_plan.mma_sync_tile_rows(256) == 64 and prefill_plan.mma_sync_tile_rows(128) == prefill_plan.mma_sync_tile_rows(64) == 128
+    assert prefill_plan.prefill_tile_queries(24, 4, 64) == 10 and prefill_plan.prefill_tile_queries(24, 4, 128) == 21
+    assert prefill_plan.prefill_grid_blocks(531, 2, 24, 4, 64) == 54 * 4 * 2
+    assert prefill_plan.prefill_grid_blocks(531, 2, 24, 4, 128) == 26 * 4 * 2
+    assert prefill_plan.prefill_workspace_bytes(7 * 64, 256) == (7 * 64 * 256 * 4, 7 * 64 * 2 * 4)
+    # the workspace holds as many floats at head_dim 256 as at 128: half the rows, so half the 128-row blocks
+    rows_256, rows_128 = prefill_plan.prefill_workspace_rows(H200_SMS, 256), prefill_plan.prefill_workspace_rows(H200_SMS, 128)
+    assert rows_128 == H200_SMS * 16 * 128 and 2 * rows_256 == rows_128 == prefill_plan.prefill_workspace_rows(H200_SMS, 64)
+    assert prefill_plan.prefill_workspace_bytes(rows_256, 256)[0] == prefill_plan.prefill_workspace_bytes(rows_128, 128)[0]
+    with pytest.raises(ValueError, match="exceeds a 64-row tile"):
+        prefill_plan.prefill_tile_queries(65, 1, 64)
 
 
 @pytest.mark.parametrize(("context", "split"), [(300, False), (4000, True)])
-def test_a_head_dim_256_prefill_step_launches_64_row_tiles_and_combines_them(context: int, split: bool) -> None:
-    lib, step = RecordingLibrary(), logical_step([300], [context], heads=(24, 4, 256))
+def test_a_head_dim_256_prefill_step_off_hopper_launches_64_row_tiles_and_combines_them(context: int, split: bool) -> None:
+    lib = RecordingLibrary(device=SimpleNamespace(sm_count=H200_SMS, arch="sm_80"))
+    step = logical_step([300], [context], heads=(24, 4, 256))
     run_attention_op(lib, step)
     names = [launch.name for launch in lib.launches]
     assert names == ["rope_kv_d256_bf16", "prefill_attention_d256_bf16", *(["prefill_attention_combine_d256"] if split else [])]
@@ -460,6 +490,19 @@ def test_a_head_dim_256_prefill_step_launches_64_row_tiles_and_combines_them(con
     assert (prefill.block, prefill.smem) == (128, 101_376) and lib.raised["prefill_attention_d256_bf16"] == 101_376
     if split:
         assert lib.launches[2].grid == (30 * 64 // 16, 4, 1)
+
+
+def test_a_head_dim_256_prefill_step_on_sm_90a_launches_128_row_wgmma_tiles_and_their_combine() -> None:
+    lib, step = RecordingLibrary(), logical_step([300], [4000], heads=(24, 4, 256))
+    run_attention_op(lib, step)
+    names = [launch.name for launch in lib.launches]
+    assert names == ["rope_kv_d256_bf16", "prefill_attention_sm90_d256_bf16", "prefill_attention_combine_d256_r128"]
+    prefill, combine = lib.launches[1:]
+    splits = prefill.grid[0] // 15  # 300 rows in tiles of 21 chunk rows: 15 tiles
+    assert prefill.grid == (15 * splits, 4, 1) and splits > 1
+    assert (prefill.block, prefill.smem) == (256, 197_632) and lib.raised["prefill_attention_sm90_d256_bf16"] == 197_632
+    assert combine.grid == (15 * 128 // 16, 4, 1)
+    assert 15 * 4 * splits * 128 <= prefill_plan.prefill_workspace_rows(H200_SMS, 256)
 
 
 def test_int8_kv_is_widened_only_on_sm_90a_for_chunks_of_256_rows_or_more() -> None:
@@ -472,7 +515,7 @@ def test_int8_kv_is_widened_only_on_sm_90a_for_chunks_of_256_rows_or_more() -> N
 def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_long_chunk() -> None:
     # qwen3-8b: 32 q heads, 8 kv heads -> 32 chunk rows per 128-row tile; 2 blocks per SM on an H200 (255
     # registers, 69.5 KiB of shared memory; registers decide)
-    capacity = prefill_plan.prefill_workspace_blocks(H200_SMS)
+    capacity = prefill_plan.prefill_workspace_rows(H200_SMS, 128) // 128
     blocks = prefill_plan.prefill_grid_blocks(531, 1, 32, 8, 128)
     assert blocks == 17 * 8
     splits = prefill_plan.prefill_num_splits(blocks, H200_SMS, 2, 114_812, capacity)
@@ -480,7 +523,7 @@ def test_prefill_splits_the_keys_of_a_short_chunk_over_a_long_context_but_not_a_
     waves = blocks * splits / (H200_SMS * 2)
     assert waves / np.ceil(waves) > 0.85
     # the workspace: capacity blocks of 128 rows (138 MB at head_dim 128 on an H200)
-    assert prefill_plan.prefill_workspace_bytes(capacity, 128) == (capacity * 128 * 128 * 4, capacity * 128 * 2 * 4)
+    assert prefill_plan.prefill_workspace_bytes(capacity * 128, 128) == (capacity * 128 * 128 * 4, capacity * 128 * 2 * 4)
     long_chunk = prefill_plan.prefill_grid_blocks(4096, 1, 32, 8, 128)
     assert prefill_plan.prefill_num_splits(long_chunk, H200_SMS, RESIDENT, 32768, capacity) == 1
     # a short context keeps 4 pages per split

@@ -35,13 +35,17 @@ def test_decode_gates_a_long_context_with_the_planned_splits(gpu: Gpu, kv_dtype:
     assert_close(out, expected, f"gated decode {kv_dtype} 40000 tokens")
 
 
+@pytest.mark.parametrize("wgmma", [None, False], ids=["default", "portable"])
 @pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize(("chunk", "context"), [(65, 1000), (257, 2113)])
-def test_prefill_gates_its_output_at_the_27b_heads(gpu: Gpu, kv_dtype: str, num_splits: int, chunk: int, context: int) -> None:
+def test_prefill_gates_its_output_at_the_27b_heads(
+    gpu: Gpu, kv_dtype: str, num_splits: int, chunk: int, context: int, wgmma: bool | None
+) -> None:
+    # default on sm_90a: the wgmma kernel (bf16; int8 widened at 257 rows, the mma.sync int8 kernel at 65)
     require_shared_memory(gpu, 256, kv_dtype)
     batch = make_batch(np.random.default_rng(chunk + context + num_splits), [chunk, 2], [context, 50])
-    out, expected, slack = run_prefill(gpu, batch, *HEADS_27B, kv_dtype, num_splits=num_splits, gated=True)
+    out, expected, slack = run_prefill(gpu, batch, *HEADS_27B, kv_dtype, num_splits=num_splits, wgmma=wgmma, gated=True)
     rows = np.arange(chunk)  # the 2-row sequence is decode_attention's: left poisoned
     assert_close(out[rows], expected[rows], f"gated prefill d=256 {kv_dtype} {num_splits} split(s)", slack=slack[rows])
     assert (out[chunk:].view(np.uint16) == 0xFFFF).all(), "prefill_attention wrote a decode sequence's rows"

@@ -305,12 +305,12 @@ def test_decode_attention_long_context_fills_many_splits(gpu: Gpu) -> None:
 
 def prefill_splits(gpu: Gpu, batch: Batch, hq: int, hkv: int, d: int, kv_dtype: str, wgmma: bool | None = None) -> int:
     """The split count prefill_attention picks for this batch on this GPU (its default path)."""
-    blocks = prefill_plan.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv, d)
-    resident = attention_ops.prefill_blocks_per_sm(gpu.lib, prefill_plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kv_dtype), wgmma))
+    kernel = prefill_plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kv_dtype), wgmma)
+    blocks = prefill_plan.prefill_grid_blocks(int(batch.query_lens.max()), len(batch.query_lens), hq, hkv, kernel.tile_rows)
+    resident = attention_ops.prefill_blocks_per_sm(gpu.lib, kernel)
     sm_count = gpu.lib.device.sm_count
-    return prefill_plan.prefill_num_splits(
-        blocks, sm_count, resident, int(batch.context_lens.max()), prefill_plan.prefill_workspace_blocks(sm_count)
-    )
+    capacity = prefill_plan.prefill_workspace_rows(sm_count, d) // kernel.tile_rows
+    return prefill_plan.prefill_num_splits(blocks, sm_count, resident, int(batch.context_lens.max()), capacity)
 
 
 def run_prefill(
@@ -331,9 +331,9 @@ def run_prefill(
     widened = prefill_plan.prefill_widens(gpu.lib.target_arch, d, KVVariant(kv_dtype), longest, wgmma) if widen is None else widen
     kind = "widened" if widened else kv_dtype
     splits = num_splits or prefill_splits(gpu, batch, hq, hkv, d, kind, wgmma)
-    blocks = prefill_plan.prefill_grid_blocks(longest, len(batch.query_lens), hq, hkv, d) * splits
-    workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in prefill_plan.prefill_workspace_bytes(blocks, d)))
     kernel = prefill_plan.prefill_kernel(gpu.lib.target_arch, d, KVVariant(kind), wgmma)
+    blocks = prefill_plan.prefill_grid_blocks(longest, len(batch.query_lens), hq, hkv, kernel.tile_rows) * splits
+    workspace = PrefillWorkspace(*(gpu.poisoned(n) for n in prefill_plan.prefill_workspace_bytes(blocks * kernel.tile_rows, d)))
     print(f"prefill: {'widen_int8_kv + ' if widened else ''}{kernel.spec.name}, {splits} split(s), {blocks} blocks")
     shape, step, pages = shape_of(hq, hkv, d), gpu.step(batch), gpu.kv_layer(k, v)
     context = batch.block_tables.shape[1] * PAGE  # the widening walks the block table's width, as the executor's
@@ -342,7 +342,7 @@ def run_prefill(
         widened_pages = WidenedKV.allocate(gpu.streams, hkv, d, capacity, step.inputs.block_tables.nbytes)
         attention_ops.widen_int8_kv(gpu.lib, gpu.stream, step, shape, pages, widened_pages, context)
         pages = widened_pages
-    prefill = prefill_plan.PrefillPlan(kernel, prefill_plan.prefill_tiles(shape, step.query_lens), splits, context)
+    prefill = prefill_plan.PrefillPlan(kernel, prefill_plan.prefill_tiles(shape, step.query_lens, kernel.tile_rows), splits, context)
     gate, gates = fused_qkv_gate(gpu, rng, batch.num_rows, hq, hkv, d) if gated else (None, None)
     attention_ops.prefill_attention(gpu.lib, gpu.stream, step, shape, gpu.upload(q), out, pages, prefill, workspace, gate)
     # int8: the int8 kernels multiply the exact int8 values and apply the scales in f32 (their headers), the widened
@@ -440,8 +440,10 @@ def assert_within_p_and_out_rounding(out: np.ndarray, expected: np.ndarray, slac
 
 
 # -- head_dim 256: the gated-attention layers of Qwen3.6-27B (24 q heads over 4 kv heads) ------------------
-# GQA 6 puts 10 chunk rows in a 64-row tile (4 padding rows); chunks and contexts off the page and tile grids,
-# fresh and after a cached prefix; pages shuffled (make_batch)
+# GQA 6 puts 10 chunk rows in the mma.sync kernel's 64-row tile (4 padding rows), 21 in the sm_90a kernel's 128
+# (2 padding rows); chunks and contexts off the page and tile grids, fresh and after a cached prefix; pages
+# shuffled (make_batch). On sm_90a the default is the wgmma kernel (bf16; int8 widened from 256 rows) and
+# "portable" forces the mma.sync one; elsewhere both are the mma.sync kernel.
 D256_CASES = [(9, 9), (100, 100), (65, 1000), (130, 4097), (257, 2113), (531, 1231)]
 
 
@@ -451,13 +453,28 @@ def require_shared_memory(gpu: Gpu, d: int, kv_dtype: str) -> None:
         pytest.skip(f"prefill d{d} {kv_dtype}: {smem} bytes of shared memory, this GPU's blocks take {gpu.lib.device.max_shared_memory_per_block_optin}")
 
 
+@pytest.mark.parametrize("wgmma", [None, False], ids=["default", "portable"])
 @pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
 @pytest.mark.parametrize(("chunk", "context"), D256_CASES)
-def test_prefill_attention_head_dim_256_gated_attention_heads(gpu: Gpu, kv_dtype: str, chunk: int, context: int) -> None:
+def test_prefill_attention_head_dim_256_gated_attention_heads(
+    gpu: Gpu, kv_dtype: str, chunk: int, context: int, wgmma: bool | None
+) -> None:
     require_shared_memory(gpu, 256, kv_dtype)
     batch = make_batch(np.random.default_rng(chunk * 11 + context), [chunk], [context])
-    out, expected, slack = run_prefill(gpu, batch, 24, 4, 256, kv_dtype)
-    assert_close(out, expected, f"prefill d=256 {kv_dtype} hq=24 hkv=4 C={chunk} L={context}", slack=slack)
+    out, expected, slack = run_prefill(gpu, batch, 24, 4, 256, kv_dtype, wgmma=wgmma)
+    assert_close(out, expected, f"prefill d=256 {kv_dtype} hq=24 hkv=4 C={chunk} L={context} wgmma={wgmma}", slack=slack)
+
+
+@pytest.mark.parametrize("widen", [True, False], ids=["widened", "int8"])
+@pytest.mark.parametrize(("chunk", "context", "num_splits"), [(130, 4097, None), (531, 1231, None), (300, 1000, 3)])
+def test_prefill_attention_head_dim_256_int8_widened_or_not_matches_float64(
+    gpu: Gpu, chunk: int, context: int, num_splits: int | None, widen: bool
+) -> None:
+    # sm_90a: widened, the wgmma kernel's f16 twin over the f16 pages; not, the mma.sync int8 kernel
+    sm90_only(gpu)
+    batch = make_batch(np.random.default_rng(chunk * 5 + context), [chunk], [context])
+    out, expected, slack = run_prefill(gpu, batch, 24, 4, 256, "int8", num_splits=num_splits, widen=widen)
+    assert_close(out, expected, f"prefill d=256 int8 widen={widen} C={chunk} L={context}", slack=slack)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 32])
@@ -474,13 +491,14 @@ def test_prefill_attention_head_dim_256_any_split_count_leaves_decode_rows_alone
     assert (out[decode_rows].view(np.uint16) == 0xFFFF).all(), "prefill_attention wrote a decode sequence's rows"
 
 
+@pytest.mark.parametrize("wgmma", [None, False], ids=["default", "portable"])
 @pytest.mark.parametrize(("chunk", "context", "num_splits"), [(300, 1000, 1), (300, 1000, 3), (531, 1231, None)])
 def test_prefill_attention_head_dim_256_bf16_is_exact_but_for_rounding_p_and_out(
-    gpu: Gpu, chunk: int, context: int, num_splits: int | None
+    gpu: Gpu, chunk: int, context: int, num_splits: int | None, wgmma: bool | None
 ) -> None:
     # the bound of the head_dim 128 test above: each tile's first rows (few keys) held to what the arithmetic allows
     batch = make_batch(np.random.default_rng(chunk * 13 + context), [chunk], [context])
-    out, expected, slack = run_prefill(gpu, batch, 24, 4, 256, "bf16", num_splits=num_splits)
+    out, expected, slack = run_prefill(gpu, batch, 24, 4, 256, "bf16", num_splits=num_splits, wgmma=wgmma)
     assert_within_p_and_out_rounding(out, expected, slack)
 
 

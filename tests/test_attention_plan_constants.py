@@ -48,10 +48,18 @@ def test_the_prefill_key_tile_is_one_page() -> None:
 
 
 def test_the_prefill_tile_rows_per_head_dim_are_the_kernels() -> None:
-    # prefill_attention.cu: kTileRows<D> is kFlashRowsD256 at D = 256, else kFlashRows; so is prefill_tile_rows
+    # prefill_attention.cu: kTileRows<D> is kFlashRowsD256 at D = 256, else kFlashRows; so is mma_sync_tile_rows.
+    # The combines: one per head dim at those rows, and one of kFlashRows at 256 (the sm_90a kernel's tiles).
     text = (KERNELS / "prefill_attention.cu").read_text()
     assert re.search(r"^constexpr int kTileRows = D == 256 \? kFlashRowsD256 : kFlashRows;", text, flags=re.MULTILINE)
-    assert [prefill_plan.prefill_tile_rows(d) for d in prefill_plan.PREFILL_HEAD_DIMS] == [128, 128, 64]
+    assert [prefill_plan.mma_sync_tile_rows(d) for d in prefill_plan.PREFILL_HEAD_DIMS] == [128, 128, 64]
+    combines = re.findall(r"^PREFILL_COMBINE\((\w+), (\d+), (kTileRows<\d+>|kFlashRows)\)", text, flags=re.MULTILINE)
+    assert combines == [
+        *((prefill_plan.prefill_combine_spec(d, prefill_plan.mma_sync_tile_rows(d)).name, str(d), f"kTileRows<{d}>")
+          for d in prefill_plan.PREFILL_HEAD_DIMS),
+        *((prefill_plan.prefill_combine_spec(d, prefill_plan.PREFILL_TILE_ROWS).name, str(d), "kFlashRows")
+          for d in prefill_plan.PREFILL_SM90_HEAD_DIMS if prefill_plan.mma_sync_tile_rows(d) != prefill_plan.PREFILL_TILE_ROWS),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -60,6 +68,7 @@ def test_the_prefill_tile_rows_per_head_dim_are_the_kernels() -> None:
         ("rope_kv.cu", "ROPE_KV_KERNEL", plan.ROPE_HEAD_DIMS),
         ("decode_attention.cu", "DECODE_KERNEL", plan.DECODE_HEAD_DIMS),
         ("prefill_attention.cu", "PREFILL_KERNEL", prefill_plan.PREFILL_HEAD_DIMS),
+        ("prefill_attention_sm90.cu", "PREFILL_SM90_KERNEL", prefill_plan.PREFILL_SM90_HEAD_DIMS),
     ],
 )
 def test_head_dims_are_the_instantiated_ones(source: str, macro: str, dims: tuple[int, ...]) -> None:

@@ -64,6 +64,15 @@ def family_blocks(output: str) -> dict[str, str]:
     return blocks
 
 
+def prefill_kernels() -> list[attention_prefill_plan.PrefillKernel]:
+    """Every prefill kernel the plan picks: the mma.sync ones (sm_80) and sm_90a's, for every page variant."""
+    return [
+        attention_prefill_plan.prefill_kernel(arch, d, kv)
+        for arch in ("sm_80", "sm_90a") for d in attention_prefill_plan.PREFILL_HEAD_DIMS for kv in attention_plan.KVVariant
+        if kv is not attention_plan.KVVariant.WIDENED or attention_prefill_plan.prefill_wgmma_applies(arch, d, kv)
+    ]
+
+
 def kernels_loaded_by_the_launch_wrappers() -> dict[str, set[str]]:
     """family -> every kernel name the ops modules ask KernelLibrary for."""
     specs = [
@@ -75,7 +84,7 @@ def kernels_loaded_by_the_launch_wrappers() -> dict[str, set[str]]:
         *(quant_layout_ops.octets_from_rows_spec(bits) for bits in (4, 8)),
         *(attention_plan.rope_kv_spec(d, kv) for d in attention_plan.ROPE_HEAD_DIMS for kv in attention_plan.CACHE_VARIANTS),
         *(attention_prefill_plan.prefill_spec(d, kv) for d in attention_prefill_plan.PREFILL_HEAD_DIMS for kv in attention_plan.CACHE_VARIANTS),
-        *(attention_prefill_plan.prefill_sm90_spec(kv) for kv in attention_plan.KVVariant), attention_prefill_plan.WIDEN_INT8_KV,
+        *(spec for kernel in prefill_kernels() for spec in (kernel.spec, kernel.combine)), attention_prefill_plan.WIDEN_INT8_KV,
         *(attention_plan.decode_spec(d, kv) for d in attention_plan.DECODE_HEAD_DIMS for kv in attention_plan.CACHE_VARIANTS),
     ]
     loaded: dict[str, set[str]] = {}

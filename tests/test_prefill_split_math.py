@@ -111,14 +111,14 @@ def emulate(q, k_pages, v_pages, batch, scale, num_splits, tile_rows):
 
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 32])
 @pytest.mark.parametrize(
-    ("hq", "hkv", "head_dim"),
-    [(4, 4, 128), (8, 2, 128), (10, 2, 128), (16, 2, 128), (12, 2, 256)],
-    ids=["gqa1", "gqa4", "gqa5", "gqa8", "gqa6-d256"],
+    ("hq", "hkv", "tile_rows"),
+    [(4, 4, 128), (8, 2, 128), (10, 2, 128), (16, 2, 128), (12, 2, attention_prefill_plan.mma_sync_tile_rows(256))],
+    ids=["gqa1", "gqa4", "gqa5", "gqa8", "gqa6-64-rows"],
 )
-def test_split_and_merge_equal_unsplit_attention(hq: int, hkv: int, head_dim: int, num_splits: int) -> None:
-    # the kernel's tile rows at head_dim (64 at 256: GQA 6 fills 60 of them); the dims themselves are 32 here,
-    # the index math does not depend on them
-    tile_rows = attention_prefill_plan.prefill_tile_rows(head_dim)
+def test_split_and_merge_equal_unsplit_attention(hq: int, hkv: int, tile_rows: int, num_splits: int) -> None:
+    # the kernels' tiles: 128 rows (the mma.sync kernel below head_dim 256, the sm_90a ones at every head dim), 64
+    # (the mma.sync kernel at 256: GQA 6 fills 60 of them); the dims themselves are 32 here, the index math does
+    # not depend on them
     rng = np.random.default_rng(hq * 100 + num_splits)
     batch = make_batch(rng, [70, 3, 130, 20], [70, 500, 1100, 700])
     slots = batch.all_slots()

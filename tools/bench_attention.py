@@ -16,6 +16,9 @@ the executor picks it): the agent turn (531 new rows over 114,812 keys) and an 8
 TFLOP/s counting 4 * attended pairs * head_dim * q heads:
 
     python tools/bench_attention.py --prefill [--cases 531x114812,8192x8192] [--kv int8,bf16]
+
+--shape takes another model's attention heads (qwen3.6-27b: its gated-attention layers, 24 q heads over 4 kv
+heads of 256); the rows name the shape.
 """
 
 from __future__ import annotations
@@ -39,13 +42,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="timed replays (median)")
     parser.add_argument("--prefill", action="store_true", help="prefill attention (see the module doc) instead of decode")
     parser.add_argument("--cases", default="531x114812,8192x8192", help="--prefill: CHUNKxCONTEXT,...")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b", help="the model whose attention heads are timed")
     args = parser.parse_args()
 
     session = BenchSession.open(open_device(0), args.reps, args.repeats)
-    info = run_info(session.device)
+    info = run_info(session.device) | {"shape": args.shape}
     if args.prefill:
         cases = tuple(tuple(int(n) for n in case.split("x")) for case in args.cases.split(","))
-        measured = bench_prefill_attention(session, SHAPES["qwen3-8b"], cases, tuple(args.kv.split(",")), unsplit=False)
+        measured = bench_prefill_attention(session, SHAPES[args.shape], cases, tuple(args.kv.split(",")), unsplit=False)
         rows = [
             {**info, **m.params, "us": m.seconds * 1e6, "TFLOP/s": m.flops / m.seconds / 1e12, "GB/s": m.bytes / m.seconds / 1e9}
             for m in measured
@@ -56,7 +60,7 @@ def main() -> None:
         session.close()
         return
     contexts = tuple(int(c) for c in args.contexts.split(","))
-    measured = bench_decode_attention(session, SHAPES["qwen3-8b"], contexts, tuple(args.kv.split(",")))
+    measured = bench_decode_attention(session, SHAPES[args.shape], contexts, tuple(args.kv.split(",")))
     rows = [
         {**info, "kernel": "decode_attention", **m.params, "us": m.seconds * 1e6, "kv_bytes": m.bytes,
          "GB/s": m.bytes / m.seconds / 1e9, "of_peak": m.bytes / m.seconds / H200_BYTES_PER_S}

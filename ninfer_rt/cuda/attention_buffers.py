@@ -141,7 +141,7 @@ class DecodeWorkspace:
 @dataclass(frozen=True)
 class PrefillWorkspace:
     """Split-prefill partials: acc f32 [blocks, R, D], (max, sum) f32 [blocks, R, 2], where a block is one
-    (split, sequence, tile, kv head) of prefill_attention.cu's split grid and R = prefill_tile_rows(D)."""
+    (split, sequence, tile, kv head) of the prefill kernel's split grid and R its tile_rows."""
 
     acc: Buffer
     ml: Buffer

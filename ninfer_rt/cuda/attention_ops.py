@@ -61,8 +61,6 @@ from ninfer_rt.cuda.attention_prefill_plan import (
     WIDEN_THREADS,
     PrefillKernel,
     PrefillPlan,
-    prefill_combine_spec,
-    prefill_tile_rows,
     prefill_workspace_bytes,
     widening_pages,
 )
@@ -269,8 +267,8 @@ def prefill_attention(
         stream, (plan.tiles * plan.num_splits, *grid_rest), kernel.threads, 0, workspace.acc, workspace.ml, *args, *NO_GATE,
         smem=kernel.smem, label="prefill_attention", reads=reads, writes=partials, lane=step.lane,
     )
-    lib.kernel(prefill_combine_spec(d)).launch(
-        stream, (plan.tiles * prefill_tile_rows(d) // PREFILL_COMBINE_ROWS, *grid_rest), THREADS,
+    lib.kernel(kernel.combine).launch(
+        stream, (plan.tiles * kernel.tile_rows // PREFILL_COMBINE_ROWS, *grid_rest), THREADS,
         out, workspace.acc, workspace.ml, inputs.context_lens, inputs.query_start, decode_max_queries(hq, hkv), hq, hkv,
         plan.num_splits, *gate_args,
         label="prefill_attention_combine",
@@ -300,7 +298,7 @@ def _check_prefill(
         if workspace is None:
             raise ValueError(f"prefill_attention: {plan.num_splits} splits need a workspace")
         blocks = plan.tiles * heads.num_kv_heads * step.num_seqs * plan.num_splits
-        acc_bytes, ml_bytes = prefill_workspace_bytes(blocks, heads.head_dim)
+        acc_bytes, ml_bytes = prefill_workspace_bytes(blocks * plan.kernel.tile_rows, heads.head_dim)
         _require_bytes("prefill_attention", partial_acc=(workspace.acc, acc_bytes), partial_ml=(workspace.ml, ml_bytes))
 
 

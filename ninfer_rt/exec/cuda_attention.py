@@ -55,7 +55,7 @@ from ninfer_rt.cuda.attention_prefill_plan import (
     prefill_tiles,
     prefill_widening_applies,
     prefill_widens,
-    prefill_workspace_blocks,
+    prefill_workspace_rows,
     prefill_workspace_bytes,
     widening_capacity,
     widening_pages,
@@ -202,14 +202,15 @@ class AttentionBackend(CaptureGuard):
             if widening_pages(heads, query_lens, context) <= self.widened_kv(heads).capacity:
                 variant = KVVariant.WIDENED
         kernel = prefill_kernel(arch, d, variant)
-        tiles = prefill_tiles(heads, query_lens)
+        tiles = prefill_tiles(heads, query_lens, kernel.tile_rows)
         sm_count = self.library.device.sm_count
         resident = self._resident.get((kernel.spec, kernel.smem, kernel.threads))
         if resident is None:
             resident = attention_ops.prefill_blocks_per_sm(self.library, kernel)
             self._resident[(kernel.spec, kernel.smem, kernel.threads)] = resident
         grid_blocks = tiles * heads.num_kv_heads * len(query_lens)
-        splits = prefill_num_splits(grid_blocks, sm_count, resident, context, prefill_workspace_blocks(sm_count))
+        capacity = prefill_workspace_rows(sm_count, d) // kernel.tile_rows
+        splits = prefill_num_splits(grid_blocks, sm_count, resident, context, capacity)
         return PrefillPlan(kernel, tiles, splits, context)
 
     def _resident_blocks(self, spec: KernelSpec) -> int:
@@ -237,7 +238,7 @@ class AttentionBackend(CaptureGuard):
 
     def _prefill_workspace(self, head_dim: int) -> PrefillWorkspace:
         if head_dim not in self._prefill_workspaces:
-            acc_bytes, ml_bytes = prefill_workspace_bytes(prefill_workspace_blocks(self.library.device.sm_count), head_dim)
+            acc_bytes, ml_bytes = prefill_workspace_bytes(prefill_workspace_rows(self.library.device.sm_count, head_dim), head_dim)
             self._prefill_workspaces[head_dim] = PrefillWorkspace(
                 self._allocate(acc_bytes, f"attention.prefill_partial_acc[d{head_dim}]"),
                 self._allocate(ml_bytes, f"attention.prefill_partial_ml[d{head_dim}]"),

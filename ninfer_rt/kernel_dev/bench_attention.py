@@ -154,16 +154,15 @@ class _PrefillCase:
         the widening buffers are made here, as graph capture must not allocate."""
         s, attn, d = self.s, self.attn, self.attn.head_dim
         kernel = attention_prefill_plan.prefill_kernel(s.lib.target_arch, d, KVVariant.WIDENED if widen else self.kv_dtype, wgmma)
-        blocks = attention_prefill_plan.prefill_grid_blocks(self.chunk, 1, attn.num_heads, attn.num_kv_heads, d)
+        blocks = attention_prefill_plan.prefill_grid_blocks(self.chunk, 1, attn.num_heads, attn.num_kv_heads, kernel.tile_rows)
         resident = attention_ops.prefill_blocks_per_sm(s.lib, kernel)
-        splits = attention_prefill_plan.prefill_num_splits(
-            blocks, s.device.sm_count, resident, self.context, attention_prefill_plan.prefill_workspace_blocks(s.device.sm_count)
-        )
+        capacity = attention_prefill_plan.prefill_workspace_rows(s.device.sm_count, d) // kernel.tile_rows
+        splits = attention_prefill_plan.prefill_num_splits(blocks, s.device.sm_count, resident, self.context, capacity)
         step = AttentionStep(self.inputs, (self.chunk,), self.pages)
         widened = _widening_buffers(s, attn, self.pages, self.inputs) if widen else None
         results = []
         for num_splits in (splits, 1) if splits > 1 and unsplit else (splits,):
-            acc, ml = attention_prefill_plan.prefill_workspace_bytes(blocks * num_splits, d)
+            acc, ml = attention_prefill_plan.prefill_workspace_bytes(blocks * num_splits * kernel.tile_rows, d)
             workspace = PrefillWorkspace(s.filled(acc, "partial_acc"), s.filled(ml, "partial_ml")) if num_splits > 1 else None
             prefill = PrefillPlan(kernel, blocks // attn.num_kv_heads, num_splits, self.context)
 
