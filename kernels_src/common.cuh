@@ -50,6 +50,11 @@ __forceinline__ float block_sum(float value) {
     return value;
 }
 
+// The shared-memory (state space) address of a generic pointer into shared memory.
+__forceinline__ unsigned smem_address(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
 // 16-byte global -> shared copy that bypasses the registers. With `valid` false nothing is read and the
 // 16 destination bytes are zero-filled (src-size 0), so keys past the context never bring garbage (NaN
 // bit patterns) into shared memory; `src` must still be a mapped address, callers pass the base pointer.

@@ -97,25 +97,6 @@ __forceinline__ void require_dynamic_smem(unsigned int bytes) {
     if (have < bytes) __trap();  // the host's smem_bytes disagrees with StageLayout
 }
 
-// Octets of an N-row weight in the layout: ceil(N / 8), padded to an even count.
-__forceinline__ int octet_count(int n) {
-    const int octets = (n + 7) >> 3;
-    return octets + (octets & 1);
-}
-
-struct GemmTile {
-    long long octet0;  // the block's first octet
-    int token0;        // its first token
-};
-
-__forceinline__ GemmTile gemm_tile(int block, int row_tiles, int token_tiles, int tokens_per_tile) {
-    const int group_blocks = kRasterTiles * token_tiles;
-    const int group = block / group_blocks, first = group * kRasterTiles;
-    const int rows_in_group = min(kRasterTiles, row_tiles - first);
-    const int i = block - group * group_blocks;
-    return {(long long)(first + i % rows_in_group) * kTileOctets, (i / rows_in_group) * tokens_per_tile};
-}
-
 // This thread's copies of every stage, fixed for the block: the sources at column 0 and the distance between
 // the thread's successive copies (the column adds column * 32 chunks to the weights, column * KC inputs to x,
 // its group to the scales). Copy u of the thread is chunk threadIdx.x + u * kGemmThreads of its part of the
@@ -268,7 +249,7 @@ __forceinline__ void gemm_quant(void* y, const bf16* x, const unsigned char* qwe
     require_dynamic_smem(L::kBytes);
     const int octets = octet_count(n), columns = k / kColumnK<BITS>;
     const int row_tiles = (octets + kTileOctets - 1) / kTileOctets, token_tiles = (m + T - 1) / T;
-    const GemmTile tile = gemm_tile(blockIdx.x, row_tiles, token_tiles, T);
+    const GemmTile tile = gemm_tile(blockIdx.x, row_tiles, token_tiles, T, kTileOctets, kRasterTiles);
     const CopyPlan<BITS, SEGS, T> plan(reinterpret_cast<const uint4*>(qweight), reinterpret_cast<const uint4*>(scales), x, tile,
                                        m, k, octets, columns, k >> group_log2);
 

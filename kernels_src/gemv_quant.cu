@@ -78,7 +78,6 @@
 
 constexpr int kColumns = 2;  // columns in flight per warp: 2 * kColumns 16-byte loads per lane
 constexpr int kTailRuns = 2;  // a dense tail's 32-input runs in flight per warp: as many loads per lane
-constexpr unsigned int kNegZero2 = 0x80008000u;  // bf16x2 (-0, -0): x + -0 == x for every x
 
 // load_streaming, but volatile: ptxas keeps the issue order, so a batch's loads all leave before its math.
 __forceinline__ uint4 load_weights(const uint4* p) {
@@ -94,14 +93,6 @@ __forceinline__ uint4 load_weights(const uint4* p) {
 template <class T>
 __forceinline__ void keep_pointer(const T*& p) {
     asm volatile("" : "+l"(p));
-}
-
-// A bf16x2 q pair times an f32 scale, each product exact in f32 and rounded to bf16 once.
-__forceinline__ unsigned int scale_pair_f32(const unsigned int pair, const float scale) {
-    const float lo = __uint_as_float(pair << 16) * scale, hi = __uint_as_float(pair & 0xFFFF0000u) * scale;
-    unsigned int d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
 }
 
 // What one warp streams: its tile's two octets (a: mma rows 0..7, b: rows 8..15) and their scales.
@@ -333,10 +324,9 @@ __forceinline__ void dequantize(bf16* w, const unsigned char* qweight, const bf1
                 out = make_uint4(scale_pair_f32(p[0], scale), scale_pair_f32(p[1], scale), scale_pair_f32(p[2], scale),
                                  scale_pair_f32(p[3], scale));
             } else {
-                out.x = bf16x2_fma(p[0], s | (s << 16), kNegZero2);
-                out.y = bf16x2_fma(p[1], s | (s << 16), kNegZero2);
-                out.z = bf16x2_fma(p[2], s | (s << 16), kNegZero2);
-                out.w = bf16x2_fma(p[3], s | (s << 16), kNegZero2);
+                const unsigned int scale2 = s | (s << 16);
+                out = make_uint4(scale_pair_bf16(p[0], scale2), scale_pair_bf16(p[1], scale2), scale_pair_bf16(p[2], scale2),
+                                 scale_pair_bf16(p[3], scale2));
             }
             *reinterpret_cast<uint4*>(w + at.row * k + k0) = out;
         }

@@ -109,7 +109,7 @@ __forceinline__ void prefill_attention_sm90_block(bf16* out, float* partial_acc,
     for (int kt = b.kt_begin; kt < b.kt_end; ++kt) {
         const int buffer = (kt - b.kt_begin) & 1;
         cp_async_wait<0>();  // page kt (and Q) landed
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the wgmma (async) proxy
+        fence_proxy_async();  // visible to the wgmma (async) proxy
         // One barrier a page: every thread's copies of page kt are in, and both warpgroups are done with page
         // kt - 1, whose buffer page kt + 1 takes (it flies during this page's math).
         __syncthreads();

@@ -38,27 +38,6 @@ constexpr int kLookahead = 3;
 constexpr int kCopyRegs = 56;
 constexpr int kMathRegs = 224;
 
-__forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Release: this thread's earlier shared-memory writes (and reads) happen before the phase completes.
-__forceinline__ void mbarrier_arrive(unsigned bar) {
-    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-
-// Acquire: returns once the phase of parity `parity` has completed (a fresh barrier is in phase 0, so parity
-// 1 passes at once: the slots start empty).
-__forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
 // int8: the chunks of a raw page thread `tid` copied (copy_page<true>), as exact f16 into the swizzled tile.
 __forceinline__ void convert_own_chunks(unsigned tile, const unsigned char* raw, int tid) {
 #pragma unroll
@@ -115,7 +94,7 @@ __forceinline__ void copy_pages(const PrefillBlock& b, unsigned base, unsigned c
             convert_own_chunks(tile + S::kTile, raw + S::kRawPage, tid);
             reinterpret_cast<float*>(smem + S::kScales + stage * S::kPageScales)[tid] =
                 reinterpret_cast<const float*>(raw + 2 * S::kRawPage)[tid];
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the slot, visible to the wgmma (async) proxy
+            fence_proxy_async();  // the slot, visible to the wgmma (async) proxy
             mbarrier_arrive(base + S::full(stage));
         }
         if (i < pages) {

@@ -104,11 +104,6 @@ __forceinline__ long long partial_row(int split, int seq, int num_seqs, int tile
     return ((((long long)split * num_seqs + seq) * num_tiles + tile) * num_kv_heads + kv_head) * tile_rows + r;
 }
 
-// 4-byte-word shared-memory address of a generic pointer into shared memory.
-__forceinline__ unsigned smem_address(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 // Four 8x8 16-bit matrices from shared memory (non-transposed); lanes 8i..8i+7 give matrix i's row addresses.
 __forceinline__ void ldmatrix_x4_at(unsigned (&frag)[4], unsigned address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

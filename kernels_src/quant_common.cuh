@@ -11,6 +11,7 @@ constexpr int kStoreF32 = 3;  // beyond gemv_common.cuh's Epilogue: gemv.cu pick
 constexpr unsigned int kBf16One2 = 0x3F803F80u;    // bf16x2 (1, 1)
 constexpr unsigned int kBf16Magic2 = 0x43004300u;  // bf16x2 (128, 128): mantissa LSB worth 1
 constexpr unsigned int kInt4Bias2 = 0xC308C308u;   // bf16x2 (-136, -136) = -(128 + 8)
+constexpr unsigned int kNegZero2 = 0x80008000u;    // bf16x2 (-0, -0): x + -0 == x for every x
 
 template <int BITS>
 constexpr int kRuns = BITS == 4 ? 4 : 2;  // 8-input runs per 16-byte chunk
@@ -114,6 +115,19 @@ __forceinline__ float scale_to_float(const unsigned short bits) {
     return f;
 }
 
+// A bf16x2 q pair times a bf16 scale (`scale2`: the scale in both halves), rounded to bf16 once (one FMA).
+__forceinline__ unsigned int scale_pair_bf16(const unsigned int pair, const unsigned int scale2) {
+    return bf16x2_fma(pair, scale2, kNegZero2);
+}
+
+// A bf16x2 q pair times an f32 scale, each product exact in f32 and rounded to bf16 once.
+__forceinline__ unsigned int scale_pair_f32(const unsigned int pair, const float scale) {
+    const float lo = __uint_as_float(pair << 16) * scale, hi = __uint_as_float(pair & 0xFFFF0000u) * scale;
+    unsigned int d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
 __forceinline__ void store_output(void* y, const bf16* residual, long long i, float v, int epilogue) {
     if (epilogue == kStoreF32) {
         store(static_cast<float*>(y), i, v);
@@ -121,4 +135,27 @@ __forceinline__ void store_output(void* y, const bf16* residual, long long i, fl
     }
     if (epilogue == kResidual) v = round_bf16(v) + __bfloat162float(residual[i]);
     store(static_cast<bf16*>(y), i, v);
+}
+
+// The prefill GEMMs' tiles (gemm_quant.cu, gemm_quant_sm90.cu): octets of an N-row weight in the layout,
+// ceil(N / 8) padded to an even count; a block's first octet and token, rastered in groups of `raster_tiles`
+// row tiles (block b: group b / (raster_tiles * token tiles), and in it the row tile varies fastest), so the
+// blocks resident at once share a few row tiles' weights and token tiles' x in L2.
+__forceinline__ int octet_count(int n) {
+    const int octets = (n + 7) >> 3;
+    return octets + (octets & 1);
+}
+
+struct GemmTile {
+    long long octet0;  // the block's first octet
+    int token0;        // its first token
+};
+
+__forceinline__ GemmTile gemm_tile(int block, int row_tiles, int token_tiles, int tokens_per_tile, int tile_octets,
+                                   int raster_tiles) {
+    const int group_blocks = raster_tiles * token_tiles;
+    const int group = block / group_blocks, first = group * raster_tiles;
+    const int rows_in_group = min(raster_tiles, row_tiles - first);
+    const int i = block - group * group_blocks;
+    return {(long long)(first + i % rows_in_group) * tile_octets, (i / rows_in_group) * tokens_per_tile};
 }

@@ -1,55 +1,18 @@
 // Hopper warpgroup-MMA (wgmma) building blocks of the sm_90a prefill attention kernels (prefill_attention_sm90.cu,
 // bf16 and widened int8 KV at head_dim 128 and 256; prefill_attention_sm90_int8.cu, int8 KV at 128): 128-byte-swizzled tiles and
-// their shared-memory matrix descriptors, S = Q K^T (Q from shared memory or registers) and O += P V, the
-// fences that keep the compiler off accumulators in flight, and the cp.async copies of Q's rows and of a page. Empty unless compiled
+// S = Q K^T (Q from shared memory or registers) and O += P V over them (hopper_sm90.cuh: the swizzle, the
+// descriptors, fences and barriers), and the cp.async copies of Q's rows and of a page. Empty unless compiled
 // for sm_90a. Included after prefill_common.cuh; part of the including files' cache keys.
 #pragma once
+#include "hopper_sm90.cuh"
 #include "prefill_common.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-constexpr int kSwizzleRow = 128;                       // bytes per swizzled row (64 bf16 dims)
 constexpr int kQHalf = kFlashRows * kSwizzleRow;       // one 64-dim half of Q
 constexpr int kPageHalf = kKeyTile * kSwizzleRow;      // one 64-dim half of a K or V page
 
-__forceinline__ unsigned swizzled(int row, int chunk) {  // chunk: 16-byte unit within the row's 128 bytes
-    return row * kSwizzleRow + (((chunk & 7) ^ (row & 7)) << 4);
-}
-
-// The shared-address base of the kernel's dynamic shared memory rounded up to the 1024-byte alignment the
-// 128-byte swizzle's atoms need; traps unless the launch gave `bytes` past it (attention_ops.prefill_sm90_smem
-// adds the 1 KiB of slack).
-__forceinline__ unsigned swizzle_aligned_base(const unsigned char* dynamic_smem, unsigned bytes) {
-    unsigned dynamic_bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dynamic_bytes));
-    if (dynamic_bytes < bytes + 1024) __trap();
-    return (smem_address(dynamic_smem) + 1023u) & ~1023u;
-}
-
-// Shared-memory matrix descriptor of a 128-byte-swizzled operand starting at `address` (PTX ISA, "matrix
-// descriptor"): `stride` = bytes between groups of 8 rows (1024 here); `leading` = bytes between the 64-dim
-// halves of an N-major operand (V), unused for K-major ones (Q, K). A k step within a half advances the start
-// address by 32 bytes; the hardware applies the swizzle to the final address, hence the 1024-byte alignment.
-__forceinline__ unsigned long long wgmma_desc(unsigned address, unsigned leading, unsigned stride) {
-    return (unsigned long long)((address & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16) |
-           ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
-}
-
-__forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Pins the accumulators in program order around the wgmma fences: the compiler sees no access to `acc` in the
-// fence and wait asm statements, and would otherwise move reads and writes of them across.
-template <int N>
-__forceinline__ void keep_in_place(float (&acc)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][e])::"memory");
-}
-
 #define WGMMA_S_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
 #define WGMMA_S_OPERANDS(s) "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]), "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3]), "+f"(s[4][0]), "+f"(s[4][1]), "+f"(s[4][2]), "+f"(s[4][3]), "+f"(s[5][0]), "+f"(s[5][1]), "+f"(s[5][2]), "+f"(s[5][3]), "+f"(s[6][0]), "+f"(s[6][1]), "+f"(s[6][2]), "+f"(s[6][3]), "+f"(s[7][0]), "+f"(s[7][1]), "+f"(s[7][2]), "+f"(s[7][3])
-#define WGMMA_O_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
-#define WGMMA_O_OPERANDS(o) "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]), "+f"(o[1][2]), "+f"(o[1][3]), "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]), "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]), "+f"(o[4][0]), "+f"(o[4][1]), "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]), "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]), "+f"(o[7][2]), "+f"(o[7][3]), "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]), "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]), "+f"(o[10][0]), "+f"(o[10][1]), "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]), "+f"(o[11][2]), "+f"(o[11][3]), "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]), "+f"(o[12][3]), "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]), "+f"(o[14][0]), "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]), "+f"(o[15][1]), "+f"(o[15][2]), "+f"(o[15][3])
 
 // s (= or +=) Q[64 rows, 16 dims] K[64 keys, 16 dims]^T, both from shared memory: bf16 (bf16 KV) or f16
 // (widened int8 KV: K's dequantized values as f16).
@@ -88,17 +51,6 @@ __forceinline__ void wgmma_pv(float (&o)[16][4], const unsigned (&p)[4], unsigne
                      : WGMMA_O_OPERANDS(o)
                      : "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3]), "l"(v_desc));
     }
-}
-
-template <int kPending>
-__forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory"); }
-
-// The P fragments likewise: live (their registers untouched) until the wgmma reading them has completed.
-__forceinline__ void keep_in_place(unsigned (&frag)[kKeyTile / 16][4]) {
-#pragma unroll
-    for (int i = 0; i < kKeyTile / 16; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(frag[i][e])::"memory");
 }
 
 // Q's M rows row0 .. row0 + kThreads / 2 - 1 of a tile into the swizzled Q tile at `q_tile` (padding rows and

@@ -1,17 +1,20 @@
-"""gemm_quant.cu on the CPU: NVRTC compiles every kernel the wrapper launches for each target arch, the host's
-mirror of the kernel's constants (gemm_quant_ops) matches the source, the weight copies leave before the wait
-for the previous kernel, and the wrapper picks the launch shape, declares its accesses and refuses what the
-kernel cannot compute before anything reaches a stream (a recording library, no GPU)."""
+"""gemm_quant.cu and gemm_quant_sm90.cu on the CPU: NVRTC compiles every kernel the wrapper launches for each
+target arch (the wgmma kernels for sm_90a, within its registers and shared memory), the host's mirror of the
+kernels' constants (gemm_quant_ops) matches the sources, the weight copies leave before the wait for the previous
+kernel, and the wrapper picks the kernel and its launch shape, declares its accesses and refuses what the kernels
+cannot compute before anything reaches a stream (a recording library, no GPU)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from kernel_source import constexpr_int
 from ninfer_rt.cuda import gemm_quant_ops as plan
-from ninfer_rt.cuda.compiler import compile_family, family_ptx
+from ninfer_rt.cuda.compiler import compile_family, compile_log, family_ptx
 from ninfer_rt.cuda.linear_ops import Epilogue
 from ninfer_rt.cuda.memory import DeviceBuffer
 from ninfer_rt.cuda.quant_ops import F16S_FORMATS, QuantizedDeviceWeight
@@ -22,6 +25,7 @@ from test_pdl_contract import entry_bodies
 
 TARGET_ARCHS = ("sm_80", "sm_90a", "sm_120a")
 SM120_SMEM_OPTIN = 99 * 1024  # the most dynamic shared memory a block of sm_86 / sm_89 / sm_120 may ask for
+SM90_SMEM_OPTIN = 227 * 1024  # an H100 / H200 block's
 GROUPS = (32, 64, 128, 256)
 
 
@@ -75,6 +79,44 @@ def test_weight_copies_leave_before_the_wait_and_masks_come_from_registers() -> 
         assert "ld.volatile.global.u32" in body and not any(mask in body for mask in masks), name
 
 
+def sm90_variants() -> list[tuple[int, int, ScaleFormat]]:
+    return [v for v in variants() if plan.sm90_applies("sm_90a", *v)]
+
+
+def test_the_wgmma_kernels_take_a_scale_per_column_bf16_or_over_int8_fp16() -> None:
+    assert sm90_variants() == [(4, 128, ScaleFormat.BF16), (4, 256, ScaleFormat.BF16), (8, 64, ScaleFormat.BF16),
+                               (8, 128, ScaleFormat.BF16), (8, 256, ScaleFormat.BF16), (8, 64, ScaleFormat.FP16)]
+    assert {plan.sm90_spec(bits, scales).name for bits, _, scales in sm90_variants()} == {
+        "gemm_int4_sm90", "gemm_int8_sm90", "gemm_int8_f16s_sm90"}
+    assert not any(plan.sm90_applies(arch, 4, 128, ScaleFormat.BF16) for arch in ("sm_80", "sm_90", "sm_120a"))
+
+
+@pytest.mark.parametrize("arch", TARGET_ARCHS)
+def test_the_wgmma_kernels_compile_for_sm_90a_only(arch: str, tmp_path: Path) -> None:
+    cubin = compile_family("gemm_quant_sm90", arch, cache=tmp_path).cubin
+    for bits, _, scales in sm90_variants():
+        assert (plan.sm90_spec(bits, scales).name.encode() in cubin) == (arch == "sm_90a")
+
+
+def test_the_wgmma_kernels_constants_and_shared_memory() -> None:
+    source = "gemm_quant_sm90.cu"
+    assert constexpr_int(source, "kGroupThreads") * 2 == constexpr_int(source, "kBlockThreads") == plan.SM90_THREADS
+    assert constexpr_int(source, "kTokens") == plan.SM90_TOKENS and constexpr_int(source, "kStages") == plan.SM90_STAGES
+    assert constexpr_int(source, "kTileOctets") == plan.TILE_OCTETS and constexpr_int(source, "kRasterTiles") == plan.RASTER_TILES
+    # a stage: x, 128 tokens by KC inputs (int4 32 KiB, int8 16 KiB); weights 16 KiB; scales 512 B; rounded to 1 KiB
+    assert [plan.sm90_stage_bytes(bits) for bits in (4, 8)] == [49 * 1024, 33 * 1024]
+    assert plan.sm90_smem_bytes(4) == 4 * 49 * 1024 + 1024 <= SM90_SMEM_OPTIN
+
+
+def test_the_wgmma_kernels_keep_their_accumulators_in_registers_without_serializing() -> None:
+    # ptxas: no spills, and no C7515 ("wgmma.mma_async instructions are serialized ..."), which any other instruction
+    # writing the accumulators while a wgmma is in flight brings
+    log = compile_log("gemm_quant_sm90", "sm_90a")
+    assert "C7515" not in log and "serialized" not in log, log
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(spills) == len(sm90_variants()) // 2 and all(spill == ("0", "0") for spill in spills), log
+
+
 # -- the wrapper -------------------------------------------------------------------------------------------
 
 
@@ -121,3 +163,34 @@ def test_gemm_refuses_what_the_kernel_cannot_compute_before_launching(change: di
     with pytest.raises(ValueError, match=message):
         plan.gemm(lib, stream, x, w, y, rows, change.get("epilogue", Epilogue.STORE), out_stride=change.get("out_stride"))
     assert not lib.launches and stream.ring.seq == 0
+
+
+@pytest.mark.parametrize(("rows", "arch", "group", "scales", "kernel"), [
+    (65, "sm_90a", 128, ScaleFormat.BF16, "gemm_int4_sm90"),
+    (64, "sm_90a", 128, ScaleFormat.BF16, "gemm_int4_t64"),  # below SM90_MIN_ROWS
+    (531, "sm_90a", 64, ScaleFormat.FP16, "gemm_int4_g64_f16s_t64"),  # a scale per half column
+    (531, "sm_80", 128, ScaleFormat.BF16, "gemm_int4_t64"),
+    (531, "sm_120a", 128, ScaleFormat.BF16, "gemm_int4_t64"),
+])
+def test_gemm_runs_the_wgmma_kernel_on_sm_90a_where_it_applies(rows: int, arch: str, group: int, scales: ScaleFormat, kernel: str) -> None:
+    streams, lib = StreamSet(verify=False), RecordingLibrary(device=SimpleNamespace(sm_count=132, arch=arch))
+    w = weight(streams, group=group, scale_format=scales)  # 300 rows: 38 octets, two row tiles
+    x, y = DeviceBuffer(streams, rows * 512 * 2, "x"), DeviceBuffer(streams, rows * 300 * 2, "y")
+    plan.gemm(lib, streams.create("compute"), x, w, y, rows)
+    [launch] = lib.launches
+    assert launch.name == kernel
+    if kernel.endswith("_sm90"):
+        assert (launch.block, launch.smem, launch.grid) == (256, plan.sm90_smem_bytes(4), 2 * -(-rows // 128))
+        assert lib.raised[kernel] == plan.sm90_smem_bytes(4)
+
+
+def test_gemm_forced_onto_the_wgmma_kernel_or_off_it() -> None:
+    streams, lib = StreamSet(verify=False), RecordingLibrary()
+    stream = streams.create("compute")
+    x, y = DeviceBuffer(streams, 531 * 512 * 2, "x"), DeviceBuffer(streams, 531 * 300 * 2, "y")
+    plan.gemm(lib, stream, x, weight(streams), y, 9, wgmma=True)
+    plan.gemm(lib, stream, x, weight(streams), y, 531, wgmma=False)
+    assert [launch.name for launch in lib.launches] == ["gemm_int4_sm90", "gemm_int4_t64"]
+    with pytest.raises(ValueError, match="no wgmma kernel for int4 g64 fp16 scales on sm_90a"):
+        plan.gemm(lib, stream, x, weight(streams, group=64, scale_format=ScaleFormat.FP16), y, 531, wgmma=True)
+    assert len(lib.launches) == 2

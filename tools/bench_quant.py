@@ -6,7 +6,8 @@ replays of back-to-back launches rotating over weight copies past L2). Appends J
 bench/results/quant.jsonl.
 
 --gemm times the prefill GEMM instead, over the 27B's quantized matrices (GEMM_MATRICES) at --rows tokens
-(default 531, the agent turn's new tokens, and 8192): the fused GEMM (gemm_quant.cu, NINFER_QUANT_GEMM=fused)
+(default 531, the agent turn's new tokens, and 8192): the fused GEMM (NINFER_QUANT_GEMM=fused: on sm_90a the
+wgmma kernel gemm_quant_sm90.cu, elsewhere gemm_quant.cu) and the portable mma.sync one (gemm_quant.cu, forced)
 against dequantize + cuBLASLt (the default path) and against cuBLASLt alone on the same weight in bf16; the
 "sum" rows add the matrices up. Appends JSON lines to bench/results/quant_gemm.jsonl.
 
@@ -43,7 +44,7 @@ GEMM_MATRICES = {
     "gdn_qkv": (10240, 5120), "gdn_z": (6144, 5120), "out_proj": (5120, 6144), "attn_q_gate": (12288, 5120),
     "attn_kv": (1024, 5120), "gate_up": (34816, 5120), "down": (5120, 17408),
 }
-GEMM_PATHS = ("fused", "dequant", "bf16")
+GEMM_PATHS = ("fused", "portable", "dequant", "bf16")  # fused: the default kernel; portable: mma.sync
 GDN_PROJECTION = (2 * 16 * 128 + 2 * 48 * 128, 2 * 48, 5120)  # the 27B's [q | k | v | z] rows, [b | a] rows, inputs
 
 
@@ -83,6 +84,7 @@ def bench_gemm(s: BenchSession, blas: Blas, n: int, k: int, bits: int, group: in
 
     timed = {
         "fused": s.time(lambda i: gemm_quant_ops.gemm(s.lib, s.stream, x, weights[i % copies], y, rows), copies),
+        "portable": s.time(lambda i: gemm_quant_ops.gemm(s.lib, s.stream, x, weights[i % copies], y, rows, wgmma=False), copies),
         "dequant": s.time(dequant_then_gemm, copies),
         "bf16": s.time(lambda _: blas.gemm(s.stream, x, scratch, y, shape)),
     }
@@ -106,7 +108,7 @@ def prefill_gemms(args: argparse.Namespace) -> None:
                 total = {path: total[path] + timed[path] for path in GEMM_PATHS}
                 flops += 2 * rows * n * k
             results.append(gemm_row(info, bits, "sum", 0, 0, rows, total, flops))
-    print_table(results, ["bits", "op", "n", "k", "rows", "fused_us", "dequant_us", "bf16_us", "fused_TFLOPs", "speedup"])
+    print_table(results, ["bits", "op", "n", "k", "rows", "fused_us", "portable_us", "dequant_us", "bf16_us", "fused_TFLOPs", "speedup"])
     print(f"speedup = dequant_us / fused_us; appended to {append_results('quant_gemm', results)}")
     blas.close()
     session.close()

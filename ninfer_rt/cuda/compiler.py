@@ -137,6 +137,30 @@ def family_ptx(family: str, arch: str = "sm_90a") -> str:
     return _nvrtc_compile(f"{family}.cu", source, _local_headers(source, kernels_dir()), options, family, virtual, ptx=True).decode()
 
 
+def compile_log(family: str, arch: str = "sm_90a") -> str:
+    """NVRTC's log of compiling `family` for `arch` with ptxas's resource report (registers, spills, its
+    performance notes), uncached: for tests and kernel development."""
+    arch = resolve_arch(arch)
+    source = (kernels_dir() / f"{family}.cu").read_text()
+    options = [*_options(source, arch, {}), "--ptxas-options=-v"]
+    program = check(
+        nvrtc.nvrtcCreateProgram(source.encode(), f"{family}.cu".encode(), *_header_args(_local_headers(source, kernels_dir()))),
+        "nvrtcCreateProgram",
+    )
+    try:
+        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise KernelCompileError(family, arch, _program_log(program))
+        return _program_log(program)
+    finally:
+        check(nvrtc.nvrtcDestroyProgram(program), "nvrtcDestroyProgram")
+
+
+def _header_args(headers: Mapping[str, str]) -> tuple[int, list[bytes], list[bytes]]:
+    """nvrtcCreateProgram's header arguments: the count, the contents, the names."""
+    return len(headers), [h.encode() for h in headers.values()], [n.encode() for n in headers]
+
+
 def _local_headers(source: str, directory: Path) -> dict[str, str]:
     """`#include "x.cuh"` files found in `directory`, recursively: handed to NVRTC in memory and hashed,
     so what is compiled is exactly what the cache key covers."""
@@ -226,12 +250,7 @@ def _write_cache_entry(path: Path, cubin: bytes) -> None:
 def _nvrtc_compile(
     name: str, source: str, headers: Mapping[str, str], options: list[str], family: str, arch: str, ptx: bool = False
 ) -> bytes:
-    program = check(
-        nvrtc.nvrtcCreateProgram(
-            source.encode(), name.encode(), len(headers), [h.encode() for h in headers.values()], [n.encode() for n in headers]
-        ),
-        "nvrtcCreateProgram",
-    )
+    program = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), *_header_args(headers)), "nvrtcCreateProgram")
     try:
         (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:

@@ -1,9 +1,12 @@
-"""Launch wrapper for the prefill GEMM over groupwise-quantized weights (kernels_src/gemm_quant.cu): x @ W^T for
-any number of tokens, W dequantized inside the GEMM's main loop from the decode GEMV's layout (LAYOUT_OCTETS),
-so no bf16 copy of the weights is made.
+"""Launch wrapper for the prefill GEMM over groupwise-quantized weights: x @ W^T for any number of tokens, W
+dequantized inside the GEMM's main loop from the decode GEMV's layout (LAYOUT_OCTETS), so no bf16 copy of the
+weights is made. Two kernels: gemm_quant.cu (mma.sync, every arch; the products q * x exact, the scale applied
+in f32) and, on sm_90a for groups of at least a column, gemm_quant_sm90.cu (wgmma, 128-token tiles; each weight
+rounded to the bf16 q * scale the dequantize + cuBLASLt path multiplies) from SM90_MIN_ROWS tokens on.
 
-The constants below mirror the kernel's (tests/test_gemm_quant_compile.py reads them back from the source):
-the tile, the pipeline stages and the raster order, which tests/gemm_quant_emulation.py follows on the CPU.
+The constants below mirror the kernels' (tests/test_gemm_quant_compile.py reads them back from the sources):
+the tiles, the pipeline stages and the raster order, which tests/gemm_quant_emulation.py and
+tests/gemm_quant_sm90_emulation.py follow on the CPU.
 The wrapper checks the weight, the shapes and the alignment before anything is enqueued and declares what the
 kernel reads and writes.
 """
@@ -27,6 +30,12 @@ CHAINS = 2  # kChains: n8 tiles per pass over a segment's A fragments
 STAGES_INT4, STAGES_INT8 = 2, 3  # kStagesInt4, kStagesInt8: pipeline stages
 TOKEN_TILES = (32, 64)  # T: the _t32 and _t64 kernels
 LANES = 32
+# gemm_quant_sm90.cu: 2 warpgroups (kBlockThreads), 128 tokens (kTokens) by TILE_OCTETS octets a block (its
+# kTileOctets, kRasterTiles are the mma.sync kernel's), SM90_STAGES stages (kStages) of 1 KiB-rounded bytes
+SM90_THREADS = 256
+SM90_TOKENS = 128
+SM90_STAGES = 4
+SM90_MIN_ROWS = 65  # below, the mma.sync kernel's 32- and 64-token tiles: a GEMM that short is bound by its weights
 EPILOGUES = (Epilogue.STORE, Epilogue.RESIDUAL, Epilogue.STORE_F32)
 _SIGNATURE = (Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.PTR, Arg.I32, Arg.I32, Arg.I32, Arg.I32, Arg.I32, Arg.I32)
 
@@ -69,6 +78,39 @@ def grid_blocks(w: QuantizedDeviceWeight, rows: int, tokens: int) -> int:
     return -(-w.octets // TILE_OCTETS) * -(-rows // tokens)
 
 
+def sm90_applies(arch: str, bits: int, group_size: int, scale_format: ScaleFormat) -> bool:
+    """Whether gemm_quant_sm90.cu has a kernel for the weight's format on `arch`: sm_90a, a scale per column (G >=
+    KC), bf16 scales, or fp16 ones over int8 (the bound Q5G64 / Q6G64)."""
+    fp16_ok = scale_format is ScaleFormat.BF16 or bits == 8
+    return arch == "sm_90a" and segments(bits, group_size) == 1 and fp16_ok
+
+
+def sm90_spec(bits: int, scale_format: ScaleFormat = ScaleFormat.BF16) -> KernelSpec:
+    return KernelSpec("gemm_quant_sm90", f"gemm_int{bits}{_SCALE_SUFFIX[scale_format]}_sm90", _SIGNATURE)
+
+
+def sm90_stage_bytes(bits: int) -> int:
+    """Stage<BITS>::kBytes: x (KC / 64 halves of 128 tokens x 128 bytes), weights, scales, rounded up to 1 KiB."""
+    x = column_inputs(bits) // 64 * SM90_TOKENS * 128
+    return -(-(x + TILE_OCTETS * LANES * CHUNK_BYTES + TILE_OCTETS * 8 * 2) // 1024) * 1024
+
+
+def sm90_smem_bytes(bits: int) -> int:
+    """Dynamic shared memory of an sm_90a block: SM90_STAGES stages and the 1 KiB that aligns them to the
+    128-byte swizzle's atoms."""
+    return SM90_STAGES * sm90_stage_bytes(bits) + 1024
+
+
+def uses_sm90(lib: KernelLibrary, w: QuantizedDeviceWeight, rows: int, wgmma: bool | None = None) -> bool:
+    """Whether `gemm` runs gemm_quant_sm90.cu: where it applies, from SM90_MIN_ROWS rows on (None), or whenever it
+    applies (True: an error where it does not), never (False)."""
+    applies = sm90_applies(lib.target_arch, w.bits, w.group_size, w.scale_format)
+    if wgmma and not applies:
+        raise ValueError(f"gemm_quant: no wgmma kernel for int{w.bits} g{w.group_size} {w.scale_format.value} scales on "
+                         f"{lib.target_arch} (sm_90a, a scale per column; fp16 scales over int8 only)")
+    return applies and (wgmma or (wgmma is None and rows >= SM90_MIN_ROWS))
+
+
 def gemm(
     lib: KernelLibrary,
     stream: object,
@@ -82,10 +124,12 @@ def gemm(
     label: str = "gemm_quant",
     lane: object = None,
     out_stride: int | None = None,
+    wgmma: bool | None = None,
 ) -> None:
     """y[rows, N] = epilogue(x[rows, K] @ W^T), N = w.rows, W dequantized in the GEMM's registers: STORE (bf16),
     STORE_F32, or RESIDUAL (bf16(x @ W^T) + residual; y may alias residual). y's (and residual's) rows are
-    `out_stride` elements apart (None: N), so the product may fill the first N columns of a wider output."""
+    `out_stride` elements apart (None: N), so the product may fill the first N columns of a wider output.
+    `wgmma` picks the kernel (uses_sm90)."""
     stream = require_stream(stream)
     w.check("gemm_quant")
     _require_positive("gemm_quant", rows=rows)
@@ -100,13 +144,15 @@ def gemm(
         "gemm_quant", x=(x, rows * w.cols * 2), y=(y, span * epilogue.out_bytes),
         **residual_entry("gemm_quant", epilogue, residual, span * 2),
     )
-    tokens = token_tile(rows)
-    spec = gemm_spec(w.bits, w.group_size, tokens, w.scale_format)
-    smem = smem_bytes(w.bits, w.group_size, tokens)
+    if uses_sm90(lib, w, rows, wgmma):
+        spec, smem, tokens, threads = sm90_spec(w.bits, w.scale_format), sm90_smem_bytes(w.bits), SM90_TOKENS, SM90_THREADS
+    else:
+        tokens, threads = token_tile(rows), THREADS
+        spec, smem = gemm_spec(w.bits, w.group_size, tokens, w.scale_format), smem_bytes(w.bits, w.group_size, tokens)
     kernel = kernel_with_smem(lib, spec, smem)
     reads = (x.resource, w.qweight.resource, w.scales.resource) + ((residual.resource,) if residual is not None else ())
     kernel.launch(
-        stream, grid_blocks(w, rows, tokens), THREADS,
+        stream, grid_blocks(w, rows, tokens), threads,
         y, x, w.qweight, w.scales, residual.ptr if residual is not None else 0, rows, n, w.cols, w.group_log2,
         _EPILOGUE_CODE[epilogue], ldy,
         smem=smem, label=label, reads=reads, writes=(y.resource,), lane=lane,

@@ -142,9 +142,10 @@ def bench_gemv_quant(s: BenchSession, shape: Shape) -> list[Measurement]:
     return results
 
 
-def bench_gemm_quant(s: BenchSession, shape: Shape) -> list[Measurement]:
+def bench_gemm_quant(s: BenchSession, shape: Shape, wgmma: bool = False) -> list[Measurement]:
     """The fused prefill GEMM over each projection (gate_up as the plain product of its 2N rows), at the agent
-    turn's 531 new tokens and a prefill chunk (tools/bench_quant.py --gemm sets it beside dequantize + cuBLASLt)."""
+    turn's 531 new tokens and a prefill chunk (tools/bench_quant.py --gemm sets it beside dequantize + cuBLASLt):
+    gemm_quant.cu's mma.sync kernel, or with `wgmma` gemm_quant_sm90.cu's (sm_90a)."""
     results = []
     for bits in QUANT_BITS:
         for label, (n, k, epilogue) in gemv_shapes(shape).items():
@@ -159,10 +160,11 @@ def bench_gemm_quant(s: BenchSession, shape: Shape) -> list[Measurement]:
             for rows in (531, PREFILL_TOKENS):
                 x, y = s.filled(rows * k * BF16, "x"), s.filled(rows * w_rows * epilogue.out_bytes, "y")
                 seconds = s.time(
-                    lambda i: gemm_quant_ops.gemm(s.lib, s.stream, x, weights[i % copies], y, rows, epilogue), copies
+                    lambda i: gemm_quant_ops.gemm(s.lib, s.stream, x, weights[i % copies], y, rows, epilogue, wgmma=wgmma), copies
                 )
                 moved = code_bytes + scale_bytes + rows * k * BF16 + rows * w_rows * epilogue.out_bytes
-                spec = gemm_quant_ops.gemm_spec(bits, QUANT_GROUP, gemm_quant_ops.token_tile(rows))
+                tokens = gemm_quant_ops.token_tile(rows)
+                spec = gemm_quant_ops.sm90_spec(bits) if wgmma else gemm_quant_ops.gemm_spec(bits, QUANT_GROUP, tokens)
                 results.append(Measurement(spec.name, f"int{bits} {label} {w_rows}x{k} rows={rows}", seconds, moved, 2 * rows * w_rows * k))
             s.release()
     return results

@@ -22,6 +22,7 @@ BENCHES: dict[str, BenchFunction] = {
     "gemv": bench_gemv,
     "gemv_quant": bench_gemv_quant,
     "gemm_quant": bench_gemm_quant,
+    "gemm_quant_sm90": partial(bench_gemm_quant, wgmma=True),
     "quant_layout": bench_quant_layout,
     "rope_kv": bench_rope_kv,
     "decode_attention": bench_decode_attention,

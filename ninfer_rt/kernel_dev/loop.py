@@ -51,6 +51,7 @@ _SHARED_TEST_FILES = {
     # the same tests: on sm_90a they run the wgmma kernel where it applies, and the mma.sync one as `portable`
     "prefill_attention_sm90": ReferenceTests(("test_attention_kernels_gpu.py",), "prefill_attention or attention_op"),
     "prefill_attention_sm90_int8": ReferenceTests(("test_attention_kernels_gpu.py",), "prefill_attention or attention_op"),
+    "gemm_quant_sm90": ReferenceTests(("test_gemm_quant_gpu.py",)),
     "gemv": ReferenceTests(("test_gemv_gpu.py",), "gemv or swiglu"),
     "embedding": ReferenceTests(("test_gemv_gpu.py",), "gather_rows"),
 }
