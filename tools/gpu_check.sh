@@ -38,6 +38,8 @@ step gdn 150 python3 tools/bench_gdn.py --chunked 531,8192,114812 --repeats 10
 step gdn_split 60 python3 tools/bench_gdn.py --recurrent "" --chunked 531,8192 --split --no-fla --repeats 10
 # prefill attention at the 27B's gated-attention heads (head_dim 256): the sm_90a wgmma kernel beside the mma.sync one
 step attention_27b 60 python3 tools/bench_attention.py --prefill --shape qwen3.6-27b --cases 531x114812,8192x8192 --kv bf16,int8
+# the 27B's quantized decode GEMVs on their own (int4 target: 0.80 of the copy bandwidth over a step's mix)
+step gemv_27b 60 python3 tools/bench_quant.py --shape qwen3.6-27b --bits 4,8 --rows 1,4
 # the quantized prefill GEMM: NINFER_QUANT_GEMM=fused (gemm_quant.cu) against the default dequantize + cuBLASLt
 step quant_gemm 90 python3 tools/bench_quant.py --gemm --bits 4,8 --rows 531,8192
 step build_27b 60 bash -c "[ -d $q27 ] || python3 tools/make_shaped_model.py --shape qwen3.6-27b --bits 4 --out $q27"
