@@ -66,10 +66,11 @@ DECODE_ATTENTION = Bench(
 PREFILL_ATTENTION = Bench(
     "Prefill attention alone (queries x keys)",
     "attention_prefill.jsonl",
-    "python tools/bench_attention.py --prefill --kv bf16,int8",
-    (GPU, C("kernel", "kernel"), C("queries", "chunk", "{:,}"), C("keys", "context", "{:,}"), C("KV", "kv")),
+    "python tools/bench_attention.py --prefill --kv bf16,int8 [--shape qwen3.6-27b]",
+    (GPU, SHAPE, C("kernel", "kernel"), C("queries", "chunk", "{:,}"), C("keys", "context", "{:,}"), C("KV", "kv")),
     (C("us", "us", "{:.1f}"), C("TFLOP/s", "TFLOP/s", "{:.0f}")),
     retired=("prefill_attention_v1_d128_bf16", "prefill_attention_v1_d128_int8"),
+    defaults={"shape": "qwen3-8b"},
 )
 QUANT_GEMV = Bench(
     "Quantized GEMV (tensor cores), one matrix or one layer",
