@@ -23,6 +23,7 @@ subscribes with `on_forget` and goes with it.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -33,9 +34,14 @@ from ninfer_rt.kv.pages import PagePool
 
 def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:
     """64-bit hash of a full page's token ids chained to its parent page's hash."""
+    return _chain_hash(parent, array("q", tokens))
+
+
+def _chain_hash(parent: int | None, token_ids: array | memoryview) -> int:
+    """chain_hash over the page's ids as int64 (native order, as numpy's int64 bytes)."""
     digest = hashlib.blake2b(digest_size=8)
     digest.update(b"root" if parent is None else parent.to_bytes(8, "little"))
-    digest.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    digest.update(token_ids)
     return int.from_bytes(digest.digest(), "little")
 
 
@@ -105,10 +111,11 @@ class PrefixCache:
         computed anyway to produce logits."""
         found = PrefixMatch(self.page_size)
         size = self.page_size
+        ids = memoryview(array("q", tokens))  # converted once: a 114k-token prompt is ~1,800 pages to hash
         while (len(found.pages) + 1) * size <= len(tokens):
             start = len(found.pages) * size
             page_tokens = tuple(tokens[start : start + size])
-            key = chain_hash(found.last_hash, page_tokens)
+            key = _chain_hash(found.last_hash, ids[start : start + size])
             entry = self._full.get(key)
             if entry is None or entry.tokens != page_tokens:
                 break
