@@ -14,10 +14,11 @@ the same prompt plus NEW tokens: its time to first token, and how many prompt to
 on a hybrid, the state snapshot at the end of the first prompt) let it skip.
 
 --profile-host prints where the host's time goes over the decode steps (cProfile, top functions; the wait
-for the GPU shows up under synchronize). --profile-turn prints where the agent turn's time to first token
-goes on the GPU, kernel by kernel (a CUPTI trace of the second request; torch's profiler, on the GPU machine
-only), and how much of it the GPU sat idle. Appends JSON lines to bench/results/engine.jsonl (the turn's
-kernels to turn_profile.jsonl) unless --no-append.
+for the GPU shows up under synchronize). --trace runs each timed request (the decode rows' and the agent
+turn's second request) under a CUPTI trace (torch's profiler, on the GPU machine only) and prints how long the
+GPU was busy of the request's wall time, kernel by kernel: the idle rest is what the host costs (an MTP
+round's reads of drafts and verdicts included); the traced rows' figures carry the trace's overhead. Appends
+JSON lines to bench/results/engine.jsonl (the traces' kernels to engine_trace.jsonl) unless --no-append.
 
     python tools/make_shaped_model.py --shape qwen3.6-27b --bits 4 --out /tmp/qwen3.6-27b
     python tools/bench_engine.py --model /tmp/qwen3.6-27b --context 256,7680 --kv-dtype int8 --draft-tokens 0,3 \
@@ -30,7 +31,7 @@ import argparse
 import cProfile
 import pstats
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -65,39 +66,55 @@ def random_prompt(engine: Engine, length: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, engine.runner.model.config.vocab_size, length).tolist()
 
 
-def decode_row(engine: Engine, context: int, max_tokens: int, profiler: cProfile.Profile | None) -> dict[str, object]:
-    stats = run_request(engine, random_prompt(engine, context, seed=context), max_tokens, profiler)
+@dataclass
+class Trace:
+    """A CUPTI trace of one request (--trace): how long the GPU was busy of its wall time, kernel by kernel."""
+
+    what: str
+    wall_ms: float = 0.0
+    busy_ms: float = 0.0
+    kernels: list[dict[str, object]] = field(default_factory=list)
+
+    def run(self, engine: Engine, prompt: list[int], max_tokens: int) -> RequestStats:
+        outcome: list[RequestStats] = []
+        began = time.perf_counter()
+        ops = profiled(lambda: outcome.append(run_request(engine, prompt, max_tokens)), engine.runner.executor.compute.synchronize)
+        self.wall_ms = 1e3 * (time.perf_counter() - began)
+        self.busy_ms, self.kernels = kernel_totals(ops)
+        return outcome[0]
+
+    def print(self, top: int = 30) -> None:
+        print(f"{self.what}: {self.wall_ms:.1f} ms wall under the trace, the GPU busy {self.busy_ms:.1f} ms of it "
+              f"({1 - self.busy_ms / self.wall_ms:.1%} idle); {len(self.kernels)} kernels and copies by name, the heaviest "
+              f"{min(top, len(self.kernels))}:")
+        print_table(self.kernels[:top], ["kernel", "launches", "busy_ms", "duration_ms"])
+
+    def rows(self, setting: dict[str, object]) -> list[dict[str, object]]:
+        whole = {"traced": self.what, "wall_ms": self.wall_ms, "busy_ms_total": self.busy_ms}
+        return [setting | whole | kernel for kernel in self.kernels]
+
+
+def decode_row(
+    engine: Engine, context: int, max_tokens: int, profiler: cProfile.Profile | None, trace: Trace | None = None
+) -> dict[str, object]:
+    prompt = random_prompt(engine, context, seed=context)
+    stats = trace.run(engine, prompt, max_tokens) if trace else run_request(engine, prompt, max_tokens, profiler)
     row: dict[str, object] = {"context": context, "decode_tok_s": stats.decode_tok_s, "ms_per_token": 1e3 / stats.decode_tok_s}
     if stats.acceptance is not None:
         per_round = stats.acceptance.mean_acceptance_length
         row |= {"tokens_per_round": per_round, "ms_per_round": 1e3 * per_round / stats.decode_tok_s}
-    return row
+    return row | ({"traced": True} if trace else {})
 
 
-def agent_turn_row(engine: Engine, cached: int, new: int, kernels: list[dict[str, object]] | None = None) -> dict[str, object]:
-    """The second turn of a conversation: its prompt is the first turn's plus `new` tokens. With `kernels`
-    (a list to fill), the turn runs under a CUPTI trace and its kernels' rows go there."""
+def agent_turn_row(engine: Engine, cached: int, new: int, trace: Trace | None = None) -> dict[str, object]:
+    """The second turn of a conversation: its prompt is the first turn's plus `new` tokens (under `trace` if given)."""
     first = random_prompt(engine, cached, seed=cached)
     run_request(engine, first, max_tokens=1)
     second = first + random_prompt(engine, new, seed=new)
-    outcome: list[RequestStats] = []
     began = time.perf_counter()
-    if kernels is None:
-        outcome.append(run_request(engine, second, max_tokens=1))
-    else:
-        ops = profiled(lambda: outcome.append(run_request(engine, second, max_tokens=1)), engine.runner.executor.compute.synchronize)
-        busy_ms, rows = kernel_totals(ops)
-        kernels += [{"busy_ms_total": busy_ms} | row for row in rows]
-    stats = outcome[0]
+    stats = trace.run(engine, second, max_tokens=1) if trace else run_request(engine, second, max_tokens=1)
     return {"context": cached + new, "agent_turn_new": new, "ttft_ms": 1e3 * stats.ttft_s,
-            "cached_tokens": stats.cached_tokens, "turn_ms": 1e3 * (time.perf_counter() - began), "traced": kernels is not None}
-
-
-def print_turn_profile(kernels: list[dict[str, object]], turn: dict[str, object], top: int = 30) -> None:
-    busy = float(kernels[0]["busy_ms_total"]) if kernels else 0.0
-    print(f"agent turn: time to first token {turn['ttft_ms']:.1f} ms (under the trace); the GPU busy {busy:.1f} ms of it, "
-          f"{len(kernels)} kernels and copies by name, the heaviest {min(top, len(kernels))}:")
-    print_table(kernels[:top], ["kernel", "launches", "busy_ms", "duration_ms"])
+            "cached_tokens": stats.cached_tokens, "turn_ms": 1e3 * (time.perf_counter() - began)} | ({"traced": True} if trace else {})
 
 
 @dataclass(frozen=True)
@@ -112,9 +129,7 @@ class Plan:
         return longest + self.max_tokens + 64
 
 
-def bench_config(
-    args: argparse.Namespace, plan: Plan, draft_tokens: int, turn_profiles: list[dict[str, object]]
-) -> list[dict[str, object]]:
+def bench_config(args: argparse.Namespace, plan: Plan, draft_tokens: int, traces: list[dict[str, object]]) -> list[dict[str, object]]:
     spec = {"spec": "mtp", "draft_tokens": draft_tokens, "lm_head_draft": args.lm_head_draft} if draft_tokens else {}
     engine = Engine.load(args.model, EngineConfig(
         device=args.device, kv_dtype=args.kv_dtype, max_concurrency=1, max_context=plan.max_context,
@@ -125,16 +140,20 @@ def bench_config(
     rows = []
     for context in plan.contexts:
         profiler = cProfile.Profile() if args.profile_host else None
-        rows.append(setting | decode_row(engine, context, plan.max_tokens, profiler))
+        trace = Trace(f"decode at context {context}, {draft_tokens} draft tokens ({plan.max_tokens} tokens)") if args.trace else None
+        rows.append(setting | decode_row(engine, context, plan.max_tokens, profiler, trace))
         if profiler is not None:
             print(f"host profile of the decode steps at context {context}, {draft_tokens} draft tokens:")
             pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        if trace is not None:
+            trace.print()
+            traces.extend(trace.rows(setting | {"context": context}))
     for cached, new in plan.agent_turns:
-        kernels: list[dict[str, object]] | None = [] if args.profile_turn else None
-        rows.append(setting | agent_turn_row(engine, cached, new, kernels))
-        if kernels is not None:
-            print_turn_profile(kernels, rows[-1])
-            turn_profiles.extend(setting | {"context": cached + new, "agent_turn_new": new} | k for k in kernels)
+        trace = Trace(f"agent turn ({cached:,} cached + {new} new tokens), {draft_tokens} draft tokens") if args.trace else None
+        rows.append(setting | agent_turn_row(engine, cached, new, trace))
+        if trace is not None:
+            trace.print()
+            traces.extend(trace.rows(setting | {"context": cached + new, "agent_turn_new": new}))
     return rows
 
 
@@ -152,7 +171,7 @@ def main() -> None:
     parser.add_argument("--lm-head-draft", type=int, default=None, help="draft over this many lm_head rows")
     parser.add_argument("--agent-turn", default="", help="CACHED,NEW: time a turn that extends a cached prompt")
     parser.add_argument("--profile-host", action="store_true")
-    parser.add_argument("--profile-turn", action="store_true", help="trace the agent turn's kernels (CUPTI, through torch)")
+    parser.add_argument("--trace", action="store_true", help="trace each request's kernels (CUPTI, through torch): GPU busy and idle time")
     parser.add_argument("--no-overlap", action="store_true", help="read each step's samples before the next step")
     parser.add_argument("--no-append", action="store_true", help="print the table only")
     args = parser.parse_args()
@@ -165,17 +184,17 @@ def main() -> None:
     if args.kv_capacity is None:
         args.kv_capacity = "auto" if len(draft_settings) == 1 else str(2 * -(-plan.max_context // PAGE_SIZE))
     info = run_info(open_device(0) if args.device == "cuda" else None)
-    if args.profile_turn and (args.device != "cuda" or not plan.agent_turns):
-        parser.error("--profile-turn traces the GPU's kernels: it needs --device cuda and --agent-turn")
-    turn_profiles: list[dict[str, object]] = []
-    rows = [info | row for k in draft_settings for row in bench_config(args, plan, k, turn_profiles)]
+    if args.trace and args.device != "cuda":
+        parser.error("--trace records the GPU's kernels: it needs --device cuda")
+    traces: list[dict[str, object]] = []
+    rows = [info | row for k in draft_settings for row in bench_config(args, plan, k, traces)]
     columns = ["context", "kv_dtype", "overlap", "draft_tokens", "decode_tok_s", "ms_per_token", "tokens_per_round",
                "ms_per_round", "agent_turn_new", "ttft_ms", "cached_tokens"]
     print_table([{c: row.get(c, "") for c in columns} for row in rows], columns)
     if not args.no_append:
         print(f"appended to {append_results('engine', rows)}")
-        if turn_profiles:
-            print(f"appended to {append_results('turn_profile', [info | row for row in turn_profiles])}")
+        if traces:
+            print(f"appended to {append_results('engine_trace', [info | row for row in traces])}")
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ step quant_gemm 90 python3 tools/bench_quant.py --gemm --bits 4,8 --rows 531,819
 step build_27b 60 bash -c "[ -d $q27 ] || python3 tools/make_shaped_model.py --shape qwen3.6-27b --bits 4 --out $q27"
 step engine_27b 180 python3 tools/bench_engine.py --model $q27 --context 256,7680 --kv-dtype int8 --max-tokens 64 \
   --draft-tokens 0,3 --lm-head-draft 32768 --agent-turn 114281,531
-# where the agent turn's time to first token goes on the GPU, kernel by kernel (its TTFT row is marked traced)
-step turn_27b 120 python3 tools/bench_engine.py --model $q27 --context "" --kv-dtype int8 --agent-turn 114281,531 --profile-turn
+# where the agent turn's time to first token and an MTP round's time go on the GPU, kernel by kernel, and how
+# long the GPU waits for the host (the rows are marked traced)
+step trace_27b 150 python3 tools/bench_engine.py --model $q27 --context 7680 --kv-dtype int8 --max-tokens 48 \
+  --draft-tokens 0,3 --lm-head-draft 32768 --agent-turn 114281,531 --trace
 step decode_27b 120 python3 tools/bench_decode.py --shape qwen3.6-27b --contexts 256,7680 --kv int8 --weights int4,int8,bf16 --steps 30
 # where the int4 27B step's time goes, kernel by kernel (CUPTI marginal times)
 step profile_27b 90 python3 tools/profile_decode.py --shape qwen3.6-27b --context 256 --kv int8 --weights int4 --steps 20
