@@ -197,12 +197,21 @@ class Verifier:
             for _res, segments, start, end in read_places + write_places:
                 if (start, end) != (0, WHOLE):
                     segments.split(start, end)
+            clock = tl.clock
             for res, segments, start, end in read_places:
-                _check(tl.clock, res, segments, segments.indices(start, end), me, is_write=False)
+                if len(segments.starts) == 1:  # never accessed in part (KV pages, most buffers): one history
+                    w = segments.states[0].last_write
+                    if w is not None and clock.get(w.timeline_index, 0) < w.count:
+                        raise OrderingViolation(_describe(res, segments, 0), w.op, "write", me.op, "read")
+                else:
+                    _check(clock, res, segments, segments.indices(start, end), me, is_write=False)
             for res, segments, start, end in write_places:
-                _check(tl.clock, res, segments, segments.indices(start, end), me, is_write=True)
+                _check(clock, res, segments, segments.indices(start, end), me, is_write=True)
             tl.tick()
             for _res, segments, start, end in read_places:
+                if len(segments.starts) == 1:
+                    segments.states[0].reads[tl.index] = me
+                    continue
                 for i in segments.indices(start, end):
                     segments.states[i].reads[tl.index] = me
             for _res, segments, start, end in write_places:
@@ -258,7 +267,7 @@ class Verifier:
 
     def _place(self, res: Resource) -> tuple[Resource, _Segments, int, int]:
         """The resource's key history and the bytes it covers."""
-        if isinstance(res, Span):
+        if type(res) is Span:
             key, start, end = res.key, res.start, res.end
         else:
             key, start, end = res, 0, WHOLE
