@@ -30,9 +30,10 @@
 // of 128 tokens x 128 bytes | weights: 32 octets x 32 chunks | scales: 32 octets x 8 rows], each rounded up to
 // 1 KiB: int4 4 x 49 KiB, int8 4 x 33 KiB.
 // Pipeline (every thread copies; cp.async, the x words straight to their k-slot places): column c + kLookahead is
-// copied into the stage column c - 2 used while column c is multiplied. A column starts with the thread's wait for
-// its copies, a fence.proxy.async (x is read by wgmma, the async proxy) and a block barrier, after which every
-// warpgroup has issued all of column c - 1 and waited for all of column c - 2. Per run, a warpgroup dequantizes the
+// copied into the stage column c - 2 used while column c is multiplied; the first columns' weights and scales
+// are copied before the wait for the previous kernel (immutable), their x after it. A column starts with the
+// thread's wait for its copies, a fence.proxy.async (x is read by wgmma, the async proxy) and a block barrier,
+// after which every warpgroup has issued all of column c - 1 and waited for all of column c - 2. Per run, a warpgroup dequantizes the
 // A fragments of both m64 tiles into one of two register buffers and issues their 4 wgmmas, then waits for the
 // previous run's (wgmma.wait_group 1) before the next dequantization overwrites that buffer.
 #include "quant_common.cuh"
@@ -100,9 +101,10 @@ struct CopyPlan {
     }
 };
 
-// Column `column` into the stage at `stage` (generic pointer), this thread's share (plan).
+// Column `column`'s weights and scales into the stage at `stage` (generic pointer), this thread's share (plan).
+// Immutable data only: may run before the wait for the previous kernel.
 template <int BITS>
-__forceinline__ void copy_column(unsigned char* stage, const CopyPlan<BITS>& plan, int column, int group_log2) {
+__forceinline__ void copy_weights(unsigned char* stage, const CopyPlan<BITS>& plan, int column, int group_log2) {
     using S = Stage<BITS>;
     using P = CopyPlan<BITS>;
 #pragma unroll
@@ -115,6 +117,13 @@ __forceinline__ void copy_column(unsigned char* stage, const CopyPlan<BITS>& pla
         const int group = (column * kColumnK<BITS>) >> group_log2;
         cp_async16(stage + S::kScales + 16 * threadIdx.x, plan.scale_valid ? plan.scales + group : plan.anywhere, plan.scale_valid);
     }
+}
+
+// Column `column`'s x into the stage, this thread's share (plan): another kernel's output, so after the wait.
+template <int BITS>
+__forceinline__ void copy_x(unsigned char* stage, const CopyPlan<BITS>& plan, int column) {
+    using S = Stage<BITS>;
+    using P = CopyPlan<BITS>;
     const bf16* src = plan.x + column * kColumnK<BITS>;
     unsigned char* dst = stage + S::kX + plan.x_place;
 #pragma unroll
@@ -229,11 +238,14 @@ __forceinline__ void gemm_quant_sm90(void* y, const bf16* x, const unsigned char
     const int row_tiles = (octets + kTileOctets - 1) / kTileOctets, token_tiles = (m + kTokens - 1) / kTokens;
     const GemmTile tile = gemm_tile(blockIdx.x, row_tiles, token_tiles, kTokens, kTileOctets, kRasterTiles);
     const CopyPlan<BITS> plan(qweight, scales, x, tile, m, k, octets, columns, k >> group_log2);
-    enter_dependent_kernel();  // x, residual and y are another kernel's
+#pragma unroll
+    for (int c = 0; c < kLookahead; ++c)
+        if (c < columns) copy_weights<BITS>(smem + c * S::kBytes, plan, c, group_log2);
+    enter_dependent_kernel();  // x, residual and y only from here on
 #pragma unroll
     for (int c = 0; c < kLookahead; ++c) {
-        if (c < columns) copy_column<BITS>(smem + c * S::kBytes, plan, c, group_log2);
-        cp_async_commit();
+        if (c < columns) copy_x<BITS>(smem + c * S::kBytes, plan, c);
+        cp_async_commit();  // group c: column c's x (group 0 also every prologue column's weights)
     }
     const int mg = threadIdx.x / kGroupThreads;
     const DequantMasks masks = dequant_masks<BITS>();
@@ -244,7 +256,10 @@ __forceinline__ void gemm_quant_sm90(void* y, const bf16* x, const unsigned char
         fence_proxy_async();              // x, visible to the wgmma (async) proxy
         __syncthreads();                  // everyone's; both warpgroups are done with column c - 2's stage
         const int next = c + kLookahead;
-        if (next < columns) copy_column<BITS>(smem + (next % kStages) * S::kBytes, plan, next, group_log2);
+        if (next < columns) {
+            copy_weights<BITS>(smem + (next % kStages) * S::kBytes, plan, next, group_log2);
+            copy_x<BITS>(smem + (next % kStages) * S::kBytes, plan, next);
+        }
         cp_async_commit();
         const int stage = c % kStages;
         multiply_column<BITS, F16S>(acc, frag, smem + stage * S::kBytes, base + stage * S::kBytes + S::kX, mg, masks, c == 0);

@@ -46,7 +46,8 @@ def x_places(s: Shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def copy_column(stage: np.ndarray, qweight: np.ndarray, scales: np.ndarray, x_words: np.ndarray, s: Shape, octet0: int,
                 token0: int, column: int) -> None:
-    """copy_column: every thread's copies of one column into `stage` (uint32 words), invalid ones zero-filled."""
+    """copy_weights and copy_x: every thread's copies of one column into `stage` (uint32 words), invalid ones
+    zero-filled."""
     weights_at, scales_at = stage_offsets(s)
     columns, groups = s.k // s.column_k, s.k // s.group
 

@@ -108,6 +108,14 @@ def test_the_wgmma_kernels_constants_and_shared_memory() -> None:
     assert plan.sm90_smem_bytes(4) == 4 * 49 * 1024 + 1024 <= SM90_SMEM_OPTIN
 
 
+def test_the_wgmma_kernels_copy_weights_before_the_wait_and_x_after_it() -> None:
+    bodies = entry_bodies(family_ptx("gemm_quant_sm90", "sm_90a"))
+    for bits, _, scales in sm90_variants():
+        body = bodies[plan.sm90_spec(bits, scales).name]
+        weights, wait = body.index("cp.async.cg.shared.global"), body.index("griddepcontrol.wait")
+        assert weights < wait < body.index("cp.async.ca.shared.global") < body.index("wgmma.mma_async")
+
+
 def test_the_wgmma_kernels_keep_their_accumulators_in_registers_without_serializing() -> None:
     # ptxas: no spills, and no C7515 ("wgmma.mma_async instructions are serialized ..."), which any other instruction
     # writing the accumulators while a wgmma is in flight brings
