@@ -245,3 +245,28 @@ def test_the_fla_probe_measures_gradients_against_the_torch_rule_in_float32_on_t
     assert hybrid.gradient_error(hybrid.layer_gradients(layer, hidden), reference) < 1e-6
     miscompiled = [g * 1.5 for g in reference]  # off as fla #640's backward is, ~0.5
     assert hybrid.gradient_error(miscompiled, reference) > hybrid.FLA_GRADIENT_TOLERANCE
+
+
+@pytest.mark.parametrize(("module", "reason"), [
+    (None, "does not import (ImportError: no fla here)"),  # transformers' dispatch falls back to the torch rule
+    (object(), "has no chunk_gated_delta_rule"),
+])
+def test_where_fla_core_cannot_be_transformers_delta_rule_the_torch_rule_is_named_without_a_probe(
+    module: object, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a probe of transformers' dispatched rule would compare its torch fallback with itself and pass as fla-core
+    import importlib
+
+    import tiny_hybrid_model as hybrid
+
+    def fake_import(name: str) -> object:
+        if module is None:
+            raise ImportError("no fla here")
+        return module
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+    model = hybrid.TinyQwen3_5(hybrid.TINY_HYBRID_SHAPE, 256, 1e-6, 0.02)
+    messages: list[str] = []
+    with hybrid.fast_delta_rule(model, "cuda", messages.append) as chosen:  # returns before any GPU work
+        assert chosen == {"delta_rule": "torch", "reason": reason}
+    assert messages == [f"delta rule: transformers' torch rule (fla-core: {reason})"]

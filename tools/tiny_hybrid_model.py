@@ -13,6 +13,7 @@ qwen3_5_mtp.py (and ninfer-rt) load them.
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -174,10 +175,10 @@ def fast_delta_rule(model: TinyQwen3_5, device: str, log: Callable[[str], None])
     (~3x slower a step at the shipped shape). fla-core 0.6.0 refuses its gated backward on every Hopper GPU
     with Triton 3.4-3.7.0, a miscompile at a key block of 64 (fla #640): the probe runs with that refusal
     lifted, and the refusal is lifted for training only if the probe agrees. Yields what was chosen and why."""
-    wrapped = modeling_qwen3_5.torch_chunk_gated_delta_rule
-    if device != "cuda" or inspect.unwrap(wrapped) is wrapped:
-        log("delta rule: transformers' torch rule (fla-core not in use here)")
-        yield {"delta_rule": "torch", "reason": "fla-core not in use here"}
+    unavailable = "not on a GPU" if device != "cuda" else fla_unavailable()
+    if unavailable is not None:
+        log(f"delta rule: transformers' torch rule (fla-core: {unavailable})")
+        yield {"delta_rule": "torch", "reason": unavailable}
         return
     with _hopper_refusal_lifted():
         layer = model.model.layers[model.config.layer_types.index("linear_attention")].linear_attn
@@ -194,6 +195,17 @@ def fast_delta_rule(model: TinyQwen3_5, device: str, log: Callable[[str], None])
     log(f"delta rule: transformers' torch rule (fla-core: {failure})")
     with torch_delta_rule():
         yield {"delta_rule": "torch", "reason": failure}
+
+
+def fla_unavailable() -> str | None:
+    """Why transformers' gated delta rule cannot be fla-core's, or None: it dispatches to
+    fla.ops.gated_delta_rule.chunk_gated_delta_rule when that imports (and to its torch rule, silently, when not,
+    so a probe of the dispatched rule alone cannot tell the two apart)."""
+    try:
+        module = importlib.import_module("fla.ops.gated_delta_rule")
+    except Exception as exc:  # noqa: BLE001 -- any import failure is transformers' fallback too
+        return f"does not import ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    return None if hasattr(module, "chunk_gated_delta_rule") else "has no chunk_gated_delta_rule"
 
 
 def probe_batch(hidden_size: int, device: str) -> torch.Tensor:
