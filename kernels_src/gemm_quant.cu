@@ -225,17 +225,9 @@ __forceinline__ void store_tile(void* y, const bf16* residual, const float (&acc
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int p = 0; p < kWarpPairs; ++p) {
-        const long long row_a = 8 * (tile.octet0 + 2 * (kWarpPairs * warp + p)) + g, row_b = row_a + 8;
+        const long long row_a = 8 * (tile.octet0 + 2 * (kWarpPairs * warp + p)) + g;
 #pragma unroll
-        for (int i = 0; i < T / 8; ++i) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const long long token = tile.token0 + 8 * i + 2 * t + e;
-                if (token >= m) continue;
-                if (row_a < n) store_output(y, residual, token * ldy + row_a, acc[p][i][e], epilogue);
-                if (row_b < n) store_output(y, residual, token * ldy + row_b, acc[p][i][2 + e], epilogue);
-            }
-        }
+        for (int i = 0; i < T / 8; ++i) store_accumulators(y, residual, acc[p][i], row_a, tile.token0 + 8 * i + 2 * t, m, n, ldy, epilogue);
     }
 }
 

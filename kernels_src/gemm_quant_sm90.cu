@@ -213,16 +213,10 @@ __forceinline__ void store_rows(void* y, const bf16* residual, const float (&acc
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const long long row_a = 8 * (tile.octet0 + 2 * (8 * mg + 4 * i + warp)) + g, row_b = row_a + 8;
+        const long long row_a = 8 * (tile.octet0 + 2 * (8 * mg + 4 * i + warp)) + g;
 #pragma unroll
         for (int nt = 0; nt < kTokens / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const long long token = tile.token0 + 8 * nt + 2 * t + e;
-                if (token >= m) continue;
-                if (row_a < n) store_output(y, residual, token * ldy + row_a, acc[i][nt][e], epilogue);
-                if (row_b < n) store_output(y, residual, token * ldy + row_b, acc[i][nt][2 + e], epilogue);
-            }
+            store_accumulators(y, residual, acc[i][nt], row_a, tile.token0 + 8 * nt + 2 * t, m, n, ldy, epilogue);
         }
     }
 }

@@ -137,6 +137,18 @@ __forceinline__ void store_output(void* y, const bf16* residual, long long i, fl
     store(static_cast<bf16*>(y), i, v);
 }
 
+// One lane's m16n8 accumulators of a prefill GEMM (mma.sync's and wgmma's layout: rows row_a and row_a + 8,
+// tokens token and token + 1; acc[e], acc[2 + e]) through the epilogue, where the row and the token exist.
+__forceinline__ void store_accumulators(void* y, const bf16* residual, const float (&acc)[4], long long row_a, long long token,
+                                        int m, int n, long long ldy, int epilogue) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        if (token + e >= m) continue;
+        if (row_a < n) store_output(y, residual, (token + e) * ldy + row_a, acc[e], epilogue);
+        if (row_a + 8 < n) store_output(y, residual, (token + e) * ldy + row_a + 8, acc[2 + e], epilogue);
+    }
+}
+
 // The prefill GEMMs' tiles (gemm_quant.cu, gemm_quant_sm90.cu): octets of an N-row weight in the layout,
 // ceil(N / 8) padded to an even count; a block's first octet and token, rastered in groups of `raster_tiles`
 // row tiles (block b: group b / (raster_tiles * token tiles), and in it the row tile varies fastest), so the
