@@ -29,7 +29,7 @@ A_SLOTS = [(G, 2 * T), (G + 8, 2 * T), (G, 2 * T + 8), (G + 8, 2 * T + 8)]  # m1
 
 
 def stage_offsets(s: Shape) -> tuple[int, int]:
-    """Stage<BITS>'s (kWeights, kScales) in bytes: x first."""
+    """Stage<BITS, SEGS>'s (kWeights, kScales) in bytes: x first."""
     weights = s.column_k // 64 * X_HALF
     return weights, weights + plan.TILE_OCTETS * 32 * 16
 
@@ -59,9 +59,10 @@ def copy_column(stage: np.ndarray, qweight: np.ndarray, scales: np.ndarray, x_wo
         chunk = TID + u * plan.SM90_THREADS
         octet = octet0 + chunk // 32
         copy16(weights_at + 16 * chunk, (octet * columns + column) * 32 + chunk % 32, octet < s.octets, qweight)
-    scale_threads = TID[: plan.TILE_OCTETS]
-    octet = octet0 + scale_threads
-    copy16(scales_at + 16 * scale_threads, octet * groups + column * s.column_k // s.group, octet < s.octets, scales)
+    scale_threads = TID[: plan.TILE_OCTETS * s.segs]  # chunk (octet, segment): a column's groups are consecutive
+    octet = octet0 + scale_threads // s.segs
+    group = column * s.column_k // s.group + scale_threads % s.segs
+    copy16(scales_at + 16 * scale_threads, octet * groups + group, octet < s.octets, scales)
     chunk, first, places = x_places(s)
     token_step = plan.SM90_THREADS // s.row_chunks
     for i in range(plan.SM90_TOKENS // token_step):
@@ -83,7 +84,7 @@ def b_operand(stage: np.ndarray, s: Shape) -> np.ndarray:
 
 def a_operand(stage: np.ndarray, s: Shape, f16s: bool) -> np.ndarray:
     """The block's 256 rows of the column as its warps' A fragments hold them: [256 rows, KC k slots] float64,
-    each q pair dequantized, times its row's scale and rounded to bf16 (dequant_fragments)."""
+    each q pair dequantized, times its row's scale of the run's segment and rounded to bf16 (dequant_fragments)."""
     weights_at, scales_at = stage_offsets(s)
     chunks = stage[weights_at // 4 : scales_at // 4].reshape(-1, 4)
     scale_bits = stage[scales_at // 4 :].view(np.uint16)
@@ -91,8 +92,9 @@ def a_operand(stage: np.ndarray, s: Shape, f16s: bool) -> np.ndarray:
     for mg, i, warp in np.ndindex(2, 2, 4):
         octet = 2 * (8 * mg + 4 * i + warp)
         row0 = 128 * mg + 64 * i + 16 * warp  # the m64 tile's warp rows, as wgmma's A layout puts them
-        scale = [scale_value(scale_bits[(octet + h) * 8 + G], f16s) for h in (0, 1)]  # rows g, g + 8: [32 lanes]
         for j in range(s.column_k // 32):
+            seg = j * s.segs // (s.column_k // 32)
+            scale = [scale_value(scale_bits[((octet + h) * s.segs + seg) * 8 + G], f16s) for h in (0, 1)]  # rows g, g + 8
             qa, qb = dequant_run(chunks[octet * 32 + LANE], j, s.bits), dequant_run(chunks[(octet + 1) * 32 + LANE], j, s.bits)
             for step, regs in ((0, (qa[0], qb[0], qa[1], qb[1])), (1, (qa[2], qb[2], qa[3], qb[3]))):
                 for reg, ((row, col), halves) in enumerate(zip(A_SLOTS, regs)):
@@ -113,9 +115,9 @@ def store_rows(y: np.ndarray, stores: np.ndarray, acc: np.ndarray, s: Shape, oct
 
 
 def emulate_gemm_sm90(x: np.ndarray, w: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
-    """gemm_quant_sm90<BITS, F16S> over every block: (y [M, N] float64 before rounding, stores per output). x is bf16
-    [M, K]; w in LAYOUT_OCTETS with a scale per column."""
-    assert w.layout == LAYOUT_OCTETS and plan.segments(w.bits, w.group_size) == 1
+    """gemm_quant_sm90<BITS, SEGS, F16S> over every block: (y [M, N] float64 before rounding, stores per output).
+    x is bf16 [M, K]; w in LAYOUT_OCTETS."""
+    assert w.layout == LAYOUT_OCTETS
     (m, k), n = x.shape, w.shape[0]
     s = Shape(m, n, k, w.bits, w.group_size, plan.SM90_TOKENS)
     f16s = w.scale_format is ScaleFormat.FP16
@@ -126,7 +128,7 @@ def emulate_gemm_sm90(x: np.ndarray, w: QuantizedWeight) -> tuple[np.ndarray, np
         octet0, token0 = gemm_tile(block, row_tiles, token_tiles, s.tokens)
         acc = np.zeros((8 * plan.TILE_OCTETS, plan.SM90_TOKENS))
         for column in range(k // s.column_k):
-            stage = np.full(plan.sm90_stage_bytes(s.bits) // 4, 0xDEADBEEF, np.uint32)
+            stage = np.full(plan.sm90_stage_bytes(s.bits, s.group) // 4, 0xDEADBEEF, np.uint32)
             copy_column(stage, qweight, scales, x_words, s, octet0, token0, column)
             acc += a_operand(stage, s, f16s) @ b_operand(stage, s).T
         store_rows(y, stores, acc, s, octet0, token0)

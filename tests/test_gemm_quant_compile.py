@@ -79,23 +79,17 @@ def test_weight_copies_leave_before_the_wait_and_masks_come_from_registers() -> 
         assert "ld.volatile.global.u32" in body and not any(mask in body for mask in masks), name
 
 
-def sm90_variants() -> list[tuple[int, int, ScaleFormat]]:
-    return [v for v in variants() if plan.sm90_applies("sm_90a", *v)]
-
-
-def test_the_wgmma_kernels_take_a_scale_per_column_bf16_or_over_int8_fp16() -> None:
-    assert sm90_variants() == [(4, 128, ScaleFormat.BF16), (4, 256, ScaleFormat.BF16), (8, 64, ScaleFormat.BF16),
-                               (8, 128, ScaleFormat.BF16), (8, 256, ScaleFormat.BF16), (8, 64, ScaleFormat.FP16)]
-    assert {plan.sm90_spec(bits, scales).name for bits, _, scales in sm90_variants()} == {
-        "gemm_int4_sm90", "gemm_int8_sm90", "gemm_int8_f16s_sm90"}
-    assert not any(plan.sm90_applies(arch, 4, 128, ScaleFormat.BF16) for arch in ("sm_80", "sm_90", "sm_120a"))
+def test_the_wgmma_kernels_are_the_mma_sync_kernels_variants() -> None:
+    assert {plan.sm90_spec(bits, group, scales).name for bits, group, scales in variants()} == {
+        f"gemm_{v}_sm90" for v in ("int4", "int8", "int4_g32", "int4_g64", "int8_g32", "int4_g64_f16s", "int8_f16s", "int8_g32_f16s")
+    }
 
 
 @pytest.mark.parametrize("arch", TARGET_ARCHS)
 def test_the_wgmma_kernels_compile_for_sm_90a_only(arch: str, tmp_path: Path) -> None:
     cubin = compile_family("gemm_quant_sm90", arch, cache=tmp_path).cubin
-    for bits, _, scales in sm90_variants():
-        assert (plan.sm90_spec(bits, scales).name.encode() in cubin) == (arch == "sm_90a")
+    for bits, group, scales in variants():
+        assert (plan.sm90_spec(bits, group, scales).name.encode() in cubin) == (arch == "sm_90a")
 
 
 def test_the_wgmma_kernels_constants_and_shared_memory() -> None:
@@ -103,15 +97,17 @@ def test_the_wgmma_kernels_constants_and_shared_memory() -> None:
     assert constexpr_int(source, "kGroupThreads") * 2 == constexpr_int(source, "kBlockThreads") == plan.SM90_THREADS
     assert constexpr_int(source, "kTokens") == plan.SM90_TOKENS and constexpr_int(source, "kStages") == plan.SM90_STAGES
     assert constexpr_int(source, "kTileOctets") == plan.TILE_OCTETS and constexpr_int(source, "kRasterTiles") == plan.RASTER_TILES
-    # a stage: x, 128 tokens by KC inputs (int4 32 KiB, int8 16 KiB); weights 16 KiB; scales 512 B; rounded to 1 KiB
-    assert [plan.sm90_stage_bytes(bits) for bits in (4, 8)] == [49 * 1024, 33 * 1024]
-    assert plan.sm90_smem_bytes(4) == 4 * 49 * 1024 + 1024 <= SM90_SMEM_OPTIN
+    # a stage: x, 128 tokens by KC inputs (int4 32 KiB, int8 16 KiB); weights 16 KiB; scales 512 B a segment; 1 KiB rounding
+    assert [plan.sm90_stage_bytes(bits, 128) for bits in (4, 8)] == [49 * 1024, 33 * 1024]
+    assert plan.sm90_stage_bytes(4, 32) == 50 * 1024  # 4 segments: 2 KiB of scales
+    sizes = [plan.sm90_smem_bytes(bits, group) for bits, group, _ in variants()]
+    assert plan.sm90_smem_bytes(4, 128) == 4 * 49 * 1024 + 1024 and max(sizes) <= SM90_SMEM_OPTIN
 
 
 def test_the_wgmma_kernels_copy_weights_before_the_wait_and_x_after_it() -> None:
     bodies = entry_bodies(family_ptx("gemm_quant_sm90", "sm_90a"))
-    for bits, _, scales in sm90_variants():
-        body = bodies[plan.sm90_spec(bits, scales).name]
+    for bits, group, scales in variants():
+        body = bodies[plan.sm90_spec(bits, group, scales).name]
         weights, wait = body.index("cp.async.cg.shared.global"), body.index("griddepcontrol.wait")
         assert weights < wait < body.index("cp.async.ca.shared.global") < body.index("wgmma.mma_async")
 
@@ -122,7 +118,7 @@ def test_the_wgmma_kernels_keep_their_accumulators_in_registers_without_serializ
     log = compile_log("gemm_quant_sm90", "sm_90a")
     assert "C7515" not in log and "serialized" not in log, log
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert len(spills) == len(sm90_variants()) // 2 and all(spill == ("0", "0") for spill in spills), log
+    assert len(spills) == len({plan.sm90_spec(*v).name for v in variants()}) and all(spill == ("0", "0") for spill in spills), log
 
 
 # -- the wrapper -------------------------------------------------------------------------------------------
@@ -137,7 +133,7 @@ def weight(streams: StreamSet, rows: int = 300, cols: int = 512, bits: int = 4, 
 
 @pytest.mark.parametrize(("rows", "epilogue", "tokens"), [(9, Epilogue.STORE, 32), (531, Epilogue.STORE_F32, 64), (70, Epilogue.RESIDUAL, 64)])
 def test_gemm_launches_a_block_per_tile_and_declares_its_accesses(rows: int, epilogue: Epilogue, tokens: int) -> None:
-    streams, lib = StreamSet(verify=False), RecordingLibrary()
+    streams, lib = StreamSet(verify=False), RecordingLibrary(device=SimpleNamespace(sm_count=132, arch="sm_80"))  # mma.sync
     w = weight(streams, group=32)  # 300 rows: 38 octets, two row tiles
     x, y = DeviceBuffer(streams, rows * 512 * 2, "x"), DeviceBuffer(streams, rows * 300 * epilogue.out_bytes, "y")
     residual = y if epilogue is Epilogue.RESIDUAL else None
@@ -176,11 +172,11 @@ def test_gemm_refuses_what_the_kernel_cannot_compute_before_launching(change: di
 @pytest.mark.parametrize(("rows", "arch", "group", "scales", "kernel"), [
     (65, "sm_90a", 128, ScaleFormat.BF16, "gemm_int4_sm90"),
     (64, "sm_90a", 128, ScaleFormat.BF16, "gemm_int4_t64"),  # below SM90_MIN_ROWS
-    (531, "sm_90a", 64, ScaleFormat.FP16, "gemm_int4_g64_f16s_t64"),  # a scale per half column
+    (531, "sm_90a", 64, ScaleFormat.FP16, "gemm_int4_g64_f16s_sm90"),  # NInfer's Q4G64: a scale per half column
     (531, "sm_80", 128, ScaleFormat.BF16, "gemm_int4_t64"),
     (531, "sm_120a", 128, ScaleFormat.BF16, "gemm_int4_t64"),
 ])
-def test_gemm_runs_the_wgmma_kernel_on_sm_90a_where_it_applies(rows: int, arch: str, group: int, scales: ScaleFormat, kernel: str) -> None:
+def test_gemm_runs_the_wgmma_kernel_on_sm_90a_from_65_rows(rows: int, arch: str, group: int, scales: ScaleFormat, kernel: str) -> None:
     streams, lib = StreamSet(verify=False), RecordingLibrary(device=SimpleNamespace(sm_count=132, arch=arch))
     w = weight(streams, group=group, scale_format=scales)  # 300 rows: 38 octets, two row tiles
     x, y = DeviceBuffer(streams, rows * 512 * 2, "x"), DeviceBuffer(streams, rows * 300 * 2, "y")
@@ -188,8 +184,8 @@ def test_gemm_runs_the_wgmma_kernel_on_sm_90a_where_it_applies(rows: int, arch: 
     [launch] = lib.launches
     assert launch.name == kernel
     if kernel.endswith("_sm90"):
-        assert (launch.block, launch.smem, launch.grid) == (256, plan.sm90_smem_bytes(4), 2 * -(-rows // 128))
-        assert lib.raised[kernel] == plan.sm90_smem_bytes(4)
+        assert (launch.block, launch.smem, launch.grid) == (256, plan.sm90_smem_bytes(4, group), 2 * -(-rows // 128))
+        assert lib.raised[kernel] == plan.sm90_smem_bytes(4, group)
 
 
 def test_gemm_forced_onto_the_wgmma_kernel_or_off_it() -> None:
@@ -199,6 +195,7 @@ def test_gemm_forced_onto_the_wgmma_kernel_or_off_it() -> None:
     plan.gemm(lib, stream, x, weight(streams), y, 9, wgmma=True)
     plan.gemm(lib, stream, x, weight(streams), y, 531, wgmma=False)
     assert [launch.name for launch in lib.launches] == ["gemm_int4_sm90", "gemm_int4_t64"]
-    with pytest.raises(ValueError, match="no wgmma kernel for int4 g64 fp16 scales on sm_90a"):
-        plan.gemm(lib, stream, x, weight(streams, group=64, scale_format=ScaleFormat.FP16), y, 531, wgmma=True)
-    assert len(lib.launches) == 2
+    off_hopper = RecordingLibrary(device=SimpleNamespace(sm_count=132, arch="sm_120a"))
+    with pytest.raises(ValueError, match="the wgmma kernels need sm_90a"):
+        plan.gemm(off_hopper, stream, x, weight(streams), y, 531, wgmma=True)
+    assert not off_hopper.launches

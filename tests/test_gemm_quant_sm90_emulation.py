@@ -38,19 +38,22 @@ def check(m: int, n: int, k: int, bits: int, group: int, fp16: bool = False) -> 
     np.testing.assert_allclose(y, expected, rtol=EXACT, atol=EXACT * np.abs(expected).max())
 
 
-@pytest.mark.parametrize(("m", "n", "k", "group"), [
-    (9, 16, 128, 128),  # one octet pair, one column, a mostly empty token tile
-    (131, 300, 384, 128),  # two token tiles; a second row tile of 6 octets; three columns
-    (70, 40, 512, 256),  # a group spanning two columns
+@pytest.mark.parametrize(("m", "n", "k", "group", "fp16"), [
+    (9, 16, 128, 128, False),  # one octet pair, one column, a mostly empty token tile
+    (131, 300, 384, 128, False),  # two token tiles; a second row tile of 6 octets; three columns
+    (70, 40, 512, 256, False),  # a group spanning two columns
+    (33, 21, 256, 32, False),  # 4 scale segments a column
+    (70, 40, 256, 64, True),  # NInfer's Q4G64: 2 segments, fp16 scales, each product formed in f32 and rounded
 ])
-def test_int4_gemm_computes_x_times_the_bf16_weights_transposed(m: int, n: int, k: int, group: int) -> None:
-    check(m, n, k, 4, group)
+def test_int4_gemm_computes_x_times_the_bf16_weights_transposed(m: int, n: int, k: int, group: int, fp16: bool) -> None:
+    check(m, n, k, 4, group, fp16)
 
 
 @pytest.mark.parametrize(("m", "n", "k", "group", "fp16"), [
     (65, 77, 192, 64, False),  # three int8 columns; 10 octets
     (129, 264, 128, 128, False),  # a group spanning two columns; 33 octets: two row tiles, two token tiles
-    (40, 24, 256, 64, True),  # Q5G64 / Q6G64 as bound: fp16 scales, each product formed in f32 and rounded
+    (40, 24, 256, 64, True),  # Q5G64 / Q6G64 as bound: fp16 scales
+    (40, 24, 256, 32, True),  # W8G32: 2 segments a column
 ])
 def test_int8_gemm_computes_x_times_the_bf16_weights_transposed(m: int, n: int, k: int, group: int, fp16: bool) -> None:
     check(m, n, k, 8, group, fp16)

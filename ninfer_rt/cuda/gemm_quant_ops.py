@@ -1,8 +1,8 @@
 """Launch wrapper for the prefill GEMM over groupwise-quantized weights: x @ W^T for any number of tokens, W
 dequantized inside the GEMM's main loop from the decode GEMV's layout (LAYOUT_OCTETS), so no bf16 copy of the
-weights is made. Two kernels: gemm_quant.cu (mma.sync, every arch; the products q * x exact, the scale applied
-in f32) and, on sm_90a for groups of at least a column, gemm_quant_sm90.cu (wgmma, 128-token tiles; each weight
-rounded to the bf16 q * scale the dequantize + cuBLASLt path multiplies) from SM90_MIN_ROWS tokens on.
+weights is made. Two kernels over the same formats: gemm_quant.cu (mma.sync, every arch; the products q * x
+exact, the scale applied in f32) and, on sm_90a from SM90_MIN_ROWS tokens on, gemm_quant_sm90.cu (wgmma,
+128-token tiles; each weight rounded to the bf16 q * scale the dequantize + cuBLASLt path multiplies).
 
 The constants below mirror the kernels' (tests/test_gemm_quant_compile.py reads them back from the sources):
 the tiles, the pipeline stages and the raster order, which tests/gemm_quant_emulation.py and
@@ -64,13 +64,18 @@ def smem_bytes(bits: int, group_size: int, tokens: int) -> int:
     return stages(bits) * sum(stage_chunks(bits, group_size, tokens)) * CHUNK_BYTES
 
 
+def variant_name(bits: int, group_size: int, scale_format: ScaleFormat) -> str:
+    """gemm_int<bits>[_g<group>][_f16s]: the group in the name when it is smaller than a column (a scale per
+    segment), `_f16s` for fp16 scales; both kernels' entry points extend it."""
+    group = f"_g{group_size}" if segments(bits, group_size) > 1 else ""
+    return f"gemm_int{bits}{group}{_SCALE_SUFFIX[scale_format]}"
+
+
 def gemm_spec(bits: int, group_size: int, tokens: int, scale_format: ScaleFormat = ScaleFormat.BF16) -> KernelSpec:
-    """gemm_int<bits>[_g<group>][_f16s]_t<tokens>: the group in the name when it is smaller than a column (a
-    scale per segment), `_f16s` for fp16 scales."""
+    """gemm_quant.cu's <variant>_t<tokens>."""
     if tokens not in TOKEN_TILES:
         raise ValueError(f"gemm_quant: token tiles are {TOKEN_TILES}, not {tokens}")
-    group = f"_g{group_size}" if segments(bits, group_size) > 1 else ""
-    return KernelSpec("gemm_quant", f"gemm_int{bits}{group}{_SCALE_SUFFIX[scale_format]}_t{tokens}", _SIGNATURE)
+    return KernelSpec("gemm_quant", f"{variant_name(bits, group_size, scale_format)}_t{tokens}", _SIGNATURE)
 
 
 def grid_blocks(w: QuantizedDeviceWeight, rows: int, tokens: int) -> int:
@@ -78,36 +83,31 @@ def grid_blocks(w: QuantizedDeviceWeight, rows: int, tokens: int) -> int:
     return -(-w.octets // TILE_OCTETS) * -(-rows // tokens)
 
 
-def sm90_applies(arch: str, bits: int, group_size: int, scale_format: ScaleFormat) -> bool:
-    """Whether gemm_quant_sm90.cu has a kernel for the weight's format on `arch`: sm_90a, a scale per column (G >=
-    KC), bf16 scales, or fp16 ones over int8 (the bound Q5G64 / Q6G64)."""
-    fp16_ok = scale_format is ScaleFormat.BF16 or bits == 8
-    return arch == "sm_90a" and segments(bits, group_size) == 1 and fp16_ok
+def sm90_spec(bits: int, group_size: int, scale_format: ScaleFormat = ScaleFormat.BF16) -> KernelSpec:
+    """gemm_quant_sm90.cu's <variant>_sm90."""
+    return KernelSpec("gemm_quant_sm90", f"{variant_name(bits, group_size, scale_format)}_sm90", _SIGNATURE)
 
 
-def sm90_spec(bits: int, scale_format: ScaleFormat = ScaleFormat.BF16) -> KernelSpec:
-    return KernelSpec("gemm_quant_sm90", f"gemm_int{bits}{_SCALE_SUFFIX[scale_format]}_sm90", _SIGNATURE)
-
-
-def sm90_stage_bytes(bits: int) -> int:
-    """Stage<BITS>::kBytes: x (KC / 64 halves of 128 tokens x 128 bytes), weights, scales, rounded up to 1 KiB."""
+def sm90_stage_bytes(bits: int, group_size: int) -> int:
+    """Stage<BITS, SEGS>::kBytes: x (KC / 64 halves of 128 tokens x 128 bytes), weights, the segments' scales,
+    rounded up to 1 KiB."""
     x = column_inputs(bits) // 64 * SM90_TOKENS * 128
-    return -(-(x + TILE_OCTETS * LANES * CHUNK_BYTES + TILE_OCTETS * 8 * 2) // 1024) * 1024
+    scales = TILE_OCTETS * segments(bits, group_size) * CHUNK_BYTES
+    return -(-(x + TILE_OCTETS * LANES * CHUNK_BYTES + scales) // 1024) * 1024
 
 
-def sm90_smem_bytes(bits: int) -> int:
+def sm90_smem_bytes(bits: int, group_size: int) -> int:
     """Dynamic shared memory of an sm_90a block: SM90_STAGES stages and the 1 KiB that aligns them to the
     128-byte swizzle's atoms."""
-    return SM90_STAGES * sm90_stage_bytes(bits) + 1024
+    return SM90_STAGES * sm90_stage_bytes(bits, group_size) + 1024
 
 
 def uses_sm90(lib: KernelLibrary, w: QuantizedDeviceWeight, rows: int, wgmma: bool | None = None) -> bool:
-    """Whether `gemm` runs gemm_quant_sm90.cu: where it applies, from SM90_MIN_ROWS rows on (None), or whenever it
-    applies (True: an error where it does not), never (False)."""
-    applies = sm90_applies(lib.target_arch, w.bits, w.group_size, w.scale_format)
+    """Whether `gemm` runs gemm_quant_sm90.cu: on sm_90a from SM90_MIN_ROWS rows on (None), on sm_90a whatever
+    the rows (True: an error elsewhere), never (False)."""
+    applies = lib.target_arch == "sm_90a"
     if wgmma and not applies:
-        raise ValueError(f"gemm_quant: no wgmma kernel for int{w.bits} g{w.group_size} {w.scale_format.value} scales on "
-                         f"{lib.target_arch} (sm_90a, a scale per column; fp16 scales over int8 only)")
+        raise ValueError(f"gemm_quant: the wgmma kernels need sm_90a ({lib.target_arch})")
     return applies and (wgmma or (wgmma is None and rows >= SM90_MIN_ROWS))
 
 
@@ -145,7 +145,8 @@ def gemm(
         **residual_entry("gemm_quant", epilogue, residual, span * 2),
     )
     if uses_sm90(lib, w, rows, wgmma):
-        spec, smem, tokens, threads = sm90_spec(w.bits, w.scale_format), sm90_smem_bytes(w.bits), SM90_TOKENS, SM90_THREADS
+        spec, smem = sm90_spec(w.bits, w.group_size, w.scale_format), sm90_smem_bytes(w.bits, w.group_size)
+        tokens, threads = SM90_TOKENS, SM90_THREADS
     else:
         tokens, threads = token_tile(rows), THREADS
         spec, smem = gemm_spec(w.bits, w.group_size, tokens, w.scale_format), smem_bytes(w.bits, w.group_size, tokens)

@@ -164,7 +164,7 @@ def bench_gemm_quant(s: BenchSession, shape: Shape, wgmma: bool = False) -> list
                 )
                 moved = code_bytes + scale_bytes + rows * k * BF16 + rows * w_rows * epilogue.out_bytes
                 tokens = gemm_quant_ops.token_tile(rows)
-                spec = gemm_quant_ops.sm90_spec(bits) if wgmma else gemm_quant_ops.gemm_spec(bits, QUANT_GROUP, tokens)
+                spec = gemm_quant_ops.sm90_spec(bits, QUANT_GROUP) if wgmma else gemm_quant_ops.gemm_spec(bits, QUANT_GROUP, tokens)
                 results.append(Measurement(spec.name, f"int{bits} {label} {w_rows}x{k} rows={rows}", seconds, moved, 2 * rows * w_rows * k))
             s.release()
     return results
