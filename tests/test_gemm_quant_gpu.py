@@ -45,11 +45,11 @@ def random_weight(rng: np.random.Generator, n: int, k: int, bits: int, group: in
     return (fp16_scaled if scales is ScaleFormat.FP16 else bf16_scaled)(rng, n, k, bits, group)
 
 
-def products(gpu: OneStream, w: QuantizedWeight, w_dev: object, m: int, wgmma: bool | None) -> np.ndarray:
+def products(gpu: OneStream, w: QuantizedWeight, m: int, wgmma: bool | None) -> np.ndarray:
     """The weight as the kernel gemm_quant_ops.gemm runs for M tokens multiplies it: q * scale exact (mma.sync) or
     rounded to bf16 (wgmma)."""
     exact = exact_products(w)
-    if not gemm_quant_ops.uses_sm90(gpu.lib, w_dev, m, wgmma):
+    if not gemm_quant_ops.uses_sm90(gpu.lib.target_arch, m, wgmma):
         return exact
     return exact.astype(ml_dtypes.bfloat16).astype(np.float64)
 
@@ -68,7 +68,7 @@ def test_gemm_matches_float64_at_the_27b_shapes(
     x = bf16_random(rng, max(TOKENS), k)
     x_dev, w_dev = gpu.upload(x), upload(gpu, w)
     for m in TOKENS:
-        expected = x[:m].astype(np.float64) @ products(gpu, w, w_dev, m, wgmma).T
+        expected = x[:m].astype(np.float64) @ products(gpu, w, m, wgmma).T
         y = gpu.poisoned((m + 1) * n * 2)  # one spare row: must stay poisoned
         gemm_quant_ops.gemm(gpu.lib, gpu.stream, x_dev, w_dev, y, m, wgmma=wgmma)
         out = gpu.download(y, BF16, (m + 1, n)).astype(np.float64)
@@ -87,7 +87,7 @@ def test_f32_epilogue_keeps_the_f32_sums(gpu: OneStream, m: int, bits: int, grou
     w, x = random_weight(rng, n, k, bits, group, scales), bf16_random(rng, m, k)
     y, w_dev = gpu.poisoned(m * n * 4), upload(gpu, w)
     gemm_quant_ops.gemm(gpu.lib, gpu.stream, gpu.upload(x), w_dev, y, m, Epilogue.STORE_F32, wgmma=wgmma)
-    expected = x.astype(np.float64) @ products(gpu, w, w_dev, m, wgmma).T
+    expected = x.astype(np.float64) @ products(gpu, w, m, wgmma).T
     assert relative_l2(gpu.download(y, np.float32, (m, n)), expected) < F32_OUT
 
 
@@ -99,7 +99,7 @@ def test_residual_epilogue_adds_in_place(gpu: OneStream, bits: int, m: int) -> N
     w, x, r = bf16_scaled(rng, n, k, bits, 128), bf16_random(rng, m, k), bf16_random(rng, m, n)
     y, w_dev = gpu.upload(r), upload(gpu, w)  # y aliases the residual
     gemm_quant_ops.gemm(gpu.lib, gpu.stream, gpu.upload(x), w_dev, y, m, Epilogue.RESIDUAL, residual=y)
-    expected = x.astype(np.float64) @ products(gpu, w, w_dev, m, None).T + r.astype(np.float64)
+    expected = x.astype(np.float64) @ products(gpu, w, m, None).T + r.astype(np.float64)
     assert relative_l2(gpu.download(y, BF16, (m, n)), expected) < BF16_OUT
 
 
@@ -127,10 +127,10 @@ def test_the_wgmma_gemm_strided_into_a_wider_output_leaves_the_other_columns(gpu
     m, n, k, wide = 300, 200, 640, 232
     w, x = random_weight(rng, n, k, bits, group, scales), bf16_random(rng, m, k)
     w_dev = upload(gpu, w)
-    if not gemm_quant_ops.uses_sm90(gpu.lib, w_dev, m):
+    if not gemm_quant_ops.uses_sm90(gpu.lib.target_arch, m):
         pytest.skip(f"the wgmma kernel runs on sm_90a (this GPU: {gpu.lib.target_arch})")
     y = gpu.poisoned(m * wide * 2)
     gemm_quant_ops.gemm(gpu.lib, gpu.stream, gpu.upload(x), w_dev, y, m, out_stride=wide)
     out = gpu.download(y, BF16, (m, wide)).astype(np.float64)
-    assert relative_l2(out[:, :n], x.astype(np.float64) @ products(gpu, w, w_dev, m, None).T) < BF16_OUT
+    assert relative_l2(out[:, :n], x.astype(np.float64) @ products(gpu, w, m, None).T) < BF16_OUT
     assert np.isnan(out[:, n:]).all(), "a store past the weight's rows"

@@ -102,12 +102,12 @@ def sm90_smem_bytes(bits: int, group_size: int) -> int:
     return SM90_STAGES * sm90_stage_bytes(bits, group_size) + 1024
 
 
-def uses_sm90(lib: KernelLibrary, w: QuantizedDeviceWeight, rows: int, wgmma: bool | None = None) -> bool:
-    """Whether `gemm` runs gemm_quant_sm90.cu: on sm_90a from SM90_MIN_ROWS rows on (None), on sm_90a whatever
-    the rows (True: an error elsewhere), never (False)."""
-    applies = lib.target_arch == "sm_90a"
+def uses_sm90(arch: str, rows: int, wgmma: bool | None = None) -> bool:
+    """Whether `gemm` runs gemm_quant_sm90.cu for `rows` tokens on `arch`: on sm_90a from SM90_MIN_ROWS rows on
+    (None), on sm_90a whatever the rows (True: an error elsewhere), never (False)."""
+    applies = arch == "sm_90a"
     if wgmma and not applies:
-        raise ValueError(f"gemm_quant: the wgmma kernels need sm_90a ({lib.target_arch})")
+        raise ValueError(f"gemm_quant: the wgmma kernels need sm_90a ({arch})")
     return applies and (wgmma or (wgmma is None and rows >= SM90_MIN_ROWS))
 
 
@@ -144,7 +144,7 @@ def gemm(
         "gemm_quant", x=(x, rows * w.cols * 2), y=(y, span * epilogue.out_bytes),
         **residual_entry("gemm_quant", epilogue, residual, span * 2),
     )
-    if uses_sm90(lib, w, rows, wgmma):
+    if uses_sm90(lib.target_arch, rows, wgmma):
         spec, smem = sm90_spec(w.bits, w.group_size, w.scale_format), sm90_smem_bytes(w.bits, w.group_size)
         tokens, threads = SM90_TOKENS, SM90_THREADS
     else:
