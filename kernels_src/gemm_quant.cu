@@ -284,14 +284,4 @@ __forceinline__ void gemm_quant(void* y, const bf16* x, const unsigned char* qwe
     GEMM_QUANT_KERNEL_T(NAME, BITS, SEGS, 32, F16S) \
     GEMM_QUANT_KERNEL_T(NAME, BITS, SEGS, 64, F16S)
 
-// Groups of at least a column: one scale per column (gemm_int<BITS>); smaller groups: a scale per segment.
-GEMM_QUANT_KERNEL(gemm_int4, 4, 1, false)
-GEMM_QUANT_KERNEL(gemm_int8, 8, 1, false)
-GEMM_QUANT_KERNEL(gemm_int4_g32, 4, 4, false)
-GEMM_QUANT_KERNEL(gemm_int4_g64, 4, 2, false)
-GEMM_QUANT_KERNEL(gemm_int8_g32, 8, 2, false)
-// fp16 scales, the `.ninfer` formats as bound (gemv_quant.cu): Q4G64 as int4 g64; Q5G64 / Q6G64 as int8 g64
-// (one scale per int8 column); W8G32 as int8 g32.
-GEMM_QUANT_KERNEL(gemm_int4_g64_f16s, 4, 2, true)
-GEMM_QUANT_KERNEL(gemm_int8_f16s, 8, 1, true)
-GEMM_QUANT_KERNEL(gemm_int8_g32_f16s, 8, 2, true)
+GEMM_QUANT_VARIANTS(GEMM_QUANT_KERNEL)

@@ -278,15 +278,5 @@ __forceinline__ void gemm_quant_sm90(void* y, const bf16* x, const unsigned char
         int n, int k, int group_log2, int epilogue, int ldy) {                                                   \
         gemm_quant_sm90<BITS, SEGS, F16S>(y, x, qweight, scales, residual, m, n, k, group_log2, epilogue, ldy);  \
     }
-// gemm_quant.cu's variants: a scale per column (gemm_int<BITS>), else per segment
-GEMM_QUANT_SM90_KERNEL(gemm_int4, 4, 1, false)
-GEMM_QUANT_SM90_KERNEL(gemm_int8, 8, 1, false)
-GEMM_QUANT_SM90_KERNEL(gemm_int4_g32, 4, 4, false)
-GEMM_QUANT_SM90_KERNEL(gemm_int4_g64, 4, 2, false)
-GEMM_QUANT_SM90_KERNEL(gemm_int8_g32, 8, 2, false)
-// fp16 scales, the `.ninfer` formats as bound: Q4G64 as int4 g64; Q5G64 / Q6G64 as int8 g64 (one scale per int8
-// column); W8G32 as int8 g32
-GEMM_QUANT_SM90_KERNEL(gemm_int4_g64_f16s, 4, 2, true)
-GEMM_QUANT_SM90_KERNEL(gemm_int8_f16s, 8, 1, true)
-GEMM_QUANT_SM90_KERNEL(gemm_int8_g32_f16s, 8, 2, true)
+GEMM_QUANT_VARIANTS(GEMM_QUANT_SM90_KERNEL)
 #endif

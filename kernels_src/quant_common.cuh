@@ -171,3 +171,17 @@ __forceinline__ GemmTile gemm_tile(int block, int row_tiles, int token_tiles, in
     const int i = block - group * group_blocks;
     return {(long long)(first + i % rows_in_group) * tile_octets, (i / rows_in_group) * tokens_per_tile};
 }
+
+// The prefill GEMMs' variants, as KERNEL(name, bits, scale segments a column, fp16 scales): groups of at least a
+// column take one scale a column (gemm_int<BITS>), smaller groups one per segment; fp16 scales are the `.ninfer`
+// formats as bound (gemv_quant.cu): Q4G64 as int4 g64, Q5G64 / Q6G64 as int8 g64 (one scale per int8 column),
+// W8G32 as int8 g32. gemm_quant.cu and gemm_quant_sm90.cu instantiate each.
+#define GEMM_QUANT_VARIANTS(KERNEL)              \
+    KERNEL(gemm_int4, 4, 1, false)               \
+    KERNEL(gemm_int8, 8, 1, false)               \
+    KERNEL(gemm_int4_g32, 4, 4, false)           \
+    KERNEL(gemm_int4_g64, 4, 2, false)           \
+    KERNEL(gemm_int8_g32, 8, 2, false)           \
+    KERNEL(gemm_int4_g64_f16s, 4, 2, true)       \
+    KERNEL(gemm_int8_f16s, 8, 1, true)           \
+    KERNEL(gemm_int8_g32_f16s, 8, 2, true)
