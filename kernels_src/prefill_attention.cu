@@ -37,8 +37,7 @@
 // block 128 (4 warps x 32 M rows, two m16 tiles each; at D = 256 4 warps x 16 M rows, one m16 tile each, so
 // that a thread's O accumulators are 128 registers); dynamic shared memory FlashSmem<D, int8>::kBytes
 // (attention_plan.prefill_smem_bytes: 68 KiB bf16 / 69.5 KiB int8 at D = 128, 36 / 37.5 KiB at D = 64,
-// 99 / 100.5 KiB at D = 256 (int8 KV at D = 256 exceeds the 99 KiB of sm_86/89/120 blocks); the kernel traps
-// on less); blocks past their sequence's chunk exit at once. prefill_attention_combine_d{64,128,256}
+// 99 / 98.5 KiB at D = 256, within the 99 KiB of sm_86/89/120 blocks; the kernel traps on less); blocks past their sequence's chunk exit at once. prefill_attention_combine_d{64,128,256}
 // (only when num_splits > 1): grid (tiles * R / 16, Hkv, B), blockIdx.x = tile * R / 16 + row group; block 128
 // (M rows 16 g .. 16 g + 15 of the tile: warp w merges rows w, w + 4, ...; each lane D / 32 dims);
 // prefill_attention_combine_d256_r128 the same for the sm_90a kernel's 128-row tiles at D = 256.
@@ -47,11 +46,11 @@
 // the warp's two m tiles), causal mask only on pages that reach past the tile's first position, online
 // softmax (exp2 on the SFU, O rescaled only when a row's max grew), P packed to 16 bits; wait for V(kt) and a
 // barrier, start K(kt + 1)'s cp.async, O += P V (V fragments by ldmatrix.trans). int8: the pages land raw
-// ([64][D + 16] bytes); S takes K's B fragments straight from the raw page (one 32-bit word = 4 int8 dims
-// -> two exact f16x2 words; Q's dims are permuted within each k step to match, once, when it is staged),
-// V is converted to an f16 tile by all threads after the middle barrier (then another barrier); both pages'
-// scales arrive with K. Rows of every 16-bit tile are padded by 16 bytes (int8 rows too), so ldmatrix, the
-// K words and the cp.async stores are conflict-free. sm_90a runs this kernel at D = 64, and for int8 KV at
+// ([64][D + 16] bytes; [64][D] at D = 256, K's chunks swizzled: FlashSmem); S takes K's B fragments straight
+// from the raw page (one 32-bit word = 4 int8 dims -> two exact f16x2 words; Q's dims are permuted within each
+// k step to match, once, when it is staged), V is converted to an f16 tile by all threads after the middle
+// barrier (then another barrier); both pages' scales arrive with K. Rows of every 16-bit tile are padded by
+// 16 bytes, so ldmatrix, the K words and the cp.async stores are conflict-free. sm_90a runs this kernel at D = 64, and for int8 KV at
 // D = 256 when the pages are not widened (its wgmma kernels: bf16 and widened at D = 128 and 256, int8 at 128).
 #include "attention_common.cuh"
 #include "prefill_common.cuh"
@@ -95,12 +94,16 @@ __forceinline__ void ldmatrix_x4_trans_at(unsigned (&frag)[4], unsigned address)
 
 // The kernel's dynamic shared memory (byte offsets; attention_ops.prefill_smem_bytes mirrors kBytes):
 // Q [kTileRows<D>][D + 8] 16-bit; bf16 KV: K and V [64][D + 8] bf16; int8 KV: V [64][D + 8] f16 (converted from its
-// raw page), the raw K and V pages [64][D + 16] bytes each (cp.async targets; S reads K's int8 words
-// directly) and the 2 x 64 f32 scales.
+// raw page), the raw K and V pages (cp.async targets; S reads K's int8 words directly) and the 2 x 64 f32 scales.
+// Raw rows are [D + 16] bytes, which keeps S's 32-bit K reads conflict-free (lane (g, c) at bank 4g + c); at
+// D = 256, where that padding would take the tiles past the 99 KiB of an sm_86 / sm_89 / sm_120 block, they are
+// [D] bytes and K's 16-byte chunk q of key r sits at chunk q ^ (r % 8) (kSwizzledRaw: the same banks, no
+// padding; the V page is only read whole rows at a time by its conversion, which needs neither).
 template <int D, bool kInt8>
 struct FlashSmem {
     static constexpr int kStride = D + 8;      // 16-bit elements per row: +16 bytes, ldmatrix conflict-free
-    static constexpr int kRawStride = D + 16;  // bytes per raw int8 row
+    static constexpr bool kSwizzledRaw = D == 256;
+    static constexpr int kRawStride = kSwizzledRaw ? D : D + 16;  // bytes per raw int8 row
     static constexpr int kQ = 0;
     static constexpr int kK = kQ + kTileRows<D> * kStride * 2;
     static constexpr int kV = kK + (kInt8 ? 0 : kKeyTile * kStride * 2);
@@ -113,8 +116,9 @@ struct FlashSmem {
 
 // Keys [0, valid_keys) of `page` for one kv head (kRowBytes per key: D * 2 for bf16, D for int8) into a
 // shared tile of `dst_stride` bytes per key at shared address `dst`, through cp.async (waited for by the
-// caller); the rest zero-filled. Thread t copies the 16-byte chunk t % chunks of keys t / chunks + j * passes.
-template <int kRowBytes>
+// caller); the rest zero-filled. Thread t copies the 16-byte chunk t % chunks of keys t / chunks + j * passes,
+// to chunk (t % chunks) ^ (key % 8) of its row with kSwizzle.
+template <int kRowBytes, bool kSwizzle = false>
 __forceinline__ void load_page_async(unsigned dst, int dst_stride, const void* cache, long long page, int kv_head,
                                      int num_kv_heads, int valid_keys) {
     constexpr int kChunks = kRowBytes / 16;
@@ -128,7 +132,8 @@ __forceinline__ void load_page_async(unsigned dst, int dst_stride, const void* c
 #pragma unroll
     for (int j = 0; j < kKeyTile / kKeysPerPass; ++j) {
         const bool valid = key0 + j * kKeysPerPass < valid_keys;
-        const unsigned to = dst + (key0 + j * kKeysPerPass) * dst_stride + part * 16;
+        const int key = key0 + j * kKeysPerPass;
+        const unsigned to = dst + key * dst_stride + (kSwizzle ? part ^ (key & 7) : part) * 16;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(valid ? src + j * pass_bytes : base),
                      "r"(valid ? 16 : 0));
     }
@@ -145,15 +150,15 @@ __forceinline__ void load_page_scales_async(float* scale_tile, const float* scal
     }
 }
 
-// A raw int8 tile (landed) into the [64][D + 8] f16 tile: exact values.
+// A raw int8 tile (landed, rows `raw_stride` bytes apart, unswizzled) into the [64][D + 8] f16 tile: exact values.
 template <int D>
-__forceinline__ void convert_int8_page(unsigned short* tile, const unsigned char* raw) {
+__forceinline__ void convert_int8_page(unsigned short* tile, const unsigned char* raw, int raw_stride) {
     constexpr int kChunks = D / 16;
 #pragma unroll
     for (int i = threadIdx.x; i < kKeyTile * kChunks; i += kPrefillThreads) {
         const int key = i / kChunks;
         const int part = i % kChunks;
-        int8x16_to_f16(tile + key * (D + 8) + part * 16, *reinterpret_cast<const uint4*>(raw + key * (D + 16) + part * 16));
+        int8x16_to_f16(tile + key * (D + 8) + part * 16, *reinterpret_cast<const uint4*>(raw + key * raw_stride + part * 16));
     }
 }
 
@@ -211,7 +216,7 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
     cp_async_commit();
     const int first_keys = min(kKeyTile, ctx - kt_begin * kKeyTile);
     if constexpr (kInt8) {
-        load_page_async<D>(k_raw_at, S::kRawStride, k_cache, pages[kt_begin], kv_head, num_kv_heads, first_keys);
+        load_page_async<D, S::kSwizzledRaw>(k_raw_at, S::kRawStride, k_cache, pages[kt_begin], kv_head, num_kv_heads, first_keys);
         load_page_scales_async(k_scale_tile, k_scale, pages[kt_begin], kv_head, num_kv_heads, first_keys);
         load_page_scales_async(v_scale_tile, v_scale, pages[kt_begin], kv_head, num_kv_heads, first_keys);
     } else {
@@ -291,7 +296,8 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
                 // B fragment of n tile nt: key 8 nt + g, int8 dims 16 ks + 4c .. 4c + 3 -> (b0, b1) (see the Q staging)
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
-                    const unsigned word = *reinterpret_cast<const unsigned*>(k_raw_lane + nt * 8 * S::kRawStride + 16 * ks);
+                    const int chunk = S::kSwizzledRaw ? ks ^ g : ks;  // key 8 nt + g: its row bits below 8 are g
+                    const unsigned word = *reinterpret_cast<const unsigned*>(k_raw_lane + nt * 8 * S::kRawStride + 16 * chunk);
                     const unsigned b0 = int8x2_to_f16x2<false>(word), b1 = int8x2_to_f16x2<true>(word);
 #pragma unroll
                     for (int mt = 0; mt < kMTiles; ++mt) mma16<true>(s[mt][nt], qa[mt], b0, b1);
@@ -346,7 +352,7 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
         if (kt + 1 < kt_end) {  // K(kt + 1) flies during P.V
             const int next_keys = min(kKeyTile, ctx - (kt + 1) * kKeyTile);
             if constexpr (kInt8) {
-                load_page_async<D>(k_raw_at, S::kRawStride, k_cache, pages[kt + 1], kv_head, num_kv_heads, next_keys);
+                load_page_async<D, S::kSwizzledRaw>(k_raw_at, S::kRawStride, k_cache, pages[kt + 1], kv_head, num_kv_heads, next_keys);
                 load_page_scales_async(k_scale_tile, k_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
                 load_page_scales_async(v_scale_tile, v_scale, pages[kt + 1], kv_head, num_kv_heads, next_keys);
             } else {
@@ -355,7 +361,7 @@ __forceinline__ void flash_prefill_attention(bf16* out, float* partial_acc, floa
         }
         cp_async_commit();
         if constexpr (kInt8) {
-            convert_int8_page<D>(v_tile, v_raw);
+            convert_int8_page<D>(v_tile, v_raw, S::kRawStride);
             __syncthreads();  // v_tile converted
         }
 

@@ -15,10 +15,11 @@ from test_attention_compile import H200_SMS, RecordingLibrary, h200_occupancy, l
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_120a"])
-@pytest.mark.parametrize(("variant", "smem"), [(KVVariant.BF16, 101_376), (KVVariant.INT8, 102_912)])
+@pytest.mark.parametrize(("variant", "smem"), [(KVVariant.BF16, 101_376), (KVVariant.INT8, 100_864)])
 def test_head_dim_256_prefill_is_the_mma_sync_kernel_off_hopper(arch: str, variant: KVVariant, smem: int) -> None:
-    # 64-row tiles: Q, K, V [64][264] 16-bit (int8: V f16, the raw pages [64][272] bytes and their scales); the
-    # wgmma kernels and the widening are sm_90a only
+    # 64-row tiles: Q, K, V [64][264] 16-bit (int8: Q and V f16, the raw pages [64][256] bytes, K's chunks
+    # swizzled, and their scales); within the 101,376 bytes an sm_120 block may have (the seed's 27B with int8
+    # KV on an RTX 5090). The wgmma kernels and the widening are sm_90a only
     kernel = prefill_plan.prefill_kernel(arch, 256, variant)
     assert (kernel.spec.name, kernel.threads, kernel.smem) == (f"prefill_attention_d256_{variant.value}", 128, smem)
     assert (kernel.tile_rows, kernel.combine.name) == (64, "prefill_attention_combine_d256")
@@ -86,3 +87,12 @@ def test_a_head_dim_256_prefill_step_on_sm_90a_launches_128_row_wgmma_tiles_and_
     assert (prefill.block, prefill.smem) == (256, 197_632) and lib.raised["prefill_attention_sm90_d256_bf16"] == 197_632
     assert combine.grid == (15 * 128 // 16, 4, 1)
     assert 15 * 4 * splits * 128 <= prefill_plan.prefill_workspace_rows(H200_SMS, 256)
+
+
+SM120_SMEM_OPTIN = 99 * 1024  # the most dynamic shared memory a block of sm_86 / sm_89 / sm_120 may ask for
+
+
+@pytest.mark.parametrize("variant", [KVVariant.BF16, KVVariant.INT8])
+@pytest.mark.parametrize("head_dim", prefill_plan.PREFILL_HEAD_DIMS)
+def test_every_mma_sync_prefill_kernel_fits_an_sm_120_block(head_dim: int, variant: KVVariant) -> None:
+    assert prefill_plan.prefill_kernel("sm_120a", head_dim, variant).smem <= SM120_SMEM_OPTIN

@@ -140,10 +140,12 @@ def prefill_grid_blocks(longest: int, num_seqs: int, n_q_heads: int, n_kv_heads:
 def prefill_smem_bytes(head_dim: int, variant: KVVariant) -> int:
     """Dynamic shared memory of a prefill block (FlashSmem<D, int8>::kBytes in prefill_attention.cu): Q
     [R][D + 8] (R = mma_sync_tile_rows) and V [64][D + 8] 16-bit tiles, K [64][D + 8] bf16 (bf16 KV) or, for
-    int8 KV, the raw K and V pages [64][D + 16] bytes x 2 and 2 x 64 f32 scales."""
+    int8 KV, the raw K and V pages [64][D + 16] bytes x 2 (unpadded at head_dim 256, where K's chunks are
+    swizzled instead) and 2 x 64 f32 scales. At most 99 KiB: what an sm_86 / sm_89 / sm_120 block may have."""
     rows = mma_sync_tile_rows(head_dim)
     if variant is KVVariant.INT8:
-        return (rows + PAGE_SIZE) * (head_dim + 8) * BF16_BYTES + 2 * PAGE_SIZE * (head_dim + 16) + 2 * PAGE_SIZE * F32_BYTES
+        raw_row = head_dim if head_dim == 256 else head_dim + 16  # FlashSmem::kRawStride
+        return (rows + PAGE_SIZE) * (head_dim + 8) * BF16_BYTES + 2 * PAGE_SIZE * raw_row + 2 * PAGE_SIZE * F32_BYTES
     return (rows + 2 * PAGE_SIZE) * (head_dim + 8) * BF16_BYTES
 
 
