@@ -35,26 +35,21 @@ __forceinline__ unsigned long long wgmma_desc(unsigned address, unsigned leading
 
 __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Pins the accumulators in program order around the wgmma fences: the compiler sees no access to `acc` in the
-// fence and wait asm statements, and would otherwise move reads and writes of them across.
-template <int N>
-__forceinline__ void keep_in_place(float (&acc)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][e])::"memory");
-}
-
 template <int kPending>
 __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory"); }
 
-// A fragments in registers likewise: live (their registers untouched) until the wgmma reading them has completed.
-template <int N>
-__forceinline__ void keep_in_place(unsigned (&frag)[N][4]) {
+__forceinline__ void keep_register(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__forceinline__ void keep_register(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
+
+// Pins accumulators (float) and A fragments (unsigned) in program order around the wgmma fences: the compiler
+// sees no access to them in the fence and wait asm statements, and would otherwise move reads and writes of them
+// across; a fragment stays live (its registers untouched) until the wgmma reading it has completed.
+template <typename T, int N>
+__forceinline__ void keep_in_place(T (&regs)[N][4]) {
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(frag[i][e])::"memory");
+        for (int e = 0; e < 4; ++e) keep_register(regs[i][e]);
 }
 
 // The accumulators of an m64n128 wgmma, o[16][4], as asm operands %0 .. %63.

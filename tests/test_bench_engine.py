@@ -27,3 +27,10 @@ def test_the_engine_bench_times_decode_mtp_rounds_and_an_agent_turn(tiny_qwen3_5
         assert turn[0] == "150" and turn[-3] == "20" and float(turn[-2]) > 0
         assert turn[-1] == "130"  # the first turn's prompt, skipped whole: its pages and its end-of-input snapshot
     assert [path.read_bytes() for path in results] == before  # --no-append leaves bench/results alone
+
+
+def test_the_engine_bench_refuses_flags_that_cannot_combine(tmp_path: Path) -> None:
+    command = [sys.executable, str(REPO / "tools" / "bench_engine.py"), "--model", str(tmp_path), "--no-append"]
+    for flags, named in ((["--device", "cpu", "--trace"], "--device cuda"), (["--trace", "--profile-host"], "--profile-host")):
+        run = subprocess.run(command + flags, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and named in run.stderr.splitlines()[-1]

@@ -183,9 +183,11 @@ def main() -> None:
     draft_settings = [int(d) for d in args.draft_tokens.split(",")]
     if args.kv_capacity is None:
         args.kv_capacity = "auto" if len(draft_settings) == 1 else str(2 * -(-plan.max_context // PAGE_SIZE))
-    info = run_info(open_device(0) if args.device == "cuda" else None)
     if args.trace and args.device != "cuda":
         parser.error("--trace records the GPU's kernels: it needs --device cuda")
+    if args.trace and args.profile_host:
+        parser.error("--trace and --profile-host each time the request their own way: pick one")
+    info = run_info(open_device(0) if args.device == "cuda" else None)
     traces: list[dict[str, object]] = []
     rows = [info | row for k in draft_settings for row in bench_config(args, plan, k, traces)]
     columns = ["context", "kv_dtype", "overlap", "draft_tokens", "decode_tok_s", "ms_per_token", "tokens_per_round",

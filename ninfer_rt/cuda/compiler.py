@@ -14,8 +14,9 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -143,17 +144,8 @@ def compile_log(family: str, arch: str = "sm_90a") -> str:
     arch = resolve_arch(arch)
     source = (kernels_dir() / f"{family}.cu").read_text()
     options = [*_options(source, arch, {}), "--ptxas-options=-v"]
-    program = check(
-        nvrtc.nvrtcCreateProgram(source.encode(), f"{family}.cu".encode(), *_header_args(_local_headers(source, kernels_dir()))),
-        "nvrtcCreateProgram",
-    )
-    try:
-        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
-        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise KernelCompileError(family, arch, _program_log(program))
+    with _compiled_program(f"{family}.cu", source, _local_headers(source, kernels_dir()), options, family, arch) as program:
         return _program_log(program)
-    finally:
-        check(nvrtc.nvrtcDestroyProgram(program), "nvrtcDestroyProgram")
 
 
 def _header_args(headers: Mapping[str, str]) -> tuple[int, list[bytes], list[bytes]]:
@@ -250,15 +242,24 @@ def _write_cache_entry(path: Path, cubin: bytes) -> None:
 def _nvrtc_compile(
     name: str, source: str, headers: Mapping[str, str], options: list[str], family: str, arch: str, ptx: bool = False
 ) -> bytes:
+    with _compiled_program(name, source, headers, options, family, arch) as program:
+        get_size, get = (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ptx else (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+        output = b" " * check(get_size(program), get_size.__name__)
+        check(get(program, output), get.__name__)
+        return output.rstrip(b"\0") if ptx else output
+
+
+@contextmanager
+def _compiled_program(
+    name: str, source: str, headers: Mapping[str, str], options: list[str], family: str, arch: str
+) -> Iterator[object]:
+    """An NVRTC program compiled with `options` (KernelCompileError with its log if it does not), destroyed on exit."""
     program = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), *_header_args(headers)), "nvrtcCreateProgram")
     try:
         (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise KernelCompileError(family, arch, _program_log(program))
-        get_size, get = (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ptx else (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
-        output = b" " * check(get_size(program), get_size.__name__)
-        check(get(program, output), get.__name__)
-        return output.rstrip(b"\0") if ptx else output
+        yield program
     finally:
         check(nvrtc.nvrtcDestroyProgram(program), "nvrtcDestroyProgram")
 

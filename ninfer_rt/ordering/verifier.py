@@ -199,17 +199,15 @@ class Verifier:
                     segments.split(start, end)
             clock = tl.clock
             for res, segments, start, end in read_places:
-                if len(segments.starts) == 1:  # never accessed in part (KV pages, most buffers): one history
-                    w = segments.states[0].last_write
-                    if w is not None and clock.get(w.timeline_index, 0) < w.count:
-                        raise OrderingViolation(_describe(res, segments, 0), w.op, "write", me.op, "read")
+                if len(segments.starts) == 1 and start < end:  # never accessed in part (KV pages, most buffers)
+                    _check_segment(clock, res, segments, 0, me, is_write=False)
                 else:
                     _check(clock, res, segments, segments.indices(start, end), me, is_write=False)
             for res, segments, start, end in write_places:
                 _check(clock, res, segments, segments.indices(start, end), me, is_write=True)
             tl.tick()
             for _res, segments, start, end in read_places:
-                if len(segments.starts) == 1:
+                if len(segments.starts) == 1 and start < end:
                     segments.states[0].reads[tl.index] = me
                     continue
                 for i in segments.indices(start, end):
@@ -267,7 +265,7 @@ class Verifier:
 
     def _place(self, res: Resource) -> tuple[Resource, _Segments, int, int]:
         """The resource's key history and the bytes it covers."""
-        if type(res) is Span:
+        if isinstance(res, Span):
             key, start, end = res.key, res.start, res.end
         else:
             key, start, end = res, 0, WHOLE
@@ -279,16 +277,19 @@ class Verifier:
 
 def _check(clock: dict[int, int], res: Resource, segments: _Segments, indices: range, me: _Access, is_write: bool) -> None:
     """Raise unless every conflicting earlier access in these segments is covered by `clock`."""
-    kind = "write" if is_write else "read"
     for i in indices:
-        state = segments.states[i]
-        w = state.last_write
-        if w is not None and clock.get(w.timeline_index, 0) < w.count:
-            raise OrderingViolation(_describe(res, segments, i), w.op, "write", me.op, kind)
-        if is_write:
-            for r in state.reads.values():
-                if clock.get(r.timeline_index, 0) < r.count:
-                    raise OrderingViolation(_describe(res, segments, i), r.op, "read", me.op, kind)
+        _check_segment(clock, res, segments, i, me, is_write)
+
+
+def _check_segment(clock: dict[int, int], res: Resource, segments: _Segments, i: int, me: _Access, is_write: bool) -> None:
+    state = segments.states[i]
+    w = state.last_write
+    if w is not None and clock.get(w.timeline_index, 0) < w.count:
+        raise OrderingViolation(_describe(res, segments, i), w.op, "write", me.op, "write" if is_write else "read")
+    if is_write:
+        for r in state.reads.values():
+            if clock.get(r.timeline_index, 0) < r.count:
+                raise OrderingViolation(_describe(res, segments, i), r.op, "read", me.op, "write")
 
 
 def _describe(res: Resource, segments: _Segments, segment: int) -> str:
