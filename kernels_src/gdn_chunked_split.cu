@@ -171,58 +171,117 @@ __forceinline__ float* row_at(float* base, long long row, int heads, int head, i
 
 // -- pass 1: the chunk's terms ------------------------------------------------------------------------------
 
-// k [64][DK+1], A and T [64][64], beta v of 32 columns [64][36], cum, beta, beta e^cum [64].
+// k [64][DK+4], A and T [64][64] (before the inverse: the raw q and k rows, bf16 [2][64][DK]), beta v of 32
+// columns [64][36], cum, beta, beta e^cum [64].
 template <int DK>
 struct TermsSmem {
-    static constexpr int kFloats = kChunk * (DK + 1) + 2 * kChunk * kChunk + kChunk * kOutputStride + 3 * kChunk;
+    static constexpr int kKeyStride = operand_stride(DK);
+    static constexpr int kFloats = kChunk * kKeyStride + 2 * kChunk * kChunk + kChunk * kOutputStride + 3 * kChunk;
+    static_assert(2 * kChunk * DK * sizeof(bf16) <= 2 * kChunk * kChunk * sizeof(float), "the raw rows fit A and T");
     float *k, *a, *t, *v, *cum, *beta, *scale;
+    bf16* raw;
 
     __device__ explicit TermsSmem(float* base)
-        : k(base), a(k + kChunk * (DK + 1)), t(a + kChunk * kChunk), v(t + kChunk * kChunk), cum(v + kChunk * kOutputStride),
-          beta(cum + kChunk), scale(beta + kChunk) {}
+        : k(base), a(k + kChunk * kKeyStride), t(a + kChunk * kChunk), v(t + kChunk * kChunk), cum(v + kChunk * kOutputStride),
+          beta(cum + kChunk), scale(beta + kChunk), raw(reinterpret_cast<bf16*>(a)) {}
 };
 
-// The prologue of the chunk's rows: k into shared memory, q and k into the workspace, cum, beta.
+// The chunk's raw q and k rows (bf16, q's 64 rows first) copied into `raw` with cp.async, zeros past its rows.
 template <int DK>
-__forceinline__ void load_terms_rows(const TermsSmem<DK>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws,
-                                     const SplitChunk& chunk, int head, float decay_rate, float bias) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ratio = p.value_heads / p.key_heads, key_head = head / ratio;
-    const bool stores_qk = head % ratio == 0;  // one value head per key head writes the shared q and k
-    for (int r = warp; r < kChunk; r += kSplitThreads / 32) {
+__forceinline__ void copy_raw_qk(bf16* raw, const DeltaRuleArgs& p, const SplitChunk& chunk, int key_head) {
+    constexpr int kRowQuads = DK / 8, kQuads = 2 * kChunk * kRowQuads;
+    static_assert(kQuads % kSplitThreads == 0, "whole rounds of 16-byte copies");
+    const long long channels = p.conv_channels(DK);
+#pragma unroll
+    for (int i = 0; i < kQuads / kSplitThreads; ++i) {
+        const int quad = threadIdx.x + i * kSplitThreads, half = quad / (kChunk * kRowQuads);
+        const int r = quad / kRowQuads % kChunk, c = 8 * (quad % kRowQuads);
         const bool valid = r < chunk.rows;
-        const long long row = chunk.first + r;
+        const bf16* src = p.conv + (chunk.first + r) * channels + half * p.key_heads * DK + key_head * DK + c;
+        cp_async16(raw + (half * kChunk + r) * DK + c, valid ? src : p.conv, valid);
+    }
+    cp_async_commit();
+}
+
+// 32 value columns of the chunk's v rows (bf16), one 16-byte load a thread: row tid / 4, columns 8 (tid % 4).
+struct ValueColumns {
+    static_assert(kChunk * kOutputColumns == 8 * kSplitThreads, "one 16-byte load a thread");
+    uint4 raw;
+
+    __forceinline__ void fetch(const DeltaRuleArgs& p, const SplitChunk& chunk, long long channels, int v_column) {
+        const int r = threadIdx.x / 4, c = 8 * (threadIdx.x % 4);
+        raw = r < chunk.rows ? *reinterpret_cast<const uint4*>(p.conv + (chunk.first + r) * channels + v_column + c)
+                             : make_uint4(0u, 0u, 0u, 0u);
+    }
+
+    // beta v into v[64][kOutputStride]
+    __forceinline__ void put_scaled(float* v, const float* beta) const {
+        const int r = threadIdx.x / 4, c = 8 * (threadIdx.x % 4);
+        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __bfloat1622float2(pairs[i]);
+            v[r * kOutputStride + c + 2 * i] = beta[r] * f.x;
+            v[r * kOutputStride + c + 2 * i + 1] = beta[r] * f.y;
+        }
+    }
+};
+
+// The chunk's rows normalised from the raw copy, a warp a row: k into shared memory, q and k into the
+// workspace where this block writes them (one value head per key head does).
+template <int DK>
+__forceinline__ void normalise_rows(const TermsSmem<DK>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws, const SplitChunk& chunk,
+                                    int key_head, bool stores_qk) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int r = warp; r < kChunk; r += kSplitThreads / 32) {
         float qv[DK / 32], kv[DK / 32];
-        p.normalised_row<DK>(qv, kv, row, key_head, valid);
+#pragma unroll
+        for (int e = 0; e < DK / 32; ++e) {
+            qv[e] = __bfloat162float(sm.raw[r * DK + lane + 32 * e]);
+            kv[e] = __bfloat162float(sm.raw[(kChunk + r) * DK + lane + 32 * e]);
+        }
+        l2_normalise_qk<DK>(qv, kv);
+        const long long row = chunk.first + r;
         float* q_out = row_at(ws.q, row, p.key_heads, key_head, DK);
         float* k_out = row_at(ws.k, row, p.key_heads, key_head, DK);
 #pragma unroll
         for (int e = 0; e < DK / 32; ++e) {
-            sm.k[r * (DK + 1) + lane + 32 * e] = kv[e];
-            if (valid && stores_qk) {
+            sm.k[r * sm.kKeyStride + lane + 32 * e] = kv[e];
+            if (r < chunk.rows && stores_qk) {
                 q_out[lane + 32 * e] = qv[e];
                 k_out[lane + 32 * e] = kv[e];
             }
         }
-        if (lane == 0) {
-            float beta = 0.0f, g = 0.0f;
-            if (valid) p.gating(row, head, decay_rate, bias, beta, g);
-            sm.cum[r] = g;
-            sm.beta[r] = beta;
-        }
     }
 }
 
+// Every global read is issued before the first wait: the raw q and k rows (cp.async), the first 32 value
+// columns (registers), the gating inputs; then each column group's product runs while the next group loads.
 template <int DK>
 __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& ws) {
     extern __shared__ float split_smem[];
     const TermsSmem<DK> sm(split_smem);
-    const int head = blockIdx.y, warp = threadIdx.x >> 5;
+    const int head = blockIdx.y, warp = threadIdx.x >> 5, ratio = p.value_heads / p.key_heads, key_head = head / ratio;
     const float decay_rate = expf(p.a_log[head]), bias = p.dt_bias[head];  // weights: before the wait
     enter_dependent_kernel();
     const SplitChunk chunk = find_chunk(p, blockIdx.z, blockIdx.x);
     if (chunk.rows == 0) return;  // uniform over the block
-    load_terms_rows<DK>(sm, p, ws, chunk, head, decay_rate, bias);
+    const long long channels = p.conv_channels(DK);
+    const int v_column = 2 * p.key_heads * DK + head * p.value_dim;
+    copy_raw_qk<DK>(sm.raw, p, chunk, key_head);
+    ValueColumns v;
+    v.fetch(p, chunk, channels, v_column);
+    if (threadIdx.x < kChunk) {
+        const int r = threadIdx.x;
+        float beta = 0.0f, g = 0.0f;
+        if (r < chunk.rows) p.gating(chunk.first + r, head, decay_rate, bias, beta, g);
+        sm.cum[r] = g;
+        sm.beta[r] = beta;
+    }
+    cp_async_wait<0>();
     __syncthreads();
+    normalise_rows<DK>(sm, p, ws, chunk, key_head, head % ratio == 0);
+    __syncthreads();  // the raw rows are read: A and T take their place
     prefix_sum_64(sm.cum);
     __syncthreads();
     if (threadIdx.x < kChunk) {
@@ -233,7 +292,7 @@ __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& w
     using Square = WarpTile<kChunk, kChunk>;
     const Square square(warp);
     float sq[Square::NT][4];
-    const auto k_at = [&](int m, int l) { return sm.k[m * (DK + 1) + l]; };
+    const auto k_at = [&](int m, int l) { return sm.k[m * sm.kKeyStride + l]; };
     split_mma(sq, square.m0, square.n0, square.n0 <= square.m0 + 15 ? DK : 0, k_at, [&](int l, int n) { return k_at(n, l); });
     square.each(sq, [&](int m, int n, float x) {
         sm.a[m * kChunk + n] = m > n ? sm.beta[m] * x * expf(sm.cum[m] - sm.cum[n]) : 0.0f;
@@ -251,21 +310,10 @@ __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& w
     });
     using Narrow = WarpTile<kChunk, kOutputColumns>;
     const Narrow narrow(warp);
-    const int channels = p.conv_channels(DK), v_column = 2 * p.key_heads * DK + head * p.value_dim;
     for (int column0 = 0; column0 < p.value_dim; column0 += kOutputColumns) {
-        constexpr int kPerThread = kChunk * kOutputColumns / kSplitThreads;
-        float v[kPerThread];
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i) {  // every load issued before the first store
-            const int idx = threadIdx.x + i * kSplitThreads, r = idx / kOutputColumns, c = idx % kOutputColumns;
-            v[i] = r < chunk.rows ? __bfloat162float(p.conv[(chunk.first + r) * channels + v_column + column0 + c]) : 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i) {
-            const int idx = threadIdx.x + i * kSplitThreads;
-            sm.v[idx / kOutputColumns * kOutputStride + idx % kOutputColumns] = sm.beta[idx / kOutputColumns] * v[i];
-        }
+        v.put_scaled(sm.v, sm.beta);
         __syncthreads();
+        if (column0 + kOutputColumns < p.value_dim) v.fetch(p, chunk, channels, v_column + column0 + kOutputColumns);
         float ua[Narrow::NT][4];
         split_mma(ua, narrow.m0, narrow.n0, narrow.m0 + 16, t_at, [&](int l, int n) { return sm.v[l * kOutputStride + n]; });
         narrow.each(ua, [&](int m, int n, float x) {
@@ -277,54 +325,91 @@ __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& w
 
 // -- pass 2: the state through the chunks ---------------------------------------------------------------
 
-// S [DK][CV + 4], w and k [64][DK+1], u / v_new [64][CV + 4], cum and the tail decays [64].
+// S [DK][CV + 4], w and k [64][DK + 4], u / v_new [64][CV + 4], cum and the tail decays [64].
 template <int DK, int CV>
 struct CarrySmem {
     static constexpr int kStride = operand_stride(CV);  // of S and v
-    static constexpr int kFloats = DK * kStride + 2 * kChunk * (DK + 1) + kChunk * kStride + 2 * kChunk;
+    static constexpr int kKeyStride = operand_stride(DK);  // of w and k
+    static constexpr int kFloats = DK * kStride + 2 * kChunk * kKeyStride + kChunk * kStride + 2 * kChunk;
     float *s, *w, *k, *v, *cum, *tail;
 
     __device__ explicit CarrySmem(float* base)
-        : s(base), w(s + DK * kStride), k(w + kChunk * (DK + 1)), v(k + kChunk * (DK + 1)), cum(v + kChunk * kStride), tail(cum + kChunk) {}
+        : s(base), w(s + DK * kStride), k(w + kChunk * kKeyStride), v(k + kChunk * kKeyStride), cum(v + kChunk * kStride), tail(cum + kChunk) {}
 };
 
-// One chunk of `length` rows from flat row `first`: S (sm.s) before it, after it on return; v_new over u.
+// `rows` rows of DK floats, `src_stride` apart, into tile[r * (DK + 4) + c] by cp.async (zeros past `rows`);
+// the caller commits.
+template <int DK>
+__forceinline__ void copy_rows_async(float* tile, const float* src, long long src_stride, int rows) {
+    constexpr int kRowQuads = DK / 4, kQuads = kChunk * kRowQuads;
+    static_assert(kQuads % kSplitThreads == 0, "whole rounds of 16-byte copies");
+#pragma unroll
+    for (int i = 0; i < kQuads / kSplitThreads; ++i) {
+        const int quad = threadIdx.x + i * kSplitThreads, r = quad / kRowQuads, c = 4 * (quad % kRowQuads);
+        cp_async16(tile + r * operand_stride(DK) + c, r < rows ? src + r * src_stride + c : src, r < rows);
+    }
+}
+
+// A chunk of the sequential pass: its first flat row and its length.
+struct CarriedChunk {
+    long long first;
+    int length;
+};
+
+// Chunk `next`'s terms on their way in while the current chunk finishes: w by cp.async into sm.w (free once
+// v_new is computed), u and cum through registers (their places are read until the chunk's end).
 template <int DK, int CV>
-__forceinline__ void carry_chunk(const CarrySmem<DK, CV>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws, long long first,
-                                 int length, int head, int key_head, int column0) {
-    const int warp = threadIdx.x >> 5;
-    Block<kChunk, DK> w;
+struct NextTerms {
     Block<kChunk, CV> u;
-    w.fetch(row_at(ws.w, first, p.value_heads, head, DK), (long long)p.value_heads * DK, length);
-    u.fetch(row_at(ws.u, first, p.value_heads, head, p.value_dim) + column0, (long long)p.value_heads * p.value_dim, length);
-    load_cum(sm.cum, ws, first, length, p.value_heads, head);
-    w.put(sm.w, DK + 1);
-    u.put(sm.v, sm.kStride);
-    __syncthreads();
-    Block<kChunk, DK> k;  // in flight while v_new is computed (staging w and k together would spill at cv 32)
-    k.fetch(row_at(ws.k, first, p.key_heads, key_head, DK), (long long)p.key_heads * DK, length);
+    float cum;
+
+    __forceinline__ void fetch(const CarrySmem<DK, CV>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws, CarriedChunk next,
+                               int head, int column0) {
+        copy_rows_async<DK>(sm.w, row_at(ws.w, next.first, p.value_heads, head, DK), (long long)p.value_heads * DK, next.length);
+        cp_async_commit();
+        u.fetch(row_at(ws.u, next.first, p.value_heads, head, p.value_dim) + column0, (long long)p.value_heads * p.value_dim, next.length);
+        cum = threadIdx.x < next.length ? ws.cum[(next.first + threadIdx.x) * p.value_heads + head] : 0.0f;
+    }
+
+    __forceinline__ void put(const CarrySmem<DK, CV>& sm) const {
+        u.put(sm.v, sm.kStride);
+        if (threadIdx.x < kChunk) sm.cum[threadIdx.x] = cum;
+    }
+};
+
+// One chunk: S (sm.s) before it, after it on return; v_new over u. On entry sm.w, sm.v and sm.cum hold the
+// chunk's w, u and cum; on return the next chunk's (when there is one), cp.async included.
+template <int DK, int CV>
+__forceinline__ void carry_chunk(const CarrySmem<DK, CV>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws, CarriedChunk chunk,
+                                 CarriedChunk next, int head, int key_head, int column0) {
+    const int warp = threadIdx.x >> 5, length = chunk.length;
+    copy_rows_async<DK>(sm.k, row_at(ws.k, chunk.first, p.key_heads, key_head, DK), (long long)p.key_heads * DK, length);
+    cp_async_commit();  // lands while v_new is computed
     const float last = sm.cum[length - 1];
     if (threadIdx.x < kChunk) sm.tail[threadIdx.x] = expf(last - sm.cum[threadIdx.x]);  // padding rows: k = 0
     using Narrow = WarpTile<kChunk, CV>;
     const Narrow narrow(warp);
     float nv[Narrow::NT][4];
-    split_mma(nv, narrow.m0, narrow.n0, DK, [&](int m, int l) { return sm.w[m * (DK + 1) + l]; },
+    split_mma(nv, narrow.m0, narrow.n0, DK, [&](int m, int l) { return sm.w[m * sm.kKeyStride + l]; },
               [&](int l, int n) { return sm.s[l * sm.kStride + n]; });
     narrow.each(nv, [&](int m, int n, float x) {
         const float v_new = sm.v[m * sm.kStride + n] - x;
         sm.v[m * sm.kStride + n] = v_new;
-        if (m < length) row_at(ws.u, first + m, p.value_heads, head, p.value_dim)[column0 + n] = v_new;
+        if (m < length) row_at(ws.u, chunk.first + m, p.value_heads, head, p.value_dim)[column0 + n] = v_new;
     });
-    k.put(sm.k, DK + 1);
-    __syncthreads();
+    cp_async_wait<0>();
+    __syncthreads();  // k has landed; w is read no more
+    NextTerms<DK, CV> terms;
+    if (next.length > 0) terms.fetch(sm, p, ws, next, head, column0);
     using State = WarpTile<DK, CV>;
     const State state(warp);
     float update[State::NT][4];
-    split_mma(update, state.m0, state.n0, (length + 15) & ~15, [&](int d, int l) { return sm.k[l * (DK + 1) + d] * sm.tail[l]; },
+    split_mma(update, state.m0, state.n0, (length + 15) & ~15, [&](int d, int l) { return sm.k[l * sm.kKeyStride + d] * sm.tail[l]; },
               [&](int l, int n) { return sm.v[l * sm.kStride + n]; });
     const float total = expf(last);
     state.each(update, [&](int d, int n, float x) { sm.s[d * sm.kStride + n] = total * sm.s[d * sm.kStride + n] + x; });
-    __syncthreads();
+    __syncthreads();  // v_new, cum and the tail are read no more
+    if (next.length > 0) terms.put(sm);
 }
 
 // The state tile after `count` rows into `chunk_state` (unless null) and the target that asks for it, if any.
@@ -349,32 +434,57 @@ __forceinline__ void carry_states(const DeltaRuleArgs& p, const SplitWorkspace& 
     const int targets = p.states.num_targets, count = chunk_count(rows.length, targets);
     const int base = chunk_base(p.query_start, seq, targets), key_head = head / (p.value_heads / p.key_heads);
     const long long tile = (long long)head * DK * p.value_dim + column0, state_floats = (long long)p.value_heads * DK * p.value_dim;
+    const auto carried = [&](int c) {
+        const int start = chunk_point(rows.length, targets, c);
+        return c < count ? CarriedChunk{rows.first + start, chunk_point(rows.length, targets, c + 1) - start} : CarriedChunk{0, 0};
+    };
     Block<DK, CV> initial;
     initial.fetch(p.states.recurrent(p.states.slots[seq]) + tile, p.value_dim, DK);
+    NextTerms<DK, CV> first_terms;
+    first_terms.fetch(sm, p, ws, carried(0), head, column0);
     initial.put(sm.s, sm.kStride);
+    first_terms.put(sm);
+    cp_async_wait<0>();
     __syncthreads();  // the whole tile is read before any target (maybe the source slot) is written
     float* const before = ws.h + base * state_floats + tile;  // the state before chunk c at c * state_floats
     keep_state<DK, CV>(sm.s, before, p.states, seq, 0, rows.length, tile, p.value_dim);
     for (int c = 0, start = 0; c < count; ++c) {
-        const int end = chunk_point(rows.length, targets, c + 1);
-        carry_chunk<DK, CV>(sm, p, ws, rows.first + start, end - start, head, key_head, column0);
-        keep_state<DK, CV>(sm.s, c + 1 < count ? before + (c + 1) * state_floats : nullptr, p.states, seq, end, rows.length, tile,
+        const CarriedChunk chunk = carried(c);
+        carry_chunk<DK, CV>(sm, p, ws, chunk, carried(c + 1), head, key_head, column0);
+        start += chunk.length;
+        keep_state<DK, CV>(sm.s, c + 1 < count ? before + (c + 1) * state_floats : nullptr, p.states, seq, start, rows.length, tile,
                            p.value_dim);
-        start = end;
+        cp_async_wait<0>();
+        __syncthreads();  // the next chunk's terms are in place
     }
 }
 
 // -- pass 3: the outputs ----------------------------------------------------------------------------------
 
-// q and k [64][DK+1] (k's region later holds S's 32 columns [DK][36]), P [64][65], v_new [64][36], cum [64].
+// q and k [64][DK+4] (k's region later holds S's 32 columns [DK][36]), P [64][65], v_new [64][36], cum [64].
 template <int DK>
 struct OutputSmem {
-    static constexpr int kFloats = 2 * kChunk * (DK + 1) + kChunk * (kChunk + 1) + kChunk * kOutputStride + kChunk;
-    static_assert(DK * kOutputStride <= kChunk * (DK + 1), "S's columns fit k's region");
+    static constexpr int kKeyStride = operand_stride(DK);
+    static constexpr int kFloats = 2 * kChunk * kKeyStride + kChunk * (kChunk + 1) + kChunk * kOutputStride + kChunk;
+    static_assert(DK * kOutputStride <= kChunk * kKeyStride, "S's columns fit k's region");
     float *q, *k, *s, *p, *v, *cum;
 
     __device__ explicit OutputSmem(float* base)
-        : q(base), k(q + kChunk * (DK + 1)), s(k), p(k + kChunk * (DK + 1)), v(p + kChunk * (kChunk + 1)), cum(v + kChunk * kOutputStride) {}
+        : q(base), k(q + kChunk * kKeyStride), s(k), p(k + kChunk * kKeyStride), v(p + kChunk * (kChunk + 1)), cum(v + kChunk * kOutputStride) {}
+};
+
+// 32 columns of the state before the chunk and of its v_new, through registers: fetched while the previous
+// columns' products run.
+template <int DK>
+struct OutputColumns {
+    Block<DK, kOutputColumns> state;
+    Block<kChunk, kOutputColumns> v_new;
+
+    __forceinline__ void fetch(const float* chunk_state, const float* v_new_rows, long long value_stride, int value_dim, int rows,
+                               int column0) {
+        state.fetch(chunk_state + column0, value_dim, DK);
+        v_new.fetch(v_new_rows + column0, value_stride, rows);
+    }
 };
 
 template <int DK>
@@ -386,31 +496,32 @@ __forceinline__ void chunk_outputs(const DeltaRuleArgs& p, const SplitWorkspace&
     const SplitChunk chunk = find_chunk(p, blockIdx.z, blockIdx.x);
     if (chunk.rows == 0) return;  // uniform over the block
     const long long key_stride = (long long)p.key_heads * DK, value_stride = (long long)p.value_heads * p.value_dim;
-    Block<kChunk, DK> q, k;
-    q.fetch(row_at(ws.q, chunk.first, p.key_heads, key_head, DK), key_stride, chunk.rows);
-    k.fetch(row_at(ws.k, chunk.first, p.key_heads, key_head, DK), key_stride, chunk.rows);
+    copy_rows_async<DK>(sm.q, row_at(ws.q, chunk.first, p.key_heads, key_head, DK), key_stride, chunk.rows);
+    copy_rows_async<DK>(sm.k, row_at(ws.k, chunk.first, p.key_heads, key_head, DK), key_stride, chunk.rows);
+    cp_async_commit();
+    const float* state = ws.h + ((long long)chunk.number * p.value_heads + head) * DK * p.value_dim;
+    const float* v_new_rows = row_at(ws.u, chunk.first, p.value_heads, head, p.value_dim);
+    OutputColumns<DK> columns;
+    columns.fetch(state, v_new_rows, value_stride, p.value_dim, chunk.rows, 0);
     load_cum(sm.cum, ws, chunk.first, chunk.rows, p.value_heads, head);
-    q.put(sm.q, DK + 1);
-    k.put(sm.k, DK + 1);
+    cp_async_wait<0>();
     __syncthreads();
     using Square = WarpTile<kChunk, kChunk>;
     const Square square(warp);
     float sq[Square::NT][4];
-    const auto q_at = [&](int m, int l) { return sm.q[m * (DK + 1) + l]; };
-    split_mma(sq, square.m0, square.n0, square.n0 <= square.m0 + 15 ? DK : 0, q_at, [&](int l, int n) { return sm.k[n * (DK + 1) + l]; });
+    const auto q_at = [&](int m, int l) { return sm.q[m * sm.kKeyStride + l]; };
+    split_mma(sq, square.m0, square.n0, square.n0 <= square.m0 + 15 ? DK : 0, q_at,
+              [&](int l, int n) { return sm.k[n * sm.kKeyStride + l]; });
     square.each(sq, [&](int m, int n, float x) { sm.p[m * (kChunk + 1) + n] = m >= n ? x * expf(sm.cum[m] - sm.cum[n]) : 0.0f; });
     __syncthreads();  // k is read no more: its region takes the state's columns
     using Narrow = WarpTile<kChunk, kOutputColumns>;
     const Narrow narrow(warp);
-    const float* state = ws.h + ((long long)chunk.number * p.value_heads + head) * DK * p.value_dim;
     for (int column0 = 0; column0 < p.value_dim; column0 += kOutputColumns) {
-        Block<DK, kOutputColumns> columns;
-        Block<kChunk, kOutputColumns> v_new;
-        columns.fetch(state + column0, p.value_dim, DK);
-        v_new.fetch(row_at(ws.u, chunk.first, p.value_heads, head, p.value_dim) + column0, value_stride, chunk.rows);
-        columns.put(sm.s, kOutputStride);
-        v_new.put(sm.v, kOutputStride);
+        columns.state.put(sm.s, kOutputStride);
+        columns.v_new.put(sm.v, kOutputStride);
         __syncthreads();
+        if (column0 + kOutputColumns < p.value_dim)
+            columns.fetch(state, v_new_rows, value_stride, p.value_dim, chunk.rows, column0 + kOutputColumns);
         float o[Narrow::NT][4], pv[Narrow::NT][4];
         split_mma(o, narrow.m0, narrow.n0, DK, q_at, [&](int l, int n) { return sm.s[l * kOutputStride + n]; });
         narrow.scale_rows(o, [&](int m) { return expf(sm.cum[m]); });

@@ -7,6 +7,25 @@
 constexpr int kRecurrentMaxRows = 8;  // numpy_delta_rule.RECURRENT_MAX_ROWS
 constexpr int kChunk = 64;
 
+// q and k of one row, lane l holding dims l + 32 e, L2-normalised in place; q also scaled by dk^-0.5.
+// Called by a whole warp.
+template <int DK>
+__forceinline__ void l2_normalise_qk(float (&q)[DK / 32], float (&k)[DK / 32]) {
+    float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+    for (int e = 0; e < DK / 32; ++e) {
+        qq += q[e] * q[e];
+        kk += k[e] * k[e];
+    }
+    const float q_scale = rsqrtf(warp_sum(qq) + kL2NormEps) * rsqrtf((float)DK);
+    const float k_scale = rsqrtf(warp_sum(kk) + kL2NormEps);
+#pragma unroll
+    for (int e = 0; e < DK / 32; ++e) {
+        q[e] *= q_scale;
+        k[e] *= k_scale;
+    }
+}
+
 struct DeltaRuleArgs {
     float* out;
     const bf16* conv;
@@ -22,27 +41,18 @@ struct DeltaRuleArgs {
     int value_dim;
 
     __forceinline__ int conv_channels(int dk) const { return 2 * key_heads * dk + value_heads * value_dim; }
-    // Row `row`'s q and k of `key_head` L2-normalised (q also scaled by dk^-0.5), lane l holding dims
-    // l + 32 e; zeros where !valid. Called by a whole warp.
+    // Row `row`'s q and k of `key_head` L2-normalised (l2_normalise_qk), lane l holding dims l + 32 e; zeros
+    // where !valid. Called by a whole warp.
     template <int DK>
     __forceinline__ void normalised_row(float (&q)[DK / 32], float (&k)[DK / 32], long long row, int key_head, bool valid) const {
         const int lane = threadIdx.x & 31;
         const bf16* qk = conv + row * conv_channels(DK) + key_head * DK;
-        float qq = 0.0f, kk = 0.0f;
 #pragma unroll
         for (int e = 0; e < DK / 32; ++e) {
             q[e] = valid ? __bfloat162float(qk[lane + 32 * e]) : 0.0f;
             k[e] = valid ? __bfloat162float(qk[key_heads * DK + lane + 32 * e]) : 0.0f;
-            qq += q[e] * q[e];
-            kk += k[e] * k[e];
         }
-        const float q_scale = rsqrtf(warp_sum(qq) + kL2NormEps) * rsqrtf((float)DK);
-        const float k_scale = rsqrtf(warp_sum(kk) + kL2NormEps);
-#pragma unroll
-        for (int e = 0; e < DK / 32; ++e) {
-            q[e] *= q_scale;
-            k[e] *= k_scale;
-        }
+        l2_normalise_qk<DK>(q, k);
     }
     // beta and the decay e^g of (row, head).
     __forceinline__ void gating(long long row, int head, float decay_rate, float bias, float& beta, float& g) const {

@@ -94,7 +94,7 @@ def test_split_shared_memory_is_the_kernels(key_dim: int, columns: int) -> None:
     text = (KERNELS / "gdn_chunked_split.cu").read_text()
     (padding,) = re.findall(r"constexpr int operand_stride\(int columns\) \{\s*return columns \+ (\d+);", text)
     names = {"DK": key_dim, "CV": columns, "kChunk": ops.CHUNK, "kOutputStride": ops.SPLIT_OUTPUT_COLUMNS + int(padding),
-             "kStride": columns + int(padding)}
+             "kStride": columns + int(padding), "kKeyStride": key_dim + int(padding)}
     floats = []
     for struct in ("TermsSmem", "CarrySmem", "OutputSmem"):
         (expression,) = re.findall(rf"struct {struct} {{[^}}]*?static constexpr int kFloats = ([^;]+);", text)

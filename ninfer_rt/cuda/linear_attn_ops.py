@@ -83,7 +83,7 @@ def split_specs(key_dim: int, carry_columns: int) -> tuple[KernelSpec, KernelSpe
 
 def split_smem_bytes(key_dim: int, carry_columns: int) -> tuple[int, int, int]:
     """gdn_chunked_split.cu's TermsSmem, CarrySmem and OutputSmem kFloats, in bytes, in split_specs' order."""
-    rows, wide, narrow = CHUNK * (key_dim + 1), SPLIT_OUTPUT_COLUMNS + 4, carry_columns + 4  # operand_stride
+    rows, wide, narrow = CHUNK * (key_dim + 4), SPLIT_OUTPUT_COLUMNS + 4, carry_columns + 4  # operand_stride
     terms = rows + 2 * CHUNK * CHUNK + CHUNK * wide + 3 * CHUNK
     carry = key_dim * narrow + 2 * rows + CHUNK * narrow + 2 * CHUNK
     out = 2 * rows + CHUNK * (CHUNK + 1) + CHUNK * wide + CHUNK
