@@ -11,30 +11,24 @@
 // width alone); chunk_point gives the c-th cut in closed form (gdn_split_plan.py mirrors it). The chunks of
 // the step's chunked sequences are numbered consecutively (chunk_base): the number indexes the stored states.
 //
-// Workspace (f32, gdn_split_plan.SplitWorkspace), by flat row: q, k normalised [T, Hk, dk] (written by the
-// first value head of each key head), w [T, Hv, dk], u [T, Hv, dv] (pass 2 overwrites it with v_new),
-// cum [T, Hv]; by chunk number: h [chunks, Hv, dk, dv], the state before the chunk.
+// Workspace (gdn_split_plan.SplitWorkspace), by flat row: q, k normalised f32 [T, Hk, dk] (written by the
+// first value head of each key head), w [T, Hv, 2, dk] as bf16 hi/lo planes (SplitPlanes), u f32 [T, Hv, dv]
+// (pass 2 overwrites it with v_new), cum f32 [T, Hv]; by chunk number: h f32 [chunks, Hv, dk, dv], the state
+// before the chunk, and kt [chunks, Hk, 2, dk, 64], the chunk's k^T zero-padded to 64 rows as bf16 planes.
+// The sequential pass's operands come split (w, k^T) or are split once per chunk (S, e^(last - cum) v_new)
+// instead of by every warp at every fragment load: its chunk loop is ~1,390 SASS instructions a warp on
+// sm_90a (nvdisasm: 24 HMMA a 32-deep step of v_new = u - w S, 12 a 16-deep step of the update) against
+// ~2,170 when every fragment was split from f32.
 //
 // Launch shapes, block 256 (8 warps, the split-bf16 warp tiles of gdn_split_mma.cuh):
 //   gdn_split_terms_d{dk}:       grid (max chunks of a sequence, Hv, B); blocks past their sequence's chunks exit.
 //   gdn_split_carry_d{dk}_c{cv}: grid (dv / cv, Hv, B), each walking its sequence's chunks in order.
 //   gdn_split_out_d{dk}:         grid (max chunks of a sequence, Hv, B).
-// Shared memory (split_smem_bytes in linear_attn_ops.py mirrors it) at dk 128: terms 74 KiB, carry 92 KiB (cv 32)
-// / 80 KiB (cv 16), out 90 KiB: all fit sm_120's 99 KiB; two blocks per H200 SM.
-//
-// Expected cost at the 27B shape (Hv 48, dk = dv = 128) on an H200 (132 SMs, 1.98 GHz, 4 schedulers of one
-// instruction a cycle per SM), not yet measured. Pass 2, cv 32: 192 blocks of 8 warps, one wave, two blocks on
-// 60 SMs. Its chunk loop is 999 SASS instructions on sm_90a (nvdisasm), ~2,170 issued per warp for a 64-row
-// chunk: v_new = u - w S 8 steps of 100 (6 HMMA each), the state update 4 steps of 158 (12 HMMA), the loads
-// (20 LDG.128 in flight at once, k's behind the v_new product), 16 STG.128 of the chunk's state, 3 barriers.
-// 16 warps x 2,170 / 4 schedulers = 8,700 issue cycles = 4.4 us a chunk where two blocks share an SM:
-// 8,192 rows (128 chunks) ~0.56 ms, 531 rows (9 chunks) ~40 us. Passes 1 and 3, roughly counted from their
-// products and the inverse's loops (~5,500 and ~6,300 instructions per warp, 16 warps per SM): ~11-13 us per wave of 264 blocks; 8,192 rows make 6,144
-// blocks (23 waves) each -> ~0.26 + 0.3 ms; 531 rows 432 blocks (2 waves) -> ~50 us. Total ~1.1 ms at 8,192
-// rows and ~90 us at 531 (fused: 7.68 ms and 541 us measured; fla-core 0.93 ms and 86 us). The same count
-// gives the fused kernel ~14 us a chunk against 60 us measured, so these are lower bounds until
-// `bench_gdn.py --split` times each pass; the sequential pass is the one to shorten next (the split of w and S
-// into bf16 pairs redone by every warp at every step is most of its instructions).
+// Every pass issues its global reads before it first waits on any: the raw q and k rows and the rows of w,
+// k^T, q and k by cp.async, the next value columns (passes 1 and 3) or the next chunk's w, u and cum (pass 2)
+// while the current product runs. Shared memory (split_smem_bytes in linear_attn_ops.py mirrors it) at dk 128:
+// terms 75 KiB, carry 96 KiB (cv 32) / 83 KiB (cv 16), out 92 KiB: all fit sm_120's 99 KiB; two blocks per
+// H200 SM. Measured times: docs/findings.md ("The chunked delta rule split in three passes").
 #include "attention_common.cuh"
 #include "gdn_delta_rule_common.cuh"
 #include "gdn_split_mma.cuh"
@@ -50,14 +44,36 @@ constexpr int operand_stride(int columns) {
 }
 constexpr int kOutputStride = operand_stride(kOutputColumns);
 
+// Row stride, in bf16, of a split plane whose rows hold `depth` reduction indices: a fragment word of lane
+// (g, t) is word 4 g + t of a 32-bank window (the rows are 16 bytes longer than a multiple of 128), and the
+// rows stay 16-byte aligned for cp.async.
+constexpr int plane_stride(int depth) {
+    return depth + 8;
+}
+
 struct SplitWorkspace {
     float* q;    // [T, Hk, DK]
     float* k;    // [T, Hk, DK]
-    float* w;    // [T, Hv, DK]
+    bf16* w;     // [T, Hv, 2, DK]: hi plane, lo plane (SplitPlanes)
     float* u;    // [T, Hv, dv]: u, then v_new
     float* cum;  // [T, Hv]
     float* h;    // [chunks, Hv, DK, dv]
+    bf16* kt;    // [chunks, Hk, 2, DK, 64]: k^T of the chunk's rows (zero past them), hi plane, lo plane
 };
+
+// The hi/lo planes of row `row`'s w for value head `head`.
+template <int DK>
+__forceinline__ SplitPlanes w_planes(const SplitWorkspace& ws, long long row, int value_heads, int head) {
+    bf16* hi = ws.w + (row * value_heads + head) * 2 * DK;
+    return {hi, hi + DK, value_heads * 2 * DK};  // stride: to the same head's next row
+}
+
+// The hi/lo planes of k^T for chunk `number` and key head `key_head`: rows of 64 bf16, one per key dim.
+template <int DK>
+__forceinline__ SplitPlanes kt_planes(const SplitWorkspace& ws, int number, int key_heads, int key_head) {
+    bf16* hi = ws.kt + ((long long)number * key_heads + key_head) * 2 * DK * kChunk;
+    return {hi, hi + DK * kChunk, kChunk};
+}
 
 // -- chunks ---------------------------------------------------------------------------------------------
 
@@ -255,6 +271,22 @@ __forceinline__ void normalise_rows(const TermsSmem<DK>& sm, const DeltaRuleArgs
     }
 }
 
+// k^T of the chunk (sm.k [64][DK + 4], zero rows past the chunk) into its planes in the workspace, a warp
+// covering 8 key dims x 4 row pairs at a time: the reads hit 32 banks, every 4 lanes store 16 bytes.
+template <int DK>
+__forceinline__ void store_kt(const float* k, const SplitPlanes& kt) {
+    constexpr int kBlocks = (DK / 8) * (kChunk / 8);
+    static_assert(kBlocks % (kSplitThreads / 32) == 0, "whole rounds of warp blocks");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll 4
+    for (int block = warp; block < kBlocks; block += kSplitThreads / 32) {
+        const int d = 8 * (block % (DK / 8)) + lane % 8, l = 2 * (4 * (block / (DK / 8)) + lane / 8);
+        const SplitPair pair = split_bf16x2(k[l * operand_stride(DK) + d], k[(l + 1) * operand_stride(DK) + d]);
+        *reinterpret_cast<unsigned*>(kt.hi + d * kt.stride + l) = pair.hi;
+        *reinterpret_cast<unsigned*>(kt.lo + d * kt.stride + l) = pair.lo;
+    }
+}
+
 // Every global read is issued before the first wait: the raw q and k rows (cp.async), the first 32 value
 // columns (registers), the gating inputs; then each column group's product runs while the next group loads.
 template <int DK>
@@ -305,9 +337,14 @@ __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& w
     const Wide wide(warp);
     float wa[Wide::NT][4];
     split_mma(wa, wide.m0, wide.n0, wide.m0 + 16, t_at, [&](int l, int n) { return sm.scale[l] * k_at(l, n); });
-    wide.each(wa, [&](int m, int n, float x) {
-        if (m < chunk.rows) row_at(ws.w, chunk.first + m, p.value_heads, head, DK)[n] = x;
+    wide.each_pair(wa, [&](int m, int n, float x0, float x1) {
+        if (m >= chunk.rows) return;
+        const SplitPair pair = split_bf16x2(x0, x1);
+        const SplitPlanes w = w_planes<DK>(ws, chunk.first + m, p.value_heads, head);
+        *reinterpret_cast<unsigned*>(w.hi + n) = pair.hi;
+        *reinterpret_cast<unsigned*>(w.lo + n) = pair.lo;
     });
+    if (head % ratio == 0) store_kt<DK>(sm.k, kt_planes<DK>(ws, chunk.number, p.key_heads, key_head));
     using Narrow = WarpTile<kChunk, kOutputColumns>;
     const Narrow narrow(warp);
     for (int column0 = 0; column0 < p.value_dim; column0 += kOutputColumns) {
@@ -325,102 +362,143 @@ __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& w
 
 // -- pass 2: the state through the chunks ---------------------------------------------------------------
 
-// S [DK][CV + 4], w and k [64][DK + 4], u / v_new [64][CV + 4], cum and the tail decays [64].
+// The operands of the chunk's two products as split planes (the state f32 lives in registers): S^T [CV][DK+8],
+// w [64][DK+8], k^T [DK][72], (tail v_new)^T [CV][72]; cum [64]. kFloats counts f32 words (a pair of bf16
+// planes takes one word per element).
 template <int DK, int CV>
 struct CarrySmem {
-    static constexpr int kStride = operand_stride(CV);  // of S and v
-    static constexpr int kKeyStride = operand_stride(DK);  // of w and k
-    static constexpr int kFloats = DK * kStride + 2 * kChunk * kKeyStride + kChunk * kStride + 2 * kChunk;
-    float *s, *w, *k, *v, *cum, *tail;
+    static constexpr int kKeyPlane = plane_stride(DK);     // rows of S^T and of w
+    static constexpr int kRowPlane = plane_stride(kChunk);  // rows of k^T and of (tail v_new)^T
+    static constexpr int kFloats = CV * kKeyPlane + kChunk * kKeyPlane + DK * kRowPlane + CV * kRowPlane + kChunk;
+    SplitPlanes s, w, k, v;
+    float* cum;
 
-    __device__ explicit CarrySmem(float* base)
-        : s(base), w(s + DK * kStride), k(w + kChunk * kKeyStride), v(k + kChunk * kKeyStride), cum(v + kChunk * kStride), tail(cum + kChunk) {}
+    __device__ explicit CarrySmem(float* base) {
+        bf16* at = reinterpret_cast<bf16*>(base);
+        const auto take = [&](int rows, int stride) {
+            const SplitPlanes planes{at, at + rows * stride, stride};
+            at += 2 * rows * stride;
+            return planes;
+        };
+        s = take(CV, kKeyPlane);
+        w = take(kChunk, kKeyPlane);
+        k = take(DK, kRowPlane);
+        v = take(CV, kRowPlane);
+        cum = reinterpret_cast<float*>(at);
+    }
 };
 
-// `rows` rows of DK floats, `src_stride` apart, into tile[r * (DK + 4) + c] by cp.async (zeros past `rows`);
-// the caller commits.
-template <int DK>
-__forceinline__ void copy_rows_async(float* tile, const float* src, long long src_stride, int rows) {
-    constexpr int kRowQuads = DK / 4, kQuads = kChunk * kRowQuads;
+// `rows` rows of both planes, ROW_BYTES each, from `src` (planes `src_plane` bf16 apart, rows `src_stride`
+// apart) into `dst` by cp.async, zeros past `rows`; the caller commits.
+template <int ROWS, int ROW_BYTES>
+__forceinline__ void copy_planes_async(const SplitPlanes& dst, const bf16* src, long long src_stride, long long src_plane, int rows) {
+    constexpr int kRowQuads = ROW_BYTES / 16, kQuads = 2 * ROWS * kRowQuads;
     static_assert(kQuads % kSplitThreads == 0, "whole rounds of 16-byte copies");
 #pragma unroll
     for (int i = 0; i < kQuads / kSplitThreads; ++i) {
-        const int quad = threadIdx.x + i * kSplitThreads, r = quad / kRowQuads, c = 4 * (quad % kRowQuads);
-        cp_async16(tile + r * operand_stride(DK) + c, r < rows ? src + r * src_stride + c : src, r < rows);
+        const int quad = threadIdx.x + i * kSplitThreads, plane = quad / (ROWS * kRowQuads);
+        const int r = quad / kRowQuads % ROWS, c = 8 * (quad % kRowQuads);
+        bf16* to = (plane == 0 ? dst.hi : dst.lo) + r * dst.stride + c;
+        cp_async16(to, r < rows ? src + plane * src_plane + r * src_stride + c : src, r < rows);
     }
 }
 
-// A chunk of the sequential pass: its first flat row and its length.
+// A chunk of the sequential pass: its first flat row, its length and its number.
 struct CarriedChunk {
     long long first;
     int length;
+    int number;
 };
 
-// Chunk `next`'s terms on their way in while the current chunk finishes: w by cp.async into sm.w (free once
-// v_new is computed), u and cum through registers (their places are read until the chunk's end).
+// The carry's registers: the state tile S [DK][CV] (f32, State's accumulator layout) and the chunk's u at
+// the v_new product's accumulator places.
 template <int DK, int CV>
-struct NextTerms {
-    Block<kChunk, CV> u;
-    float cum;
-
-    __forceinline__ void fetch(const CarrySmem<DK, CV>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws, CarriedChunk next,
-                               int head, int column0) {
-        copy_rows_async<DK>(sm.w, row_at(ws.w, next.first, p.value_heads, head, DK), (long long)p.value_heads * DK, next.length);
-        cp_async_commit();
-        u.fetch(row_at(ws.u, next.first, p.value_heads, head, p.value_dim) + column0, (long long)p.value_heads * p.value_dim, next.length);
-        cum = threadIdx.x < next.length ? ws.cum[(next.first + threadIdx.x) * p.value_heads + head] : 0.0f;
-    }
-
-    __forceinline__ void put(const CarrySmem<DK, CV>& sm) const {
-        u.put(sm.v, sm.kStride);
-        if (threadIdx.x < kChunk) sm.cum[threadIdx.x] = cum;
-    }
-};
-
-// One chunk: S (sm.s) before it, after it on return; v_new over u. On entry sm.w, sm.v and sm.cum hold the
-// chunk's w, u and cum; on return the next chunk's (when there is one), cp.async included.
-template <int DK, int CV>
-__forceinline__ void carry_chunk(const CarrySmem<DK, CV>& sm, const DeltaRuleArgs& p, const SplitWorkspace& ws, CarriedChunk chunk,
-                                 CarriedChunk next, int head, int key_head, int column0) {
-    const int warp = threadIdx.x >> 5, length = chunk.length;
-    copy_rows_async<DK>(sm.k, row_at(ws.k, chunk.first, p.key_heads, key_head, DK), (long long)p.key_heads * DK, length);
-    cp_async_commit();  // lands while v_new is computed
-    const float last = sm.cum[length - 1];
-    if (threadIdx.x < kChunk) sm.tail[threadIdx.x] = expf(last - sm.cum[threadIdx.x]);  // padding rows: k = 0
-    using Narrow = WarpTile<kChunk, CV>;
-    const Narrow narrow(warp);
-    float nv[Narrow::NT][4];
-    split_mma(nv, narrow.m0, narrow.n0, DK, [&](int m, int l) { return sm.w[m * sm.kKeyStride + l]; },
-              [&](int l, int n) { return sm.s[l * sm.kStride + n]; });
-    narrow.each(nv, [&](int m, int n, float x) {
-        const float v_new = sm.v[m * sm.kStride + n] - x;
-        sm.v[m * sm.kStride + n] = v_new;
-        if (m < length) row_at(ws.u, chunk.first + m, p.value_heads, head, p.value_dim)[column0 + n] = v_new;
-    });
-    cp_async_wait<0>();
-    __syncthreads();  // k has landed; w is read no more
-    NextTerms<DK, CV> terms;
-    if (next.length > 0) terms.fetch(sm, p, ws, next, head, column0);
+struct CarryTiles {
     using State = WarpTile<DK, CV>;
-    const State state(warp);
-    float update[State::NT][4];
-    split_mma(update, state.m0, state.n0, (length + 15) & ~15, [&](int d, int l) { return sm.k[l * sm.kKeyStride + d] * sm.tail[l]; },
-              [&](int l, int n) { return sm.v[l * sm.kStride + n]; });
-    const float total = expf(last);
-    state.each(update, [&](int d, int n, float x) { sm.s[d * sm.kStride + n] = total * sm.s[d * sm.kStride + n] + x; });
-    __syncthreads();  // v_new, cum and the tail are read no more
-    if (next.length > 0) terms.put(sm);
+    using Narrow = WarpTile<kChunk, CV>;
+    float s[State::NT][4];
+    float u[Narrow::NT][4];
+};
+
+// The next chunk's w (cp.async into its planes, free once v_new is computed), u (registers) and cum
+// (a register of the first 64 threads), on their way in while the current chunk finishes.
+template <int DK, int CV>
+__forceinline__ float fetch_terms(const CarrySmem<DK, CV>& sm, CarryTiles<DK, CV>& tiles, const DeltaRuleArgs& p,
+                                  const SplitWorkspace& ws, CarriedChunk next, int head, int column0) {
+    const SplitPlanes w = w_planes<DK>(ws, next.first, p.value_heads, head);
+    copy_planes_async<kChunk, DK * 2>(sm.w, w.hi, w.stride, DK, next.length);
+    cp_async_commit();
+    const typename CarryTiles<DK, CV>::Narrow narrow(threadIdx.x >> 5);
+    const float* u = row_at(ws.u, next.first, p.value_heads, head, p.value_dim) + column0;
+    const long long stride = (long long)p.value_heads * p.value_dim;
+    narrow.each_pair(tiles.u, [&](int m, int n, float& x0, float& x1) {
+        const float2 pair = m < next.length ? *reinterpret_cast<const float2*>(u + m * stride + n) : make_float2(0.0f, 0.0f);
+        x0 = pair.x;
+        x1 = pair.y;
+    });
+    return threadIdx.x < next.length ? ws.cum[(next.first + threadIdx.x) * p.value_heads + head] : 0.0f;
+}
+
+// The state tile (registers) into S^T's planes.
+template <int DK, int CV>
+__forceinline__ void put_state_planes(const CarrySmem<DK, CV>& sm, const CarryTiles<DK, CV>& tiles) {
+    const typename CarryTiles<DK, CV>::State state(threadIdx.x >> 5);
+    state.each_pair(tiles.s, [&](int d, int n, float x0, float x1) {
+        sm.s.put(n, d, x0);
+        sm.s.put(n + 1, d, x1);
+    });
 }
 
 // The state tile after `count` rows into `chunk_state` (unless null) and the target that asks for it, if any.
 template <int DK, int CV>
-__forceinline__ void keep_state(const float* tile_smem, float* chunk_state, const StateSlots& states, int seq, int count,
-                                int length, long long tile, int value_dim) {
-    Block<DK, CV> state;
-    state.take(tile_smem, operand_stride(CV));
-    if (chunk_state != nullptr) state.store(chunk_state, value_dim);
+__forceinline__ void store_state(const CarryTiles<DK, CV>& tiles, float* chunk_state, const StateSlots& states, int seq, int count,
+                                 int length, long long tile, int value_dim) {
+    const typename CarryTiles<DK, CV>::State state(threadIdx.x >> 5);
     const int target = states.target_after(seq, count, length);
-    if (target >= 0) state.store(states.recurrent(target) + tile, value_dim);
+    float* const target_tile = target >= 0 ? states.recurrent(target) + tile : nullptr;
+    state.each_pair(tiles.s, [&](int d, int n, float x0, float x1) {
+        if (chunk_state != nullptr) *reinterpret_cast<float2*>(chunk_state + (long long)d * value_dim + n) = make_float2(x0, x1);
+        if (target_tile != nullptr) *reinterpret_cast<float2*>(target_tile + (long long)d * value_dim + n) = make_float2(x0, x1);
+    });
+}
+
+// One chunk. On entry S^T's planes and the registers hold the state before it, sm.w, sm.cum and tiles.u the
+// chunk's terms; on return the state after it is in the registers (not yet in the planes), v_new over u in the
+// workspace, and the next chunk's terms on their way (w by cp.async, cum in the returned register).
+template <int DK, int CV>
+__forceinline__ float carry_chunk(const CarrySmem<DK, CV>& sm, CarryTiles<DK, CV>& tiles, const DeltaRuleArgs& p, const SplitWorkspace& ws,
+                                  CarriedChunk chunk, CarriedChunk next, int head, int key_head, int column0) {
+    const int warp = threadIdx.x >> 5, length = chunk.length;
+    const SplitPlanes kt = kt_planes<DK>(ws, chunk.number, p.key_heads, key_head);
+    copy_planes_async<DK, kChunk * 2>(sm.k, kt.hi, kt.stride, DK * kChunk, DK);
+    cp_async_commit();  // lands while v_new is computed
+    const float last = sm.cum[length - 1];
+    const typename CarryTiles<DK, CV>::Narrow narrow(warp);
+    float nv[CarryTiles<DK, CV>::Narrow::NT][4] = {};
+    planes_mma(nv, narrow.m0, narrow.n0, DK, sm.w, sm.s);
+#pragma unroll
+    for (int nt = 0; nt < CarryTiles<DK, CV>::Narrow::NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) nv[nt][r] = tiles.u[nt][r] - nv[nt][r];  // v_new
+    float* const v_new_rows = row_at(ws.u, chunk.first, p.value_heads, head, p.value_dim) + column0;
+    const long long stride = (long long)p.value_heads * p.value_dim;
+    narrow.each_pair(nv, [&](int m, int n, float v0, float v1) {
+        if (m < length) *reinterpret_cast<float2*>(v_new_rows + m * stride + n) = make_float2(v0, v1);
+        const float tail = expf(last - sm.cum[m]);  // padding rows: v_new = 0
+        sm.v.put(n, m, tail * v0);
+        sm.v.put(n + 1, m, tail * v1);
+    });
+    cp_async_wait<0>();
+    __syncthreads();  // k^T has landed and (tail v_new)^T is whole; w is read no more
+    const float next_cum = next.length > 0 ? fetch_terms<DK, CV>(sm, tiles, p, ws, next, head, column0) : 0.0f;
+    const typename CarryTiles<DK, CV>::State state(warp);
+    const float total = expf(last);
+#pragma unroll
+    for (int nt = 0; nt < CarryTiles<DK, CV>::State::NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) tiles.s[nt][r] *= total;
+    planes_mma(tiles.s, state.m0, state.n0, (length + 15) & ~15, sm.k, sm.v);
+    return next_cum;
 }
 
 template <int DK, int CV>
@@ -436,26 +514,33 @@ __forceinline__ void carry_states(const DeltaRuleArgs& p, const SplitWorkspace& 
     const long long tile = (long long)head * DK * p.value_dim + column0, state_floats = (long long)p.value_heads * DK * p.value_dim;
     const auto carried = [&](int c) {
         const int start = chunk_point(rows.length, targets, c);
-        return c < count ? CarriedChunk{rows.first + start, chunk_point(rows.length, targets, c + 1) - start} : CarriedChunk{0, 0};
+        return c < count ? CarriedChunk{rows.first + start, chunk_point(rows.length, targets, c + 1) - start, base + c}
+                         : CarriedChunk{0, 0, 0};
     };
-    Block<DK, CV> initial;
-    initial.fetch(p.states.recurrent(p.states.slots[seq]) + tile, p.value_dim, DK);
-    NextTerms<DK, CV> first_terms;
-    first_terms.fetch(sm, p, ws, carried(0), head, column0);
-    initial.put(sm.s, sm.kStride);
-    first_terms.put(sm);
-    cp_async_wait<0>();
-    __syncthreads();  // the whole tile is read before any target (maybe the source slot) is written
+    CarryTiles<DK, CV> tiles;
+    const typename CarryTiles<DK, CV>::State state((int)threadIdx.x >> 5);
+    const float* initial = p.states.recurrent(p.states.slots[seq]) + tile;
+    state.each_pair(tiles.s, [&](int d, int n, float& x0, float& x1) {
+        const float2 pair = *reinterpret_cast<const float2*>(initial + (long long)d * p.value_dim + n);
+        x0 = pair.x;
+        x1 = pair.y;
+    });
+    float cum = fetch_terms<DK, CV>(sm, tiles, p, ws, carried(0), head, column0);
+    put_state_planes<DK, CV>(sm, tiles);
+    __syncthreads();  // the whole tile is read (into the planes) before any target, maybe the source slot, is written
     float* const before = ws.h + base * state_floats + tile;  // the state before chunk c at c * state_floats
-    keep_state<DK, CV>(sm.s, before, p.states, seq, 0, rows.length, tile, p.value_dim);
+    store_state<DK, CV>(tiles, before, p.states, seq, 0, rows.length, tile, p.value_dim);
     for (int c = 0, start = 0; c < count; ++c) {
-        const CarriedChunk chunk = carried(c);
-        carry_chunk<DK, CV>(sm, p, ws, chunk, carried(c + 1), head, key_head, column0);
-        start += chunk.length;
-        keep_state<DK, CV>(sm.s, c + 1 < count ? before + (c + 1) * state_floats : nullptr, p.states, seq, start, rows.length, tile,
-                           p.value_dim);
+        if (threadIdx.x < kChunk) sm.cum[threadIdx.x] = cum;
         cp_async_wait<0>();
-        __syncthreads();  // the next chunk's terms are in place
+        __syncthreads();  // the chunk's terms and the state's planes are in place
+        const CarriedChunk chunk = carried(c);
+        cum = carry_chunk<DK, CV>(sm, tiles, p, ws, chunk, carried(c + 1), head, key_head, column0);
+        start += chunk.length;
+        __syncthreads();  // S^T, (tail v_new)^T, k^T and cum are read no more
+        put_state_planes<DK, CV>(sm, tiles);
+        store_state<DK, CV>(tiles, c + 1 < count ? before + (c + 1) * state_floats : nullptr, p.states, seq, start, rows.length, tile,
+                            p.value_dim);
     }
 }
 
@@ -472,6 +557,19 @@ struct OutputSmem {
     __device__ explicit OutputSmem(float* base)
         : q(base), k(q + kChunk * kKeyStride), s(k), p(k + kChunk * kKeyStride), v(p + kChunk * (kChunk + 1)), cum(v + kChunk * kOutputStride) {}
 };
+
+// `rows` rows of DK floats, `src_stride` apart, into tile[r * (DK + 4) + c] by cp.async (zeros past `rows`);
+// the caller commits.
+template <int DK>
+__forceinline__ void copy_rows_async(float* tile, const float* src, long long src_stride, int rows) {
+    constexpr int kRowQuads = DK / 4, kQuads = kChunk * kRowQuads;
+    static_assert(kQuads % kSplitThreads == 0, "whole rounds of 16-byte copies");
+#pragma unroll
+    for (int i = 0; i < kQuads / kSplitThreads; ++i) {
+        const int quad = threadIdx.x + i * kSplitThreads, r = quad / kRowQuads, c = 4 * (quad % kRowQuads);
+        cp_async16(tile + r * operand_stride(DK) + c, r < rows ? src + r * src_stride + c : src, r < rows);
+    }
+}
 
 // 32 columns of the state before the chunk and of its v_new, through registers: fetched while the previous
 // columns' products run.
@@ -538,8 +636,8 @@ __forceinline__ void chunk_outputs(const DeltaRuleArgs& p, const SplitWorkspace&
     }
 }
 
-#define SPLIT_PARAMS DELTA_RULE_PARAMS, float *ws_q, float *ws_k, float *ws_w, float *ws_u, float *ws_cum, float *ws_h
-#define SPLIT_WORKSPACE SplitWorkspace{ws_q, ws_k, ws_w, ws_u, ws_cum, ws_h}
+#define SPLIT_PARAMS DELTA_RULE_PARAMS, float *ws_q, float *ws_k, bf16 *ws_w, float *ws_u, float *ws_cum, float *ws_h, bf16 *ws_kt
+#define SPLIT_WORKSPACE SplitWorkspace{ws_q, ws_k, ws_w, ws_u, ws_cum, ws_h, ws_kt}
 
 #define SPLIT_KERNELS(DK)                                                                                      \
     extern "C" __global__ void __launch_bounds__(kSplitThreads, 2) gdn_split_terms_d##DK(SPLIT_PARAMS) {      \

@@ -11,6 +11,9 @@
 // warp): M / 16 row tiles of 16, the rest of the warps across columns; a warp owns rows [m0, m0 + 16) and
 // NT column tiles of 8 from n0. An accumulator element (tile nt, register r) is row m0 + g + 8 (r / 2) and
 // column n0 + 8 nt + 2 t + r % 2, g = lane / 4, t = lane % 4 (the mma C layout).
+//
+// Operands used more than once are split once instead, into a pair of bf16 planes (SplitPlanes): the product
+// then loads each fragment register with one 32-bit shared load (planes_mma), with the same three terms.
 #pragma once
 #include "common.cuh"
 
@@ -34,6 +37,17 @@ struct WarpTile {
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int r = 0; r < 4; ++r) body(m0 + g + 8 * (r >> 1), n0 + 8 * nt + 2 * t + (r & 1), acc[nt][r]);
+    }
+
+    // body(row, column, acc at (row, column), acc at (row, column + 1)) for every pair of this thread's
+    // accumulator elements (the references are const where acc is)
+    template <typename Acc, typename Body>
+    __forceinline__ void each_pair(Acc& acc, Body body) const {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) body(m0 + g + 8 * half, n0 + 8 * nt + 2 * t, acc[nt][2 * half], acc[nt][2 * half + 1]);
     }
 
     // acc *= factor(row), row by row
@@ -91,6 +105,46 @@ __forceinline__ void split_mma(float (&acc)[NT][4], int m0, int n0, int depth, A
             mma_bf16(acc[nt], lo, b0.hi, b1.hi);  // the small terms first
             mma_bf16(acc[nt], hi, b0.lo, b1.lo);
             mma_bf16(acc[nt], hi, b0.hi, b1.hi);
+        }
+    }
+}
+
+// An operand split into bf16 planes hi and lo (x = hi + lo to 2^-16), rows `stride` bf16 apart, each row holding
+// the operand's reduction index contiguously: A [M][depth] row-major, B [N][depth] (B transposed).
+struct SplitPlanes {
+    bf16* hi;
+    bf16* lo;
+    int stride;
+
+    // the plane words holding (row, l) and (row, l + 1), l even
+    __forceinline__ unsigned hi_word(int row, int l) const {
+        return *reinterpret_cast<const unsigned*>(hi + row * stride + l);
+    }
+    __forceinline__ unsigned lo_word(int row, int l) const {
+        return *reinterpret_cast<const unsigned*>(lo + row * stride + l);
+    }
+    __forceinline__ void put(int row, int l, float x) const {
+        const float rounded = __bfloat162float(hi[row * stride + l] = __float2bfloat16_rn(x));
+        lo[row * stride + l] = __float2bfloat16_rn(x - rounded);
+    }
+};
+
+// acc += sum over l in [0, depth) of a(row, l) * b(l, column) over the warp's tile, a and b split into planes
+// (b's rows are its columns); depth a multiple of 16. The terms in split_mma's order.
+template <int NT>
+__forceinline__ void planes_mma(float (&acc)[NT][4], int m0, int n0, int depth, const SplitPlanes& a, const SplitPlanes& b) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = m0 + g, r1 = r0 + 8;
+    for (int k0 = 0; k0 < depth; k0 += 16) {
+        const int c0 = k0 + 2 * t, c1 = c0 + 8;
+        const unsigned hi[4] = {a.hi_word(r0, c0), a.hi_word(r1, c0), a.hi_word(r0, c1), a.hi_word(r1, c1)};
+        const unsigned lo[4] = {a.lo_word(r0, c0), a.lo_word(r1, c0), a.lo_word(r0, c1), a.lo_word(r1, c1)};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int n = n0 + 8 * nt + g;
+            mma_bf16(acc[nt], lo, b.hi_word(n, c0), b.hi_word(n, c1));
+            mma_bf16(acc[nt], hi, b.lo_word(n, c0), b.lo_word(n, c1));
+            mma_bf16(acc[nt], hi, b.hi_word(n, c0), b.hi_word(n, c1));
         }
     }
 }

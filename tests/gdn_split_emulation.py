@@ -4,9 +4,10 @@ device; float64 checks the decomposition itself, exactly).
 
 Pass 1 (chunk terms, one block per chunk and value head): cum = cumsum(g), A = strict_tril(beta k k^T D),
 T = (I + A)^-1 by block doubling, w = T (beta e^cum k), u = T (beta v); stores q, k (per key head), w, u,
-cum per row. Pass 2 (state carry, one block per value head and column group, chunks in order): stores the
-state before each chunk, v_new = u - w S over u, S = e^last S + (k e^(last - cum))^T v_new, and the targets'
-states. Pass 3 (outputs, one block per chunk and value head): o = e^cum q S_chunk + tril(q k^T D) v_new.
+cum per row, and per chunk k^T zero-padded to 64 rows (the kernel keeps w and k^T as bf16 hi/lo plane pairs,
+an f32's worth). Pass 2 (state carry, one block per value head and column group, chunks in order): stores
+the state before each chunk, v_new = u - w S over u, S = e^last S + k^T (e^(last - cum) v_new), and the
+targets' states. Pass 3 (outputs, one block per chunk and value head): o = e^cum q S_chunk + tril(q k^T D) v_new.
 Chunks, their numbering and the targets' row counts are gdn_split_plan's.
 """
 
@@ -29,6 +30,7 @@ class Workspace:
     u: np.ndarray  # [T, Hv, dv]: u after pass 1, v_new after pass 2
     cum: np.ndarray  # [T, Hv]
     h: np.ndarray  # [chunks, Hv, dk, dv]
+    kt: np.ndarray  # [chunks, Hk, dk, 64]
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ def pass_terms(x: DeltaRuleInputs, ws: Workspace, chunk: Chunk) -> None:
     rows = slice(chunk.first, chunk.first + chunk.rows)
     ratio = x.v.shape[1] // x.k.shape[1]
     ws.q[rows], ws.k[rows] = x.q[rows], x.k[rows]
+    ws.kt[chunk.index] = padded(x.k[rows], chunk.rows).transpose(1, 2, 0)
     k = np.repeat(padded(x.k[rows], chunk.rows), ratio, axis=1).swapaxes(0, 1)  # [Hv, 64, dk]
     v = padded(x.v[rows], chunk.rows).swapaxes(0, 1)
     g, beta = (padded(y[rows], chunk.rows).T for y in (x.g, x.beta))  # [Hv, 64]
@@ -102,8 +105,8 @@ def pass_carry(x: DeltaRuleInputs, ws: Workspace, chunks: list[Chunk], state: np
         ws.u[rows] = v_new.swapaxes(0, 1)
         cum = ws.cum[rows].T  # [Hv, n]
         last = cum[:, -1:]
-        k = np.repeat(ws.k[rows], ratio, axis=1).swapaxes(0, 1) * np.exp(last - cum)[:, :, None]
-        state[...] = np.exp(last)[:, :, None] * state + k.swapaxes(1, 2) @ v_new
+        kt = np.repeat(ws.kt[chunk.index][:, :, : chunk.rows], ratio, axis=0)  # [Hv, dk, n]
+        state[...] = np.exp(last)[:, :, None] * state + kt @ (np.exp(last - cum)[:, :, None] * v_new)
         keep(chunk.end_count)
 
 
@@ -133,7 +136,7 @@ def split_delta_rule(x: DeltaRuleInputs, num_targets: int) -> SplitResult:
     per_seq = chunks_of(np.asarray(x.query_start), num_targets)
     total = plan.chunk_bases(np.diff(x.query_start).tolist(), num_targets)[-1]
     ws = Workspace(*(np.full(shape, np.nan, dtype) for shape in (
-        (rows, hk, dk), (rows, hk, dk), (rows, hv, dk), (rows, hv, dv), (rows, hv), (total, hv, dk, dv))))
+        (rows, hk, dk), (rows, hk, dk), (rows, hv, dk), (rows, hv, dv), (rows, hv), (total, hv, dk, dv), (total, hk, dk, plan.CHUNK))))
     for chunk in (c for chunks in per_seq for c in chunks):
         pass_terms(x, ws, chunk)
     states = x.initial_states.astype(dtype, copy=True)

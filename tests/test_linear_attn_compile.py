@@ -158,10 +158,10 @@ def test_the_split_form_runs_three_passes_over_the_workspace_in_order() -> None:
     chunks_of_300 = 5 + 1  # the 64-grid and the target count 299
     assert terms.grid == out.grid == (chunks_of_300, 48, 3) and carry.grid == (4, 48, 3)
     assert (terms.smem, carry.smem, out.smem) == ops.split_smem_bytes(128, 32)
-    assert all(launch.args[-6:] == ws.buffers for launch in lib.launches[1:])
-    q, k, w, u, cum, h = (b.resource for b in ws.buffers)
-    assert {q, k, w, u, cum} <= set(terms.writes) and f.conv.resource in terms.reads
-    assert {w, k, u, cum} <= set(carry.reads) and {u, h} <= set(carry.writes)
+    assert all(launch.args[-7:] == ws.buffers for launch in lib.launches[1:])
+    q, k, w, u, cum, h, kt = (b.resource for b in ws.buffers)
+    assert {q, k, w, u, cum, kt} <= set(terms.writes) and f.conv.resource in terms.reads
+    assert {w, kt, u, cum} <= set(carry.reads) and {u, h} <= set(carry.writes)
     assert set(f.step.slots_read) <= set(carry.reads) and set(f.step.slots_written) <= set(carry.writes)
     assert {q, k, u, cum, h} <= set(out.reads) and out.writes == (f.gating.out.resource,)
     assert not set(f.step.slots_written) & set(terms.writes + out.writes), "only the carry pass writes states"
@@ -234,7 +234,7 @@ def test_the_split_form_is_the_default_and_its_workspace_grows_with_the_steps(mo
     assert lib.launches[8].args[-6:] == first, "a step that fits reuses the arrays"
     backend_run((700,), slots=[0], targets=[[3]], backend=backend)
     grown = lib.launches[-3].args[-6:]
-    assert grown != first and grown[-1].nbytes == 11 * 48 * 128 * 128 * 4  # the 700-row step's 11 chunk states
+    assert grown != first and grown[-2].nbytes == 11 * 48 * 128 * 128 * 4  # the 700-row step's 11 chunk states
     monkeypatch.setenv("NINFER_GDN_CHUNKED", "fast")
     with pytest.raises(ValueError, match="NINFER_GDN_CHUNKED='fast'"):
         backend_run((100,), slots=[0], targets=[[3]], form=None)

@@ -93,8 +93,10 @@ def test_split_shared_memory_is_the_kernels(key_dim: int, columns: int) -> None:
     """Each pass's `static constexpr int kFloats = ...;`, read from gdn_chunked_split.cu and evaluated at (dk, cv)."""
     text = (KERNELS / "gdn_chunked_split.cu").read_text()
     (padding,) = re.findall(r"constexpr int operand_stride\(int columns\) \{\s*return columns \+ (\d+);", text)
+    (plane_padding,) = re.findall(r"constexpr int plane_stride\(int depth\) \{\s*return depth \+ (\d+);", text)
     names = {"DK": key_dim, "CV": columns, "kChunk": ops.CHUNK, "kOutputStride": ops.SPLIT_OUTPUT_COLUMNS + int(padding),
-             "kStride": columns + int(padding), "kKeyStride": key_dim + int(padding)}
+             "kStride": columns + int(padding), "kKeyStride": key_dim + int(padding),
+             "kKeyPlane": key_dim + int(plane_padding), "kRowPlane": ops.CHUNK + int(plane_padding)}
     floats = []
     for struct in ("TermsSmem", "CarrySmem", "OutputSmem"):
         (expression,) = re.findall(rf"struct {struct} {{[^}}]*?static constexpr int kFloats = ([^;]+);", text)

@@ -71,9 +71,10 @@ def max_step_chunks(rows: int, seqs: int, num_targets: int) -> int:
 
 @dataclass(frozen=True)
 class SplitWorkspace:
-    """Bytes of the f32 arrays passed between the passes, for `rows` rows and `chunks` chunks: q and k
-    normalised [rows, Hk, dk], w [rows, Hv, dk], u (then v_new) [rows, Hv, dv], cum [rows, Hv], and the
-    state before each chunk [chunks, Hv, dk, dv]."""
+    """Bytes of the arrays passed between the passes, for `rows` rows and `chunks` chunks: q and k normalised
+    [rows, Hk, dk] f32, w [rows, Hv, dk] as a pair of bf16 planes (hi, lo: an f32's bytes), u (then v_new)
+    [rows, Hv, dv] f32, cum [rows, Hv] f32, the state before each chunk [chunks, Hv, dk, dv] f32, and each
+    chunk's k transposed and zero-padded to 64 rows [chunks, Hk, dk, 64] as a pair of bf16 planes."""
 
     rows: int
     chunks: int
@@ -91,6 +92,7 @@ class SplitWorkspace:
             "u": rows * self.value_heads * self.value_dim * f32,
             "cum": rows * self.value_heads * f32,
             "h": self.chunks * self.value_heads * self.key_dim * self.value_dim * f32,
+            "kt": self.chunks * self.key_heads * self.key_dim * CHUNK * f32,
         }
 
     @property

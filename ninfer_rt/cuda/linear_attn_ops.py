@@ -69,7 +69,7 @@ def chunked_smem_bytes(key_dim: int, columns: int) -> int:
     return _F32 * floats
 
 
-_SPLIT_SIGNATURE = _DELTA_RULE_SIGNATURE + (Arg.PTR,) * 6  # + the workspace: q, k, w, u, cum, h
+_SPLIT_SIGNATURE = _DELTA_RULE_SIGNATURE + (Arg.PTR,) * 7  # + the workspace: q, k, w, u, cum, h, kt
 
 
 def split_specs(key_dim: int, carry_columns: int) -> tuple[KernelSpec, KernelSpec, KernelSpec]:
@@ -83,9 +83,10 @@ def split_specs(key_dim: int, carry_columns: int) -> tuple[KernelSpec, KernelSpe
 
 def split_smem_bytes(key_dim: int, carry_columns: int) -> tuple[int, int, int]:
     """gdn_chunked_split.cu's TermsSmem, CarrySmem and OutputSmem kFloats, in bytes, in split_specs' order."""
-    rows, wide, narrow = CHUNK * (key_dim + 4), SPLIT_OUTPUT_COLUMNS + 4, carry_columns + 4  # operand_stride
+    rows, wide = CHUNK * (key_dim + 4), SPLIT_OUTPUT_COLUMNS + 4  # operand_stride
+    key_plane, row_plane = key_dim + 8, CHUNK + 8  # plane_stride: a pair of bf16 planes is a word an element
     terms = rows + 2 * CHUNK * CHUNK + CHUNK * wide + 3 * CHUNK
-    carry = key_dim * narrow + 2 * rows + CHUNK * narrow + 2 * CHUNK
+    carry = (carry_columns + CHUNK) * key_plane + (key_dim + carry_columns) * row_plane + CHUNK
     out = 2 * rows + CHUNK * (CHUNK + 1) + CHUNK * wide + CHUNK
     return _F32 * terms, _F32 * carry, _F32 * out
 
@@ -236,7 +237,7 @@ class DeltaRuleArgs:
 
 @dataclass(frozen=True)
 class SplitWorkspace:
-    """The split chunked form's f32 arrays (gdn_split_plan.SplitWorkspace gives their sizes)."""
+    """The split chunked form's arrays (gdn_split_plan.SplitWorkspace gives their sizes and contents)."""
 
     q: Buffer
     k: Buffer
@@ -244,10 +245,11 @@ class SplitWorkspace:
     u: Buffer
     cum: Buffer
     h: Buffer
+    kt: Buffer
 
     @property
     def buffers(self) -> tuple[Buffer, ...]:
-        return (self.q, self.k, self.w, self.u, self.cum, self.h)
+        return (self.q, self.k, self.w, self.u, self.cum, self.h, self.kt)
 
 
 def delta_rule(
@@ -299,10 +301,10 @@ def _split_passes(
     _require_bytes("gdn_split", **{name: (buf, size) for (name, size), buf in zip(needed.sizes().items(), ws.buffers)})
     per_chunk = (gdn_split_plan.max_chunks(step.query_lens, step.num_targets), hv, step.num_seqs)
     grids = (per_chunk, (heads.value_dim // columns, hv, step.num_seqs), per_chunk)
-    q, k, w, u, cum, h = (b.resource for b in ws.buffers)
+    q, k, w, u, cum, h, kt = (b.resource for b in ws.buffers)
     accesses = (
-        ((args.conv.resource, args.x.resource, args.a_log.resource, args.dt_bias.resource, *step.tables), (q, k, w, u, cum)),
-        ((k, w, u, cum, *step.tables, *step.slots_read), (u, h, *step.slots_written)),
+        ((args.conv.resource, args.x.resource, args.a_log.resource, args.dt_bias.resource, *step.tables), (q, k, w, u, cum, kt)),
+        ((kt, w, u, cum, *step.tables, *step.slots_read), (u, h, *step.slots_written)),
         ((q, k, u, cum, h, *step.tables), (args.out.resource,)),
     )
     specs, smems = split_specs(heads.key_dim, columns), split_smem_bytes(heads.key_dim, columns)
