@@ -2,7 +2,8 @@
 # The GPU checks and benchmarks of the Qwen3.5 hybrid at the 27B shape, in one device command (~9 minutes on
 # an H200), most needed first: the GPU test suite, the Gated DeltaNet kernels beside fla-core (where it
 # imports) and the split chunked form, the quantized prefill GEMM (fused against dequantize + cuBLASLt over the
-# 27B's matrices at 531 and 8192 tokens), the 27B int4 checkpoint written directly, decode through the engine
+# 27B's matrices at 531 and 8192 tokens), prefill of the 27B shape (8,192 tokens, bf16 and int4; the agent
+# turn's 531 over 114,281 cached), the 27B int4 checkpoint written directly, decode through the engine
 # (plain and MTP k=3 over a 32,768-row draft head) and the agent turn (114,281 cached + 531 new tokens, resumed
 # from a state snapshot), the graphed step at 27B for bf16/int8/int4 weights, start-up with a warm kernel cache,
 # the 27B as a NInfer `.ninfer` artifact, and the dense qwen3-8b step as the regression check. Each step has
@@ -42,6 +43,10 @@ step attention_27b 60 python3 tools/bench_attention.py --prefill --shape qwen3.6
 step gemv_27b 60 python3 tools/bench_quant.py --shape qwen3.6-27b --bits 4,8 --rows 1,4
 # the quantized prefill GEMM: NINFER_QUANT_GEMM=fused (gemm_quant.cu) against the default dequantize + cuBLASLt
 step quant_gemm 90 python3 tools/bench_quant.py --gemm --bits 4,8 --rows 531,8192
+# prefill at the 27B shape: 8,192 tokens with bf16 and int4 weights (fraction of the GEMM rate counting GEMM +
+# attention + delta-rule FLOPs), and the agent turn's 531 new tokens over 114,281 cached ones (int4, int8 KV)
+step prefill_27b 180 bash -c "python3 tools/bench_prefill.py --shape qwen3.6-27b --tokens 8192 --weights bf16,int4 && \
+  python3 tools/bench_prefill.py --shape qwen3.6-27b --cached 114281 --tokens 531 --chunk 531 --kv int8 --weights int4"
 step build_27b 60 bash -c "[ -d $q27 ] || python3 tools/make_shaped_model.py --shape qwen3.6-27b --bits 4 --out $q27"
 step engine_27b 180 python3 tools/bench_engine.py --model $q27 --context 256,7680 --kv-dtype int8 --max-tokens 64 \
   --draft-tokens 0,3 --lm-head-draft 32768 --agent-turn 114281,531

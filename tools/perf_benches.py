@@ -47,14 +47,16 @@ TORCH = Bench(
 PREFILL = Bench(
     "Prefill and the agent turn (cached prefix + new tokens, time to first token)",
     "prefill.jsonl",
-    "python tools/bench_prefill.py --tokens 8192; python tools/bench_prefill.py --cached 114281 --tokens 531 --chunk 531 --kv int8",
-    (GPU, SHAPE, C("cached", "cached", "{:,}"), C("new tokens", "tokens", "{:,}"), C("chunk", "chunk", "{:,}"), KV),
+    "python tools/bench_prefill.py --tokens 8192; python tools/bench_prefill.py --cached 114281 --tokens 531 --chunk 531 --kv int8"
+    " [--shape qwen3.6-27b --weights bf16,int4]",
+    (GPU, SHAPE, WEIGHTS, C("cached", "cached", "{:,}"), C("new tokens", "tokens", "{:,}"), C("chunk", "chunk", "{:,}"), KV),
     (
         C("ms", "ms", "{:.1f}"),
         C("TFLOP/s", "TFLOPs", "{:.0f}"),
         C("GEMM TFLOP/s (same run)", "gemm_TFLOPs", "{:.0f}"),
         C("of GEMM rate", "gemm_fraction", "{:.3f}"),
     ),
+    defaults={"weights": "bf16"},
 )
 DECODE_ATTENTION = Bench(
     "Decode attention alone",
