@@ -7,22 +7,31 @@
 constexpr int kRecurrentMaxRows = 8;  // numpy_delta_rule.RECURRENT_MAX_ROWS
 constexpr int kChunk = 64;
 
-// q and k of one row, lane l holding dims l + 32 e, L2-normalised in place; q also scaled by dk^-0.5.
-// Called by a whole warp.
+// The scales that L2-normalise one row's q (also by dk^-0.5) and k.
+struct RowScales {
+    float q, k;
+};
+
+// q and k of one row, lane l holding dims l + 32 e: their RowScales. Called by a whole warp.
 template <int DK>
-__forceinline__ void l2_normalise_qk(float (&q)[DK / 32], float (&k)[DK / 32]) {
+__forceinline__ RowScales l2_scales(const float (&q)[DK / 32], const float (&k)[DK / 32]) {
     float qq = 0.0f, kk = 0.0f;
 #pragma unroll
     for (int e = 0; e < DK / 32; ++e) {
         qq += q[e] * q[e];
         kk += k[e] * k[e];
     }
-    const float q_scale = rsqrtf(warp_sum(qq) + kL2NormEps) * rsqrtf((float)DK);
-    const float k_scale = rsqrtf(warp_sum(kk) + kL2NormEps);
+    return {rsqrtf(warp_sum(qq) + kL2NormEps) * rsqrtf((float)DK), rsqrtf(warp_sum(kk) + kL2NormEps)};
+}
+
+// ... and the row normalised in place.
+template <int DK>
+__forceinline__ void l2_normalise_qk(float (&q)[DK / 32], float (&k)[DK / 32]) {
+    const RowScales scales = l2_scales<DK>(q, k);
 #pragma unroll
     for (int e = 0; e < DK / 32; ++e) {
-        q[e] *= q_scale;
-        k[e] *= k_scale;
+        q[e] *= scales.q;
+        k[e] *= scales.k;
     }
 }
 

@@ -83,68 +83,106 @@ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// acc = sum over l in [0, depth) of a(row, l) * b(l, column) over the warp's tile; depth a multiple of 16.
-// a(m, l) and b(l, n) read f32 operands (shared memory).
-template <int NT, typename A, typename B>
-__forceinline__ void split_mma(float (&acc)[NT][4], int m0, int n0, int depth, A a, B b) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[nt][r] = 0.0f;
-    const int r0 = m0 + g, r1 = r0 + 8;
-    for (int k0 = 0; k0 < depth; k0 += 16) {
-        const int c0 = k0 + 2 * t, c1 = c0 + 8;
-        const SplitPair a0 = split_bf16x2(a(r0, c0), a(r0, c0 + 1)), a1 = split_bf16x2(a(r1, c0), a(r1, c0 + 1));
-        const SplitPair a2 = split_bf16x2(a(r0, c1), a(r0, c1 + 1)), a3 = split_bf16x2(a(r1, c1), a(r1, c1 + 1));
-        const unsigned hi[4] = {a0.hi, a1.hi, a2.hi, a3.hi}, lo[4] = {a0.lo, a1.lo, a2.lo, a3.lo};
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const int n = n0 + 8 * nt + g;
-            const SplitPair b0 = split_bf16x2(b(c0, n), b(c0 + 1, n)), b1 = split_bf16x2(b(c1, n), b(c1 + 1, n));
-            mma_bf16(acc[nt], lo, b0.hi, b1.hi);  // the small terms first
-            mma_bf16(acc[nt], hi, b0.lo, b1.lo);
-            mma_bf16(acc[nt], hi, b0.hi, b1.hi);
-        }
+// Operand sources of fragment_mma. `pair(row, l)` gives the fragment words of elements (row, l) and
+// (row, l + 1), l even, where `row` is A's row or B's column and l the reduction index: hi and, for a split
+// source (kSplit), lo with x = hi + lo to 2^-16. An exact source (bf16 values, kSplit false) has lo = 0 and
+// its terms with lo are skipped: an exact operand against a split one costs two products, two exact ones one.
+
+// f32 values read through `at(row, l)` (A) or `at(l, column)` (B), split at every load.
+template <typename At, bool kColumns>
+struct F32Operand {
+    static constexpr bool kSplit = true;
+    At at;
+
+    __forceinline__ SplitPair pair(int row, int l) const {
+        return kColumns ? split_bf16x2(at(l, row), at(l + 1, row)) : split_bf16x2(at(row, l), at(row, l + 1));
     }
+};
+
+template <typename At>
+__forceinline__ F32Operand<At, false> f32_rows(At at) {
+    return {at};
 }
 
-// An operand split into bf16 planes hi and lo (x = hi + lo to 2^-16), rows `stride` bf16 apart, each row holding
-// the operand's reduction index contiguously: A [M][depth] row-major, B [N][depth] (B transposed).
+template <typename At>
+__forceinline__ F32Operand<At, true> f32_columns(At at) {
+    return {at};
+}
+
+// An operand split once into bf16 planes hi and lo, rows `stride` bf16 apart, each row holding the reduction
+// index contiguously: A [M][depth] row-major, B [N][depth] (B transposed). One 32-bit load a word.
 struct SplitPlanes {
+    static constexpr bool kSplit = true;
     bf16* hi;
     bf16* lo;
     int stride;
 
-    // the plane words holding (row, l) and (row, l + 1), l even
-    __forceinline__ unsigned hi_word(int row, int l) const {
-        return *reinterpret_cast<const unsigned*>(hi + row * stride + l);
-    }
-    __forceinline__ unsigned lo_word(int row, int l) const {
-        return *reinterpret_cast<const unsigned*>(lo + row * stride + l);
+    __forceinline__ SplitPair pair(int row, int l) const {
+        return {*reinterpret_cast<const unsigned*>(hi + row * stride + l), *reinterpret_cast<const unsigned*>(lo + row * stride + l)};
     }
     __forceinline__ void put(int row, int l, float x) const {
         const float rounded = __bfloat162float(hi[row * stride + l] = __float2bfloat16_rn(x));
         lo[row * stride + l] = __float2bfloat16_rn(x - rounded);
     }
+    // (row, l) and (row, l + 1), l even, in one word of each plane
+    __forceinline__ void put_pair(int row, int l, float x0, float x1) const {
+        const SplitPair words = split_bf16x2(x0, x1);
+        *reinterpret_cast<unsigned*>(hi + row * stride + l) = words.hi;
+        *reinterpret_cast<unsigned*>(lo + row * stride + l) = words.lo;
+    }
 };
 
-// acc += sum over l in [0, depth) of a(row, l) * b(l, column) over the warp's tile, a and b split into planes
-// (b's rows are its columns); depth a multiple of 16. The terms in split_mma's order.
-template <int NT>
-__forceinline__ void planes_mma(float (&acc)[NT][4], int m0, int n0, int depth, const SplitPlanes& a, const SplitPlanes& b) {
+// bf16 values (exact), rows holding the reduction index: A [M][depth], or B transposed [N][depth].
+struct ExactRows {
+    static constexpr bool kSplit = false;
+    const bf16* data;
+    int stride;
+
+    __forceinline__ SplitPair pair(int row, int l) const {
+        return {*reinterpret_cast<const unsigned*>(data + row * stride + l), 0u};
+    }
+};
+
+// bf16 values (exact) of B stored as it is, [depth][N]: the two elements of a word come from two rows.
+struct ExactColumns {
+    static constexpr bool kSplit = false;
+    const bf16* data;
+    int stride;
+
+    __forceinline__ SplitPair pair(int column, int l) const {
+        const unsigned short* at = reinterpret_cast<const unsigned short*>(data) + l * stride + column;
+        return {static_cast<unsigned>(at[0]) | static_cast<unsigned>(at[stride]) << 16, 0u};
+    }
+};
+
+// acc += sum over l in [0, depth) of a(row, l) * b(l, column) over the warp's tile; depth a multiple of 16.
+// The small terms first: lo(a) hi(b), hi(a) lo(b), then hi(a) hi(b) (the dropped lo(a) lo(b) is ~2^-16).
+template <int NT, typename A, typename B>
+__forceinline__ void fragment_mma(float (&acc)[NT][4], int m0, int n0, int depth, const A& a, const B& b) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = m0 + g, r1 = r0 + 8;
     for (int k0 = 0; k0 < depth; k0 += 16) {
         const int c0 = k0 + 2 * t, c1 = c0 + 8;
-        const unsigned hi[4] = {a.hi_word(r0, c0), a.hi_word(r1, c0), a.hi_word(r0, c1), a.hi_word(r1, c1)};
-        const unsigned lo[4] = {a.lo_word(r0, c0), a.lo_word(r1, c0), a.lo_word(r0, c1), a.lo_word(r1, c1)};
+        const SplitPair a0 = a.pair(r0, c0), a1 = a.pair(r1, c0), a2 = a.pair(r0, c1), a3 = a.pair(r1, c1);
+        const unsigned hi[4] = {a0.hi, a1.hi, a2.hi, a3.hi}, lo[4] = {a0.lo, a1.lo, a2.lo, a3.lo};
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             const int n = n0 + 8 * nt + g;
-            mma_bf16(acc[nt], lo, b.hi_word(n, c0), b.hi_word(n, c1));
-            mma_bf16(acc[nt], hi, b.lo_word(n, c0), b.lo_word(n, c1));
-            mma_bf16(acc[nt], hi, b.hi_word(n, c0), b.hi_word(n, c1));
+            const SplitPair b0 = b.pair(n, c0), b1 = b.pair(n, c1);
+            if constexpr (A::kSplit) mma_bf16(acc[nt], lo, b0.hi, b1.hi);
+            if constexpr (B::kSplit) mma_bf16(acc[nt], hi, b0.lo, b1.lo);
+            mma_bf16(acc[nt], hi, b0.hi, b1.hi);
         }
     }
+}
+
+// acc = sum over l in [0, depth) of a(row, l) * b(l, column) over the warp's tile; depth a multiple of 16.
+// a(m, l) and b(l, n) read f32 operands (shared memory), split at every load.
+template <int NT, typename A, typename B>
+__forceinline__ void split_mma(float (&acc)[NT][4], int m0, int n0, int depth, A a, B b) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[nt][r] = 0.0f;
+    fragment_mma(acc, m0, n0, depth, f32_rows(a), f32_columns(b));
 }

@@ -3,10 +3,11 @@ kernels run them, in their order and over their workspace layout, in the inputs'
 device; float64 checks the decomposition itself, exactly).
 
 Pass 1 (chunk terms, one block per chunk and value head): cum = cumsum(g), A = strict_tril(beta k k^T D),
-T = (I + A)^-1 by block doubling, w = T (beta e^cum k), u = T (beta v); stores q, k (per key head), w, u,
-cum per row, and per chunk k^T zero-padded to 64 rows (the kernel keeps w and k^T as bf16 hi/lo plane pairs,
-an f32's worth). Pass 2 (state carry, one block per value head and column group, chunks in order): stores
-the state before each chunk, v_new = u - w S over u, S = e^last S + k^T (e^(last - cum) v_new), and the
+T = (I + A)^-1 by block doubling, w = T (beta e^cum k), u = T (beta v); stores w, u, cum per row, and per
+chunk k^T zero-padded to 64 rows (the kernel keeps w and k^T as bf16 hi/lo plane pairs, an f32's worth, and
+also the scales that normalise each row's raw q and k, which this emulation takes normalised). Pass 2 (state
+carry, one block per value head and column group, chunks in order): stores the state before each chunk (the
+kernel: transposed, as planes), v_new = u - w S over u, S = e^last S + k^T (e^(last - cum) v_new), and the
 targets' states. Pass 3 (outputs, one block per chunk and value head): o = e^cum q S_chunk + tril(q k^T D) v_new.
 Chunks, their numbering and the targets' row counts are gdn_split_plan's.
 """
@@ -24,8 +25,6 @@ from ninfer_rt.exec.numpy_delta_rule import DeltaRuleInputs, unit_lower_inverse
 class Workspace:
     """The kernels' workspace arrays (gdn_split_plan.SplitWorkspace), row-major as on the device."""
 
-    q: np.ndarray  # [T, Hk, dk]
-    k: np.ndarray  # [T, Hk, dk]
     w: np.ndarray  # [T, Hv, dk]
     u: np.ndarray  # [T, Hv, dv]: u after pass 1, v_new after pass 2
     cum: np.ndarray  # [T, Hv]
@@ -67,7 +66,6 @@ def pass_terms(x: DeltaRuleInputs, ws: Workspace, chunk: Chunk) -> None:
     """Pass 1 for one chunk, all value heads at once ([Hv, 64, ...])."""
     rows = slice(chunk.first, chunk.first + chunk.rows)
     ratio = x.v.shape[1] // x.k.shape[1]
-    ws.q[rows], ws.k[rows] = x.q[rows], x.k[rows]
     ws.kt[chunk.index] = padded(x.k[rows], chunk.rows).transpose(1, 2, 0)
     k = np.repeat(padded(x.k[rows], chunk.rows), ratio, axis=1).swapaxes(0, 1)  # [Hv, 64, dk]
     v = padded(x.v[rows], chunk.rows).swapaxes(0, 1)
@@ -110,11 +108,12 @@ def pass_carry(x: DeltaRuleInputs, ws: Workspace, chunks: list[Chunk], state: np
         keep(chunk.end_count)
 
 
-def pass_outputs(ws: Workspace, chunk: Chunk, out: np.ndarray) -> None:
-    """Pass 3 for one chunk, all value heads."""
+def pass_outputs(x: DeltaRuleInputs, ws: Workspace, chunk: Chunk, out: np.ndarray) -> None:
+    """Pass 3 for one chunk, all value heads (q and k from the inputs, as the kernel reads them from the conv
+    rows and the scales pass 1 stored)."""
     rows = slice(chunk.first, chunk.first + chunk.rows)
-    ratio = ws.w.shape[1] // ws.k.shape[1]
-    q, k = (np.repeat(y[rows], ratio, axis=1).swapaxes(0, 1) for y in (ws.q, ws.k))  # [Hv, n, dk]
+    ratio = x.v.shape[1] // x.k.shape[1]
+    q, k = (np.repeat(y[rows], ratio, axis=1).swapaxes(0, 1) for y in (x.q, x.k))  # [Hv, n, dk]
     cum = ws.cum[rows].T
     causal = np.tril(np.ones((chunk.rows, chunk.rows), bool))
     decay = np.exp(np.where(causal, cum[:, :, None] - cum[:, None, :], -np.inf))
@@ -136,7 +135,7 @@ def split_delta_rule(x: DeltaRuleInputs, num_targets: int) -> SplitResult:
     per_seq = chunks_of(np.asarray(x.query_start), num_targets)
     total = plan.chunk_bases(np.diff(x.query_start).tolist(), num_targets)[-1]
     ws = Workspace(*(np.full(shape, np.nan, dtype) for shape in (
-        (rows, hk, dk), (rows, hk, dk), (rows, hv, dk), (rows, hv, dv), (rows, hv), (total, hv, dk, dv), (total, hk, dk, plan.CHUNK))))
+        (rows, hv, dk), (rows, hv, dv), (rows, hv), (total, hv, dk, dv), (total, hk, dk, plan.CHUNK))))
     for chunk in (c for chunks in per_seq for c in chunks):
         pass_terms(x, ws, chunk)
     states = x.initial_states.astype(dtype, copy=True)
@@ -146,5 +145,5 @@ def split_delta_rule(x: DeltaRuleInputs, num_targets: int) -> SplitResult:
             pass_carry(x, ws, chunks, states[b], num_targets, saved[b])
     out = np.zeros((rows, hv, dv), dtype)
     for chunk in (c for chunks in per_seq for c in chunks):
-        pass_outputs(ws, chunk, out)
+        pass_outputs(x, ws, chunk, out)
     return SplitResult(out, states, saved, ws)

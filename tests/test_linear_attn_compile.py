@@ -158,12 +158,12 @@ def test_the_split_form_runs_three_passes_over_the_workspace_in_order() -> None:
     chunks_of_300 = 5 + 1  # the 64-grid and the target count 299
     assert terms.grid == out.grid == (chunks_of_300, 48, 3) and carry.grid == (4, 48, 3)
     assert (terms.smem, carry.smem, out.smem) == ops.split_smem_bytes(128, 32)
-    assert all(launch.args[-7:] == ws.buffers for launch in lib.launches[1:])
-    q, k, w, u, cum, h, kt = (b.resource for b in ws.buffers)
-    assert {q, k, w, u, cum, kt} <= set(terms.writes) and f.conv.resource in terms.reads
+    assert all(launch.args[-6:] == ws.buffers for launch in lib.launches[1:])
+    norms, w, u, cum, h, kt = (b.resource for b in ws.buffers)
+    assert {norms, w, u, cum, kt} <= set(terms.writes) and f.conv.resource in terms.reads
     assert {w, kt, u, cum} <= set(carry.reads) and {u, h} <= set(carry.writes)
     assert set(f.step.slots_read) <= set(carry.reads) and set(f.step.slots_written) <= set(carry.writes)
-    assert {q, k, u, cum, h} <= set(out.reads) and out.writes == (f.gating.out.resource,)
+    assert {f.conv.resource, norms, u, cum, h} <= set(out.reads) and out.writes == (f.gating.out.resource,)
     assert not set(f.step.slots_written) & set(terms.writes + out.writes), "only the carry pass writes states"
 
 

@@ -24,8 +24,8 @@ MIRRORED = [
     ("gdn_delta_rule_common.cuh", "kChunk", ops.CHUNK),
     ("gdn_delta_rule_common.cuh", "kChunk", numpy_delta_rule.CHUNK),
     ("gdn_delta_rule.cu", "kChunkThreads", ops.CHUNK_THREADS),
-    ("gdn_chunked_split.cu", "kSplitThreads", ops.SPLIT_THREADS),
-    ("gdn_chunked_split.cu", "kOutputColumns", ops.SPLIT_OUTPUT_COLUMNS),
+    ("gdn_split_common.cuh", "kSplitThreads", ops.SPLIT_THREADS),
+    ("gdn_split_common.cuh", "kOutputColumns", ops.SPLIT_OUTPUT_COLUMNS),
 ]
 
 
@@ -91,14 +91,16 @@ def test_the_instantiated_split_kernels_are_the_ones_the_wrappers_name() -> None
 @pytest.mark.parametrize(("key_dim", "columns"), list(itertools.product(ops.KEY_DIMS, ops.CHUNK_COLUMN_GROUPS)))
 def test_split_shared_memory_is_the_kernels(key_dim: int, columns: int) -> None:
     """Each pass's `static constexpr int kFloats = ...;`, read from gdn_chunked_split.cu and evaluated at (dk, cv)."""
-    text = (KERNELS / "gdn_chunked_split.cu").read_text()
+    text = (KERNELS / "gdn_chunked_split.cu").read_text() + (KERNELS / "gdn_split_common.cuh").read_text()
     (padding,) = re.findall(r"constexpr int operand_stride\(int columns\) \{\s*return columns \+ (\d+);", text)
     (plane_padding,) = re.findall(r"constexpr int plane_stride\(int depth\) \{\s*return depth \+ (\d+);", text)
     names = {"DK": key_dim, "CV": columns, "kChunk": ops.CHUNK, "kOutputStride": ops.SPLIT_OUTPUT_COLUMNS + int(padding),
              "kStride": columns + int(padding), "kKeyStride": key_dim + int(padding),
-             "kKeyPlane": key_dim + int(plane_padding), "kRowPlane": ops.CHUNK + int(plane_padding)}
+             "kKeyPlane": key_dim + int(plane_padding), "kRowPlane": ops.CHUNK + int(plane_padding),
+             "kValuePlane": ops.SPLIT_OUTPUT_COLUMNS + int(plane_padding), "kOutputColumns": ops.SPLIT_OUTPUT_COLUMNS,
+             "plane_stride": lambda depth: depth + int(plane_padding)}
     floats = []
     for struct in ("TermsSmem", "CarrySmem", "OutputSmem"):
-        (expression,) = re.findall(rf"struct {struct} {{[^}}]*?static constexpr int kFloats = ([^;]+);", text)
-        floats.append(eval(expression, {}, dict(names)))  # noqa: S307 - integer arithmetic from our own source
+        (expression,) = re.findall(rf"struct {struct} {{[^}}]*?static constexpr int kFloats =\s*([^;]+);", text)
+        floats.append(eval(" ".join(expression.split()), {}, dict(names)))  # noqa: S307 - integer arithmetic from our own source
     assert ops.split_smem_bytes(key_dim, columns) == tuple(4 * n for n in floats)

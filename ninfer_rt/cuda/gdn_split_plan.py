@@ -71,10 +71,11 @@ def max_step_chunks(rows: int, seqs: int, num_targets: int) -> int:
 
 @dataclass(frozen=True)
 class SplitWorkspace:
-    """Bytes of the arrays passed between the passes, for `rows` rows and `chunks` chunks: q and k normalised
-    [rows, Hk, dk] f32, w [rows, Hv, dk] as a pair of bf16 planes (hi, lo: an f32's bytes), u (then v_new)
-    [rows, Hv, dv] f32, cum [rows, Hv] f32, the state before each chunk [chunks, Hv, dk, dv] f32, and each
-    chunk's k transposed and zero-padded to 64 rows [chunks, Hk, dk, 64] as a pair of bf16 planes."""
+    """Bytes of the arrays passed between the passes, for `rows` rows and `chunks` chunks: the scales that
+    L2-normalise each row's q and k [rows, Hk, 2] f32, w [rows, Hv, dk] as a pair of bf16 planes (hi, lo: an
+    f32's bytes), u (then v_new) [rows, Hv, dv] f32, cum [rows, Hv] f32, and by chunk the state before it
+    transposed [chunks, Hv, dv, dk] and its k transposed and zero-padded to 64 rows [chunks, Hk, dk, 64],
+    both as pairs of bf16 planes."""
 
     rows: int
     chunks: int
@@ -86,8 +87,7 @@ class SplitWorkspace:
     def sizes(self) -> dict[str, int]:
         rows, f32 = self.rows, 4
         return {
-            "q": rows * self.key_heads * self.key_dim * f32,
-            "k": rows * self.key_heads * self.key_dim * f32,
+            "norms": rows * self.key_heads * 2 * f32,
             "w": rows * self.value_heads * self.key_dim * f32,
             "u": rows * self.value_heads * self.value_dim * f32,
             "cum": rows * self.value_heads * f32,

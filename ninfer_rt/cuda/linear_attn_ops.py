@@ -69,7 +69,7 @@ def chunked_smem_bytes(key_dim: int, columns: int) -> int:
     return _F32 * floats
 
 
-_SPLIT_SIGNATURE = _DELTA_RULE_SIGNATURE + (Arg.PTR,) * 7  # + the workspace: q, k, w, u, cum, h, kt
+_SPLIT_SIGNATURE = _DELTA_RULE_SIGNATURE + (Arg.PTR,) * 6  # + the workspace: norms, w, u, cum, h, kt
 
 
 def split_specs(key_dim: int, carry_columns: int) -> tuple[KernelSpec, KernelSpec, KernelSpec]:
@@ -83,11 +83,12 @@ def split_specs(key_dim: int, carry_columns: int) -> tuple[KernelSpec, KernelSpe
 
 def split_smem_bytes(key_dim: int, carry_columns: int) -> tuple[int, int, int]:
     """gdn_chunked_split.cu's TermsSmem, CarrySmem and OutputSmem kFloats, in bytes, in split_specs' order."""
-    rows, wide = CHUNK * (key_dim + 4), SPLIT_OUTPUT_COLUMNS + 4  # operand_stride
-    key_plane, row_plane = key_dim + 8, CHUNK + 8  # plane_stride: a pair of bf16 planes is a word an element
-    terms = rows + 2 * CHUNK * CHUNK + CHUNK * wide + 3 * CHUNK
+    wide = SPLIT_OUTPUT_COLUMNS + 4  # operand_stride
+    # plane_stride; in words: a bf16 row is half a word an element, a pair of bf16 planes a word
+    key_plane, row_plane, value_plane = key_dim + 8, CHUNK + 8, SPLIT_OUTPUT_COLUMNS + 8
+    terms = CHUNK * key_plane // 2 + 2 * CHUNK * CHUNK + CHUNK * row_plane + CHUNK * value_plane // 2 + 4 * CHUNK
     carry = (carry_columns + CHUNK) * key_plane + (key_dim + carry_columns) * row_plane + CHUNK
-    out = 2 * rows + CHUNK * (CHUNK + 1) + CHUNK * wide + CHUNK
+    out = CHUNK * key_plane + CHUNK * row_plane + 2 * SPLIT_OUTPUT_COLUMNS * key_plane + CHUNK * wide + 3 * CHUNK
     return _F32 * terms, _F32 * carry, _F32 * out
 
 
@@ -239,8 +240,7 @@ class DeltaRuleArgs:
 class SplitWorkspace:
     """The split chunked form's arrays (gdn_split_plan.SplitWorkspace gives their sizes and contents)."""
 
-    q: Buffer
-    k: Buffer
+    norms: Buffer
     w: Buffer
     u: Buffer
     cum: Buffer
@@ -249,7 +249,7 @@ class SplitWorkspace:
 
     @property
     def buffers(self) -> tuple[Buffer, ...]:
-        return (self.q, self.k, self.w, self.u, self.cum, self.h, self.kt)
+        return (self.norms, self.w, self.u, self.cum, self.h, self.kt)
 
 
 def delta_rule(
@@ -301,11 +301,11 @@ def _split_passes(
     _require_bytes("gdn_split", **{name: (buf, size) for (name, size), buf in zip(needed.sizes().items(), ws.buffers)})
     per_chunk = (gdn_split_plan.max_chunks(step.query_lens, step.num_targets), hv, step.num_seqs)
     grids = (per_chunk, (heads.value_dim // columns, hv, step.num_seqs), per_chunk)
-    q, k, w, u, cum, h, kt = (b.resource for b in ws.buffers)
+    norms, w, u, cum, h, kt = (b.resource for b in ws.buffers)
     accesses = (
-        ((args.conv.resource, args.x.resource, args.a_log.resource, args.dt_bias.resource, *step.tables), (q, k, w, u, cum, kt)),
+        ((args.conv.resource, args.x.resource, args.a_log.resource, args.dt_bias.resource, *step.tables), (norms, w, u, cum, kt)),
         ((kt, w, u, cum, *step.tables, *step.slots_read), (u, h, *step.slots_written)),
-        ((q, k, u, cum, h, *step.tables), (args.out.resource,)),
+        ((args.conv.resource, norms, u, cum, h, *step.tables), (args.out.resource,)),
     )
     specs, smems = split_specs(heads.key_dim, columns), split_smem_bytes(heads.key_dim, columns)
     for spec, smem, grid, (reads, writes), label in zip(specs, smems, grids, accesses, SPLIT_PASSES):
