@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 
 from bench_decode import append_results, print_table, run_info
+from ninfer_rt.cuda.attention_plan import KVVariant
 from ninfer_rt.cuda.benchmark import BenchSession
 from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.kernel_dev.bench_attention import bench_decode_attention, bench_prefill_attention
@@ -45,11 +46,12 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b", help="the model whose attention heads are timed")
     args = parser.parse_args()
 
+    kinds = tuple(KVVariant(kv) for kv in args.kv.split(","))
     session = BenchSession.open(open_device(0), args.reps, args.repeats)
     info = run_info(session.device) | {"shape": args.shape}
     if args.prefill:
         cases = tuple(tuple(int(n) for n in case.split("x")) for case in args.cases.split(","))
-        measured = bench_prefill_attention(session, SHAPES[args.shape], cases, tuple(args.kv.split(",")), unsplit=False)
+        measured = bench_prefill_attention(session, SHAPES[args.shape], cases, kinds, unsplit=False)
         rows = [
             {**info, **m.params, "us": m.seconds * 1e6, "TFLOP/s": m.flops / m.seconds / 1e12, "GB/s": m.bytes / m.seconds / 1e9}
             for m in measured
@@ -60,7 +62,7 @@ def main() -> None:
         session.close()
         return
     contexts = tuple(int(c) for c in args.contexts.split(","))
-    measured = bench_decode_attention(session, SHAPES[args.shape], contexts, tuple(args.kv.split(",")))
+    measured = bench_decode_attention(session, SHAPES[args.shape], contexts, kinds)
     rows = [
         {**info, "kernel": "decode_attention", **m.params, "us": m.seconds * 1e6, "kv_bytes": m.bytes,
          "GB/s": m.bytes / m.seconds / 1e9, "of_peak": m.bytes / m.seconds / H200_BYTES_PER_S}
