@@ -300,15 +300,10 @@ __forceinline__ void store_target(const CarryTiles<DK, CV>& tiles, const StateSl
 // 16 bytes a copy.
 template <int DK, int CV>
 __forceinline__ void store_state_planes(const CarrySmem<DK, CV>& sm, const SplitPlanes& h, int column0) {
-    constexpr int kRowQuads = DK / 8, kQuads = 2 * CV * kRowQuads;
-    static_assert(kQuads % kSplitThreads == 0, "whole rounds of 16-byte copies");
-#pragma unroll
-    for (int i = 0; i < kQuads / kSplitThreads; ++i) {
-        const int quad = threadIdx.x + i * kSplitThreads, plane = quad / (CV * kRowQuads);
-        const int n = quad / kRowQuads % CV, c = 8 * (quad % kRowQuads);
+    each_plane_piece<CV, DK * 2>([&](int plane, int n, int c) {
         const bf16* from = (plane == 0 ? sm.s.hi : sm.s.lo) + n * sm.s.stride + c;
         *reinterpret_cast<uint4*>((plane == 0 ? h.hi : h.lo) + (column0 + n) * h.stride + c) = *reinterpret_cast<const uint4*>(from);
-    }
+    });
 }
 
 // One chunk. On entry S^T's planes and the registers hold the state before it, sm.w, sm.cum and tiles.u the

@@ -159,17 +159,25 @@ __forceinline__ void copy_conv_rows(bf16* tile, int stride, const DeltaRuleArgs&
     }
 }
 
+// body(plane, row, column) for each of this thread's 16-byte pieces of two planes of ROWS rows of ROW_BYTES
+// (column in bf16 elements).
+template <int ROWS, int ROW_BYTES, typename Body>
+__forceinline__ void each_plane_piece(Body body) {
+    constexpr int kRowPieces = ROW_BYTES / 16, kPieces = 2 * ROWS * kRowPieces;
+    static_assert(kPieces % kSplitThreads == 0, "whole rounds of 16-byte pieces");
+#pragma unroll
+    for (int i = 0; i < kPieces / kSplitThreads; ++i) {
+        const int piece = threadIdx.x + i * kSplitThreads;
+        body(piece / (ROWS * kRowPieces), piece / kRowPieces % ROWS, 8 * (piece % kRowPieces));
+    }
+}
+
 // `rows` rows of both planes, ROW_BYTES each, from `src` (planes `src_plane` bf16 apart, rows `src_stride`
 // apart) into `dst` by cp.async, zeros past `rows`; the caller commits.
 template <int ROWS, int ROW_BYTES>
 __forceinline__ void copy_planes_async(const SplitPlanes& dst, const bf16* src, long long src_stride, long long src_plane, int rows) {
-    constexpr int kRowQuads = ROW_BYTES / 16, kQuads = 2 * ROWS * kRowQuads;
-    static_assert(kQuads % kSplitThreads == 0, "whole rounds of 16-byte copies");
-#pragma unroll
-    for (int i = 0; i < kQuads / kSplitThreads; ++i) {
-        const int quad = threadIdx.x + i * kSplitThreads, plane = quad / (ROWS * kRowQuads);
-        const int r = quad / kRowQuads % ROWS, c = 8 * (quad % kRowQuads);
+    each_plane_piece<ROWS, ROW_BYTES>([&](int plane, int r, int c) {
         bf16* to = (plane == 0 ? dst.hi : dst.lo) + r * dst.stride + c;
         cp_async16(to, r < rows ? src + plane * src_plane + r * src_stride + c : src, r < rows);
-    }
+    });
 }
