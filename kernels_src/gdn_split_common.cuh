@@ -135,11 +135,6 @@ struct Block {
     }
 };
 
-// cum of the chunk's rows for value head `head` into cum[64] (padding rows 0), by the first 64 threads.
-__forceinline__ void load_cum(float* cum, const SplitWorkspace& ws, long long first, int length, int value_heads, int head) {
-    if (threadIdx.x < kChunk) cum[threadIdx.x] = threadIdx.x < length ? ws.cum[(first + threadIdx.x) * value_heads + head] : 0.0f;
-}
-
 __forceinline__ float* row_at(float* base, long long row, int heads, int head, int width) {
     return base + (row * heads + head) * width;
 }

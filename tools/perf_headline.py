@@ -124,8 +124,8 @@ def lines(found: dict[str, Current]) -> list[Line]:
         agent_turn(found),
         replay(found),
         delta_rule(found, "decode", "ninfer recurrent", "fla fused_recurrent", 1, fraction=True),
-        # 32 value columns a block: what the engine picks on the H200 (linear_attn_ops.chunk_columns)
-        delta_rule(found, "chunked prefill", "ninfer chunked c32", "fla chunk", 8192, fraction=False),
+        # the split form (the executor's default) with 32 value columns a block of its sequential pass, as on the H200
+        delta_rule(found, "chunked prefill", "ninfer split c32", "fla chunk", 8192, fraction=False),
     ]
 
 
