@@ -13,7 +13,7 @@ at the geometry's first step, outside any capture, and kept: a captured step rep
 addresses, and allocating while `capturing()` raises instead.
 
 NINFER_GDN_CHUNKED picks the chunked form of sequences above 8 rows: `split` (gdn_chunked_split.cu's three
-passes, the default: 284 us against 541 at 531 rows, 3.5 ms against 7.7 at 8,192 on the H200's 27B layer) or
+passes, the default: 168 us against 542 at 531 rows, 2.02 ms against 7.7 at 8,192 on the H200's 27B layer) or
 `fused` (gdn_delta_rule.cu's one kernel walking the chunks). The split form's workspace
 (gdn_split_plan.SplitWorkspace: ~48 KiB a row and 3.5 MiB a chunk at the 27B shape) and the layer scratch are
 reserved for the widest step before the KV cache is sized (`reserve`); a step wider than that (a backend used
