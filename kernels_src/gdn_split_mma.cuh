@@ -1,5 +1,5 @@
-// Split-bf16 tensor-core products for the chunked gated delta rule (gdn_delta_rule.cu): f32 operands in
-// shared memory, each rounded to a bf16 pair x = hi + lo at fragment load, and A B accumulated in f32 by
+// Split-bf16 tensor-core products for the chunked gated delta rule (gdn_delta_rule.cu, gdn_chunked_split.cu):
+// f32 operands in shared memory, each rounded to a bf16 pair x = hi + lo, and A B accumulated in f32 by
 // mma.sync.m16n8k16 as hi*hi + hi*lo + lo*hi (every arch from sm_80; no wgmma).
 //
 // Error: |x - hi| <= 2^-8 |x| and |x - hi - lo| <= 2^-16 |x| (bf16 keeps 8 significant bits), so a term's
@@ -12,8 +12,9 @@
 // NT column tiles of 8 from n0. An accumulator element (tile nt, register r) is row m0 + g + 8 (r / 2) and
 // column n0 + 8 nt + 2 t + r % 2, g = lane / 4, t = lane % 4 (the mma C layout).
 //
-// Operands used more than once are split once instead, into a pair of bf16 planes (SplitPlanes): the product
-// then loads each fragment register with one 32-bit shared load (planes_mma), with the same three terms.
+// fragment_mma takes its operands from sources: f32 split at every load (split_mma's), a pair of bf16 planes
+// split once for an operand used more than once (SplitPlanes: one 32-bit shared load a fragment word), or
+// exact bf16 values (ExactRows, ExactColumns), whose lo part is zero and whose terms with it are skipped.
 #pragma once
 #include "common.cuh"
 
