@@ -22,7 +22,7 @@
 // takes one tensor-core term per pair of parts that are not both lo: k k^T and q k^T one, w, u and q S two,
 // v_new = u - w S, the state update and P v_new three. An operand used more than once is split once, into
 // planes (w, k^T, S^T, T scaled, P, e^(last - cum) v_new), not by every warp at every fragment load: the
-// sequential pass's chunk loop is ~1,470 SASS instructions a warp on sm_90a (nvdisasm) against ~2,170 when
+// sequential pass's chunk loop is ~1,540 SASS instructions a warp on sm_90a (nvdisasm) against ~2,170 when
 // every fragment was split from f32.
 //
 // Launch shapes, block 256 (8 warps, the warp tiles of gdn_split_mma.cuh):
@@ -118,9 +118,7 @@ __forceinline__ void store_kt(const TermsSmem<DK>& sm, const SplitPlanes& kt) {
     for (int block = warp; block < kBlocks; block += kSplitThreads / 32) {
         const int d = 8 * (block % (DK / 8)) + lane % 8, l = 2 * (4 * (block / (DK / 8)) + lane / 8);
         const float k0 = __bfloat162float(sm.k[l * sm.kKeyPlane + d]), k1 = __bfloat162float(sm.k[(l + 1) * sm.kKeyPlane + d]);
-        const SplitPair pair = split_bf16x2(sm.k_norm[l] * k0, sm.k_norm[l + 1] * k1);
-        *reinterpret_cast<unsigned*>(kt.hi + d * kt.stride + l) = pair.hi;
-        *reinterpret_cast<unsigned*>(kt.lo + d * kt.stride + l) = pair.lo;
+        kt.put_pair(d, l, sm.k_norm[l] * k0, sm.k_norm[l + 1] * k1);
     }
 }
 
@@ -142,6 +140,7 @@ __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& w
     extern __shared__ float split_smem[];
     const TermsSmem<DK> sm(split_smem);
     const int head = blockIdx.y, warp = threadIdx.x >> 5, ratio = p.value_heads / p.key_heads, key_head = head / ratio;
+    const bool writes_key_head = head % ratio == 0;  // the norms and k^T are the key head's: one value head writes them
     const float decay_rate = expf(p.a_log[head]), bias = p.dt_bias[head];  // weights: before the wait
     enter_dependent_kernel();
     const SplitChunk chunk = find_chunk(p, blockIdx.z, blockIdx.x);
@@ -162,7 +161,7 @@ __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& w
     }
     cp_async_wait<0>();
     __syncthreads();
-    row_norms<DK>(sm, p, ws, chunk, key_head, head % ratio == 0);
+    row_norms<DK>(sm, p, ws, chunk, key_head, writes_key_head);
     __syncthreads();  // the raw q rows are read: A takes their place
     prefix_sum_64(sm.cum);
     __syncthreads();
@@ -191,7 +190,7 @@ __forceinline__ void chunk_terms(const DeltaRuleArgs& p, const SplitWorkspace& w
     wide.each_pair(wa, [&](int m, int n, float x0, float x1) {
         if (m < chunk.rows) w_planes<DK>(ws, chunk.first + m, p.value_heads, head).put_pair(0, n, x0, x1);
     });
-    if (head % ratio == 0) store_kt<DK>(sm, kt_planes<DK>(ws, chunk.number, p.key_heads, key_head));
+    if (writes_key_head) store_kt<DK>(sm, kt_planes<DK>(ws, chunk.number, p.key_heads, key_head));
     __syncthreads();  // T beta e^cum |k|^-1 is read no more
     put_scaled_t<DK>(sm, sm.beta);
     using Narrow = WarpTile<kChunk, kOutputColumns>;

@@ -157,7 +157,8 @@ def main() -> None:
     pages = -(-total // PAGE_SIZE)
     executor = CudaExecutor(streams, max_tokens=min(args.chunk, args.tokens), max_seqs=1, max_pages_per_seq=pages,
                             max_positions=total, max_logit_rows=8)
-    flops = matmul_flops(cfg, args.tokens) + attention_flops(cfg, args.cached, args.tokens) + delta_rule_flops(cfg, args.tokens)
+    delta_rule = delta_rule_flops(cfg, args.tokens)
+    flops = matmul_flops(cfg, args.tokens) + attention_flops(cfg, args.cached, args.tokens) + delta_rule
     rows, rate = [], None
     for name in weights:
         random = build(executor, cfg, weight_bits=WEIGHT_BITS[name])
@@ -166,7 +167,7 @@ def main() -> None:
         rows.append(run_info(device) | {
             "shape": args.shape, "layers": cfg.num_hidden_layers, "weights": name, "embedding_lm_head": "bf16",
             "cached": args.cached, "tokens": args.tokens, "chunk": args.chunk, "kv_dtype": args.kv, "ms": seconds * 1e3,
-            "tok_s": args.tokens / seconds, "TFLOPs": flops / seconds / 1e12, "delta_rule_TFLOP": delta_rule_flops(cfg, args.tokens) / 1e12,
+            "tok_s": args.tokens / seconds, "TFLOPs": flops / seconds / 1e12, "delta_rule_TFLOP": delta_rule / 1e12,
             "gemm_TFLOPs": rate / 1e12, "gemm_fraction": flops / seconds / rate,
         })
     print_table(rows, ["shape", "weights", "cached", "tokens", "chunk", "kv_dtype", "ms", "tok_s", "TFLOPs", "gemm_TFLOPs", "gemm_fraction"])
