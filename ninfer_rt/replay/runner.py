@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from ninfer_rt.replay.sse_lines import sse_lines
 from ninfer_rt.replay.trace import ALIGN_PAGE, Turn, synth_ids, synth_words, text_of, tool_specs
 
 MAX_ALIGN_ATTEMPTS = 4  # words that merge into fewer tokens than expected need another round, rarely two
@@ -292,7 +293,7 @@ class Replayer:
             if response.status_code != 200:
                 await response.aread()
                 raise _RequestFailed(response.status_code, _error_message(response))
-            async for line in response.aiter_lines():
+            async for line in sse_lines(response.aiter_text()):
                 if not line.startswith("data:"):
                     continue
                 data = line[len("data:"):].strip()

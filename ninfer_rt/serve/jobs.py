@@ -198,10 +198,16 @@ class CompletionJob(Job):
         }
 
 
+# Line breaks to Python's str.splitlines (and so to httpx's iter_lines) that JSON leaves raw in a string:
+# a client splitting lines that way would cut a data line in two; escaped, the JSON is the same.
+_RAW_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse_event(data: dict[str, Any], name: str | None = None) -> str:
     # allow_nan=False: NaN / Infinity are not JSON; a value that slipped through fails loudly here
     event = f"event: {name}\n" if name is not None else ""
-    return f"{event}data: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n"
+    payload = json.dumps(data, ensure_ascii=False, allow_nan=False).translate(_RAW_LINE_BREAKS)
+    return f"{event}data: {payload}\n\n"
 
 
 def finite_logprobs(entry: TokenLogprobs) -> TokenLogprobs:
