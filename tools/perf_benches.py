@@ -127,7 +127,7 @@ QUANT_QUALITY = Bench(
     defaults={"ppl_increase": 0.0, "top1_agreement": 1.0},
 )
 REPLAY = Bench(
-    "Agent traffic replayed against a server (qwen3-8b-shaped random model, int8 KV, 2 lanes, verifier on)",
+    "Agent traffic replayed against a server (int8 KV, 2 lanes, verifier on)",
     "replay.jsonl",
     "tools/replay_gpu.sh replay $OUT qwen3-8b",
     (GPU, C("model", "model"), C("profile", "profile"), C("scale", "scale", "{}"), KV, C("lanes", "lanes", "{}")),
