@@ -68,6 +68,7 @@ class EngineConfig:
     overlap: bool = True  # enqueue each step before reading the previous one's samples (engine.py)
     state_snapshot_budget: str | None = None  # hybrids: snapshot memory ('4GiB') or count ('16'); None: planned
     snapshot_interval: int = 16384  # hybrids: also save the state every this many tokens of a long prompt
+    reply_warmup: bool = True  # hybrids: prefill re-tokenized replies while idle (engine/reply_warmup.py)
     debug_fault_after: int | None = None  # the fault drill (cuda/fault_drill.py): a fault after this many ops
     cpu_precision: str = "float32"  # the numpy executor's math (and a hybrid's CPU state slots): float64 for golden runs
     tensor_parallel: int = 1  # ranks the model is split over (simulated ranks on the CPU)

@@ -38,6 +38,7 @@ from ninfer_rt.cuda.driver import open_device
 from ninfer_rt.cuda.fault_drill import FaultDrill
 from ninfer_rt.engine.build import EngineConfig, StartupTimes, build, sync_device
 from ninfer_rt.engine.output import OutputStream, RequestOutput
+from ninfer_rt.engine.reply_warmup import WARMUP_PARAMS, ReplyWarmup, WarmupStats
 from ninfer_rt.engine.request import FinishReason, Request, SamplingParams, as_token_ids
 from ninfer_rt.engine.sampling import PendingSamples
 from ninfer_rt.engine.scheduler import SchedulerStep
@@ -81,11 +82,16 @@ class Engine:
         self._inflight: InFlight | None = None
         self._ids = itertools.count()
         self._owner: int | None = None
+        self._warmup: ReplyWarmup | None = None  # none while the start-up requests run
+        self._warm_ids: set[str] = set()  # warm-up requests whose final output has not passed yet
         self.streams.crash.add_section("engine", self._frontier)
         if parts.graphed:
             clock = time.perf_counter()
             self._capture_decode_graphs()
             self.startup.graphs = time.perf_counter() - clock
+        snapshots = self.ledger.states is not None and self.ledger.states.snapshots is not None
+        if snapshots and config.reply_warmup:
+            self._warmup = ReplyWarmup(tokenizer, self.eos_ids, config.max_concurrency)
         if config.debug_fault_after is not None:  # armed last: the drill counts the serving ops, not start-up's
             FaultDrill.arm(self.streams, config.debug_fault_after)
 
@@ -130,18 +136,31 @@ class Engine:
         check_fits(len(prompt_ids) + params.max_tokens, self.kv_manager.context_limit)
 
     def add_request(
-        self, prompt: str | Sequence[int], params: SamplingParams = SamplingParams(), request_id: str | None = None
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams = SamplingParams(),
+        request_id: str | None = None,
+        warm_reply: bool = False,
     ) -> str:
+        """Queue a request; `warm_reply`: its reply will come back as text (engine/reply_warmup.py)."""
         self._check_thread()
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else as_token_ids(prompt)
         self.validate(prompt_ids, params)
+        if self._warmup is not None and self._warmup.running is not None:  # a real request goes first
+            self.abort(self._warmup.running)
+            self._warmup.aborted += 1
+            self._warmup.running = None
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        request = Request(request_id, prompt_ids, params)
-        self._requests[request_id] = OutputStream(request, self.tokenizer, self.eos_ids, self.kv_manager.context_limit)
-        self.scheduler.add(request)
+        self._add(Request(request_id, prompt_ids, params, warm_reply=warm_reply))
         return request_id
+
+    def _add(self, request: Request) -> None:
+        self._requests[request.request_id] = OutputStream(
+            request, self.tokenizer, self.eos_ids, self.kv_manager.context_limit
+        )
+        self.scheduler.add(request)
 
     def abort(self, request_id: str) -> None:
         """End a request wherever it is; its pages go back to the pool. Unknown or finished ids are ignored."""
@@ -154,14 +173,20 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or bool(self._pending) or self._inflight is not None
+        warming = self._warmup is not None and bool(self._warmup.queue)
+        return self.scheduler.has_work or bool(self._pending) or self._inflight is not None or warming
 
     # -- stepping --------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Schedule and run one step; returns every request's delta (and every final output). With overlap
-        the deltas are the previous step's, whose samples were read back while this one was enqueued."""
+        the deltas are the previous step's, whose samples were read back while this one was enqueued. A
+        warm-up request's outputs are not among them."""
         self._check_thread()
+        self._start_warmup()
+        return [output for output in self._step() if not self._is_warmup(output)]
+
+    def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         if self._inflight is not None and not self._plain_decode_next():
             outputs += self._resolve()
@@ -210,7 +235,41 @@ class Engine:
         if output.finished:
             self.scheduler.finish(request, output.finish_reason)
             del self._requests[request.request_id]
+            if self._warmup is not None and request.warm_reply:
+                self._warmup.offer(request.prompt_ids, request.output_ids)
         return output
+
+    # -- warm-ups (reply_warmup.py) --------------------------------------------------------------------
+
+    def _start_warmup(self) -> None:
+        """Start the next queued warm-up when nothing else is queued, running or in flight."""
+        warmup = self._warmup
+        if warmup is None or warmup.running is not None or self.scheduler.has_work or self._inflight is not None:
+            return
+        prompt = warmup.next_prompt()
+        if prompt is None:
+            return
+        try:
+            self.validate(prompt, WARMUP_PARAMS)
+        except ValueError:  # past the context: the turn that would resume there cannot be sent either
+            return
+        request = Request(f"warmup-{next(self._ids)}", prompt, WARMUP_PARAMS)
+        self._add(request)
+        self._warm_ids.add(request.request_id)
+        warmup.running = request.request_id
+        warmup.started += 1
+
+    def _is_warmup(self, output: RequestOutput) -> bool:
+        """Whether the output is a warm-up's (nobody reads it); its final output ends the warm-up."""
+        if output.request_id not in self._warm_ids:
+            return False
+        if output.finished:
+            self._warm_ids.discard(output.request_id)
+            assert self._warmup is not None
+            if self._warmup.running == output.request_id:
+                self._warmup.running = None
+                self._warmup.completed += 1
+        return True
 
     def _plain_decode_next(self) -> bool:
         """Whether the next schedule can only give each running request its one token: then it may see
@@ -247,6 +306,10 @@ class Engine:
         """The hybrid's state snapshots (None without linear-attention layers or with prefix caching off)."""
         states = self.ledger.states
         return None if states is None or states.snapshots is None else states.snapshots.stats()
+
+    def warmup_stats(self) -> WarmupStats | None:
+        """The re-tokenized replies' warm-ups (None where they are off: no hybrid, or no prefix caching)."""
+        return None if self._warmup is None else self._warmup.stats()
 
     def _frontier(self) -> dict:
         return {

@@ -28,6 +28,7 @@ class _Submit:
     prompt_ids: list[int]
     params: SamplingParams
     sink: Sink
+    warm_reply: bool
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,9 @@ class EngineLoop:
 
     # -- any thread ------------------------------------------------------------------------------------
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams, sink: Sink) -> str:
-        """Queue a request; `sink` is called on the loop thread with each output (or the fatal error)."""
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams, sink: Sink, warm_reply: bool = False) -> str:
+        """Queue a request; `sink` is called on the loop thread with each output (or the fatal error);
+        `warm_reply` as for Engine.add_request."""
         if self.error is not None:
             raise RuntimeError(f"the engine loop stopped: {self.error}")
         prompt_ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else as_token_ids(prompt)
@@ -65,17 +67,21 @@ class EngineLoop:
         with self._error_lock:
             if self.error is not None:
                 raise RuntimeError(f"the engine loop stopped: {self.error}")
-            self._commands.put(_Submit(request_id, prompt_ids, params, sink))
+            self._commands.put(_Submit(request_id, prompt_ids, params, sink, warm_reply))
         return request_id
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
-    async def stream(self, prompt: str | Sequence[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def stream(
+        self, prompt: str | Sequence[int], params: SamplingParams, warm_reply: bool = False
+    ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they are produced; leaving the iteration early aborts the request."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        request_id = self.submit(prompt, params, lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item))
+        request_id = self.submit(
+            prompt, params, lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item), warm_reply
+        )
         finished = False
         try:
             while not finished:
@@ -128,7 +134,7 @@ class EngineLoop:
                 self.engine.abort(command.request_id)
                 continue
             try:
-                self.engine.add_request(command.prompt_ids, command.params, command.request_id)
+                self.engine.add_request(command.prompt_ids, command.params, command.request_id, command.warm_reply)
             except ValueError as err:  # valid when submitted, but not any more: that request fails alone
                 command.sink(err)
                 continue

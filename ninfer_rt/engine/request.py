@@ -115,6 +115,8 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     first_scheduled: float | None = None
     first_token_time: float | None = None
+    # the client sends the reply back as text: once it ends, prefill it as that text tokenizes (reply_warmup.py)
+    warm_reply: bool = False
     # admission order breaks ties: the newest running request is the first to be preempted
     order: int = field(default_factory=lambda: next(_request_numbers))
     # the request's own random stream: a seeded request replays exactly whatever shares its batch

@@ -41,7 +41,10 @@ class EngineBackend:
         # read from another thread without a lock: two list lengths, each exact when read, enough for a gauge
         engine = self._loop.engine
         scheduler = engine.scheduler
-        return EngineLoad(len(scheduler.running), len(scheduler.waiting), engine.state_stats(), engine.snapshot_stats())
+        return EngineLoad(
+            len(scheduler.running), len(scheduler.waiting), engine.state_stats(), engine.snapshot_stats(),
+            engine.warmup_stats(),
+        )
 
     def crash_context(self) -> dict[str, Any]:
         error = self._loop.error
@@ -51,7 +54,7 @@ class EngineBackend:
         # request_id names the HTTP response; the loop keeps its own ids for the engine. The app validated
         # the generation; the loop's and the engine's own checks stay as the engine's guard for other callers.
         try:
-            async for output in self._loop.stream(generation.prompt_ids, generation.params):
+            async for output in self._loop.stream(generation.prompt_ids, generation.params, generation.text_round_trip):
                 yield output
         except ValueError:
             raise

@@ -23,6 +23,7 @@ class ServerMetrics:
         self._token_totals = (0, 0)  # (prompt, cached) tokens, for the hit ratio
         self._restores_counted = 0  # the snapshot store's restores already added to the counter
         self._evictions_counted = 0  # the page pool's evictions already added to the counter
+        self._warmups_counted = {"completed": 0, "aborted": 0}  # the engine's warm-up ends already counted
         r = self.registry
         self.requests = Counter("ninfer_requests", "Finished HTTP requests", ["endpoint", "status"], registry=r)
         self.unexpected_errors = Counter(
@@ -75,6 +76,12 @@ class ServerMetrics:
         self.prompt_tokens_computed = Counter(
             "ninfer_prompt_tokens_computed", "Prompt tokens the engine computed (not skipped by the prefix cache)", registry=r
         )
+        self.warmups = Gauge(
+            "ninfer_reply_warmups", "Replies re-tokenized for the next turn, queued or being prefilled while idle", ["state"], registry=r
+        )
+        self.warmups_ended = Counter(
+            "ninfer_reply_warmups_ended", "Warm-ups of re-tokenized replies: completed, or aborted by a request", ["outcome"], registry=r
+        )
 
     def request_done(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
@@ -113,6 +120,12 @@ class ServerMetrics:
             # the store counts restores since start; the counter takes what was added since the last scrape
             self.snapshot_restores.inc(load.snapshots.restores - self._restores_counted)
             self._restores_counted = load.snapshots.restores
+        if load.warmups is not None:
+            self.warmups.labels(state="queued").set(load.warmups.queued)
+            self.warmups.labels(state="running").set(int(load.warmups.running))
+            for outcome, total in (("completed", load.warmups.completed), ("aborted", load.warmups.aborted)):
+                self.warmups_ended.labels(outcome=outcome).inc(total - self._warmups_counted[outcome])
+                self._warmups_counted[outcome] = total
 
     def token_gap(self, seconds: float) -> None:
         self.inter_token.observe(seconds)

@@ -89,7 +89,7 @@ class Preparer:
     def chat_request(self, body: ChatCompletionRequest) -> Prepared:
         self._check_model(body.model)
         prompt = self.render_chat(body)
-        generation = self._generation(body, prompt.ids, body.logprobs, body.top_logprobs or 0, "messages")
+        generation = self._generation(body, prompt.ids, body.logprobs, body.top_logprobs or 0, "messages", True)
         return Prepared(**self._common(body), generations=[generation], chat=prompt)
 
     def messages(self, raw: bytes) -> Prepared:
@@ -105,7 +105,9 @@ class Preparer:
         body = validate_body(decode_body(raw), CompletionRequest)
         self._check_model(body.model)
         logprobs, top = body.logprobs is not None, body.logprobs or 0
-        generations = [self._generation(body, self._prompt_ids(p), logprobs, top, "prompt") for p in body.prompts]
+        generations = [
+            self._generation(body, self._prompt_ids(p), logprobs, top, "prompt", isinstance(p, str)) for p in body.prompts
+        ]
         return Prepared(**self._common(body), generations=generations, num_logprobs=body.logprobs)
 
     def tokenize(self, raw: bytes) -> TokenCount:
@@ -164,7 +166,7 @@ class Preparer:
 
     def _generation(
         self, body: ChatCompletionRequest | CompletionRequest, prompt_ids: list[int], logprobs: bool,
-        top_logprobs: int, prompt_param: str,
+        top_logprobs: int, prompt_param: str, text_round_trip: bool,
     ) -> Generation:
         """The one validation of a prompt and its parameters: everything the engine would refuse is a 400 here."""
         self._check_prompt(prompt_ids, prompt_param)
@@ -195,7 +197,7 @@ class Preparer:
         except ValueError as exc:  # a range the request schema does not bound (e.g. a server default)
             named = str(exc).split(" ", 1)[0]
             raise bad_request(str(exc), param=named if hasattr(body, named) else None) from None
-        return Generation(prompt_ids, params)
+        return Generation(prompt_ids, params, text_round_trip)
 
     def _check_prompt(self, prompt_ids: list[int], param: str) -> None:
         limits = self.limits

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ninfer_rt.engine.output import RequestOutput
+from ninfer_rt.engine.reply_warmup import WarmupStats
 from ninfer_rt.engine.request import SamplingParams
 from ninfer_rt.kv.snapshots import SnapshotStats
 from ninfer_rt.kv.states import SlotStats
@@ -34,6 +35,7 @@ class Generation:
 
     prompt_ids: list[int]
     params: SamplingParams
+    text_round_trip: bool = False  # the client sends the reply back as text (a chat, a text prompt)
 
 
 class GenerationBackend(Protocol):
@@ -63,6 +65,7 @@ class EngineLoad:
     waiting: int  # queued in the engine for a lane or for pages (preempted ones too)
     state_slots: SlotStats | None = None  # a hybrid model's Gated DeltaNet state slots
     snapshots: SnapshotStats | None = None  # and its state snapshots
+    warmups: WarmupStats | None = None  # and its re-tokenized replies' warm-ups (engine/reply_warmup.py)
 
 
 class BackendFailed(RuntimeError):
