@@ -146,13 +146,12 @@ class Engine:
         self._check_thread()
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else as_token_ids(prompt)
         self.validate(prompt_ids, params)
-        if self._warmup is not None and self._warmup.running is not None:  # a real request goes first
-            self.abort(self._warmup.running)
-            self._warmup.aborted += 1
-            self._warmup.running = None
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        warming = None if self._warmup is None else self._warmup.give_way()
+        if warming is not None:  # a real request goes first
+            self.abort(warming)
         self._add(Request(request_id, prompt_ids, params, warm_reply=warm_reply))
         return request_id
 
@@ -256,8 +255,7 @@ class Engine:
         request = Request(f"warmup-{next(self._ids)}", prompt, WARMUP_PARAMS)
         self._add(request)
         self._warm_ids.add(request.request_id)
-        warmup.running = request.request_id
-        warmup.started += 1
+        warmup.started_as(request.request_id)
 
     def _is_warmup(self, output: RequestOutput) -> bool:
         """Whether the output is a warm-up's (nobody reads it); its final output ends the warm-up."""
@@ -266,9 +264,7 @@ class Engine:
         if output.finished:
             self._warm_ids.discard(output.request_id)
             assert self._warmup is not None
-            if self._warmup.running == output.request_id:
-                self._warmup.running = None
-                self._warmup.completed += 1
+            self._warmup.ended(output.request_id)
         return True
 
     def _plain_decode_next(self) -> bool:

@@ -66,5 +66,21 @@ class ReplyWarmup:
     def next_prompt(self) -> list[int] | None:
         return self.queue.popleft() if self.queue else None
 
+    def started_as(self, request_id: str) -> None:
+        self.running = request_id
+        self.started += 1
+
+    def give_way(self) -> str | None:
+        """A real request arrived: the running warm-up's id, to abort, if one runs."""
+        request_id, self.running = self.running, None
+        self.aborted += request_id is not None
+        return request_id
+
+    def ended(self, request_id: str) -> None:
+        """A warm-up's final output passed: it completed unless it was the one given way."""
+        if self.running == request_id:
+            self.running = None
+            self.completed += 1
+
     def stats(self) -> WarmupStats:
         return WarmupStats(len(self.queue), self.running is not None, self.started, self.completed, self.aborted)
