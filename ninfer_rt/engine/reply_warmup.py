@@ -9,8 +9,9 @@ whole reply (40 of 117 chat turns of the agent replay on the trained tiny hybrid
 So when a reply ends and its ids are not its text's tokenization, the prompt plus the re-tokenized reply
 is queued; the engine prefills it while it has nothing else to do, which saves a snapshot at its end and
 enters its pages in the prefix cache: the next turn resumes there. A real request aborts a running warm-up
-(its work is dropped, as today's recompute would have done it anyway), and only the newest replies are
-kept, one per lane.
+(its work is dropped; the arriving turn recomputes the reply itself, as without warm-ups), and only the
+newest replies are kept, one per lane. So it helps a turn that arrives once the warm-up ended (an agent
+running a tool), not one sent the moment the reply was read.
 """
 
 from __future__ import annotations
