@@ -2,7 +2,8 @@
 own tokenization: the engine prefills prompt + re-tokenized reply while idle, so the turn that sends the
 reply back as text finds a snapshot there and computes only its new tokens, with the logits of a
 from-scratch prefill. Without the warm-up that turn resumes at the previous end of input and recomputes the
-whole reply. A real request aborts a running warm-up, and nothing is left held."""
+whole reply. The next turn, arriving while the warm-up runs, waits for it and resumes at its end; any other
+request aborts a running warm-up, and nothing is left held."""
 
 from __future__ import annotations
 
@@ -96,3 +97,20 @@ def test_a_reply_that_comes_back_as_token_ids_is_not_warmed(tiny_qwen3_5: Path) 
     eng = engine(tiny_qwen3_5)
     run(eng, eng.tokenizer.encode(PROMPT), SAMPLED, as_text=False)
     assert eng.warmup_stats() == WarmupStats(queued=0, running=False, started=0, completed=0, aborted=0)
+
+
+def test_the_next_turn_arriving_during_the_warmup_waits_for_it_and_resumes_at_its_end(tiny_qwen3_5: Path) -> None:
+    eng = engine(tiny_qwen3_5, token_budget=64)  # the warm-up's prefill takes several steps
+    prompt = eng.tokenizer.encode(PROMPT)
+    first = eng.add_request(prompt, SAMPLED, warm_reply=True)
+    reply: list[int] = []
+    while not any(out.finished for out in eng.step() if out.request_id == first and not reply.extend(out.token_ids)):
+        pass
+    resent = prompt + eng.tokenizer.encode(eng.tokenizer.decode(reply))
+    assert eng.step() == []  # the warm-up starts
+    stats = eng.warmup_stats()
+    assert stats is not None and stats.running
+    _, _, cached = run(eng, resent + eng.tokenizer.encode("\nnow fix the test"), GREEDY)
+    assert cached == len(resent)
+    stats = eng.warmup_stats()
+    assert stats is not None and stats.aborted == 0 and stats.completed == stats.started

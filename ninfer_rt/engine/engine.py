@@ -84,6 +84,7 @@ class Engine:
         self._owner: int | None = None
         self._warmup: ReplyWarmup | None = None  # none while the start-up requests run
         self._warm_ids: set[str] = set()  # warm-up requests whose final output has not passed yet
+        self._held: list[Request] = []  # requests that continue the running warm-up's prompt, until it ends
         self.streams.crash.add_section("engine", self._frontier)
         if parts.graphed:
             clock = time.perf_counter()
@@ -149,17 +150,26 @@ class Engine:
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        request = Request(request_id, prompt_ids, params, warm_reply=warm_reply)
+        if self._warmup is not None:
+            self._warmup.drop_continued(prompt_ids)  # a queued one this turn continues: it computes that itself
+        if self._warmup is not None and self._warmup.continued_by(prompt_ids):
+            # the next turn of the warmed reply: it resumes where the warm-up ends, so it waits for it
+            self._requests[request_id] = self._stream_of(request)
+            self._held.append(request)
+            return request_id
         warming = None if self._warmup is None else self._warmup.give_way()
-        if warming is not None:  # a real request goes first
+        if warming is not None:  # any other request goes first
             self.abort(warming)
-        self._add(Request(request_id, prompt_ids, params, warm_reply=warm_reply))
+        self._add(request)
         return request_id
 
     def _add(self, request: Request) -> None:
-        self._requests[request.request_id] = OutputStream(
-            request, self.tokenizer, self.eos_ids, self.kv_manager.context_limit
-        )
+        self._requests[request.request_id] = self._stream_of(request)
         self.scheduler.add(request)
+
+    def _stream_of(self, request: Request) -> OutputStream:
+        return OutputStream(request, self.tokenizer, self.eos_ids, self.kv_manager.context_limit)
 
     def abort(self, request_id: str) -> None:
         """End a request wherever it is; its pages go back to the pool. Unknown or finished ids are ignored."""
@@ -167,12 +177,14 @@ class Engine:
         stream = self._requests.pop(request_id, None)
         if stream is None:
             return
+        if stream.request in self._held:
+            self._held.remove(stream.request)
         self.scheduler.abort(stream.request)
         self._pending.append(stream.close(FinishReason.ABORT))
 
     @property
     def has_work(self) -> bool:
-        warming = self._warmup is not None and bool(self._warmup.queue)
+        warming = (self._warmup is not None and bool(self._warmup.queue)) or bool(self._held)
         return self.scheduler.has_work or bool(self._pending) or self._inflight is not None or warming
 
     # -- stepping --------------------------------------------------------------------------------------
@@ -255,7 +267,7 @@ class Engine:
         request = Request(f"warmup-{next(self._ids)}", prompt, WARMUP_PARAMS)
         self._add(request)
         self._warm_ids.add(request.request_id)
-        warmup.started_as(request.request_id)
+        warmup.started_as(request.request_id, prompt)
 
     def _is_warmup(self, output: RequestOutput) -> bool:
         """Whether the output is a warm-up's (nobody reads it); its final output ends the warm-up."""
@@ -265,6 +277,9 @@ class Engine:
             self._warm_ids.discard(output.request_id)
             assert self._warmup is not None
             self._warmup.ended(output.request_id)
+            for request in self._held:  # the warm-up's pages and snapshot are in place: they resume there
+                self.scheduler.add(request)
+            self._held.clear()
         return True
 
     def _plain_decode_next(self) -> bool:

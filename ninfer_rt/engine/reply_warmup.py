@@ -8,10 +8,10 @@ whole reply (40 of 117 chat turns of the agent replay on the trained tiny hybrid
 
 So when a reply ends and its ids are not its text's tokenization, the prompt plus the re-tokenized reply
 is queued; the engine prefills it while it has nothing else to do, which saves a snapshot at its end and
-enters its pages in the prefix cache: the next turn resumes there. A real request aborts a running warm-up
-(its work is dropped; the arriving turn recomputes the reply itself, as without warm-ups), and only the
-newest replies are kept, one per lane. So it helps a turn that arrives once the warm-up ended (an agent
-running a tool), not one sent the moment the reply was read.
+enters its pages in the prefix cache: the next turn resumes there. That turn, arriving while the warm-up
+runs, waits for it (about the time its own recompute of the reply would take) and then resumes at its end;
+any other request aborts a running warm-up (its work is dropped). Only the newest replies are kept, one per
+lane.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class ReplyWarmup:
         self.eos_ids = eos_ids
         self.queue: deque[list[int]] = deque(maxlen=lanes)
         self.running: str | None = None  # the engine's id of the warm-up request in progress
+        self.running_prompt: list[int] = []
         self.started = 0
         self.completed = 0
         self.aborted = 0
@@ -67,9 +68,19 @@ class ReplyWarmup:
     def next_prompt(self) -> list[int] | None:
         return self.queue.popleft() if self.queue else None
 
-    def started_as(self, request_id: str) -> None:
-        self.running = request_id
+    def started_as(self, request_id: str, prompt_ids: list[int]) -> None:
+        self.running, self.running_prompt = request_id, prompt_ids
         self.started += 1
+
+    def drop_continued(self, prompt_ids: Sequence[int]) -> None:
+        """Forget the queued warm-ups a new prompt continues."""
+        kept = [p for p in self.queue if not _continues(prompt_ids, p)]
+        self.queue.clear()
+        self.queue.extend(kept)
+
+    def continued_by(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether a new prompt starts with the running warm-up's whole prompt (its conversation's next turn)."""
+        return self.running is not None and _continues(prompt_ids, self.running_prompt)
 
     def give_way(self) -> str | None:
         """A real request arrived: the running warm-up's id, to abort, if one runs."""
@@ -85,3 +96,7 @@ class ReplyWarmup:
 
     def stats(self) -> WarmupStats:
         return WarmupStats(len(self.queue), self.running is not None, self.started, self.completed, self.aborted)
+
+
+def _continues(prompt_ids: Sequence[int], earlier: list[int]) -> bool:
+    return len(prompt_ids) > len(earlier) and list(prompt_ids[: len(earlier)]) == earlier
