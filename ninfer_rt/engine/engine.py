@@ -83,7 +83,6 @@ class Engine:
         self._ids = itertools.count()
         self._owner: int | None = None
         self._warmup: ReplyWarmup | None = None  # none while the start-up requests run
-        self._warm_ids: set[str] = set()  # warm-up requests whose final output has not passed yet
         self._held: list[Request] = []  # requests that continue the running warm-up's prompt, until it ends
         self.streams.crash.add_section("engine", self._frontier)
         if parts.graphed:
@@ -151,16 +150,17 @@ class Engine:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         request = Request(request_id, prompt_ids, params, warm_reply=warm_reply)
-        if self._warmup is not None:
-            self._warmup.drop_continued(prompt_ids)  # a queued one this turn continues: it computes that itself
-        if self._warmup is not None and self._warmup.continued_by(prompt_ids):
-            # the next turn of the warmed reply: it resumes where the warm-up ends, so it waits for it
-            self._requests[request_id] = self._stream_of(request)
-            self._held.append(request)
-            return request_id
-        warming = None if self._warmup is None else self._warmup.give_way()
-        if warming is not None:  # any other request goes first
-            self.abort(warming)
+        warmup = self._warmup
+        if warmup is not None:
+            warmup.drop_continued(prompt_ids)  # a queued one this turn continues: it computes that itself
+            if warmup.continued_by(prompt_ids):
+                # the next turn of the warmed reply: it resumes where the warm-up ends, so it waits for it
+                self._requests[request_id] = self._stream_of(request)
+                self._held.append(request)
+                return request_id
+            warming = warmup.give_way()
+            if warming is not None:  # any other request goes first
+                self.abort(warming)
         self._add(request)
         return request_id
 
@@ -195,7 +195,15 @@ class Engine:
         warm-up request's outputs are not among them."""
         self._check_thread()
         self._start_warmup()
-        return [output for output in self._step() if not self._is_warmup(output)]
+        outputs = self._step()
+        if self._warmup is None:
+            return outputs
+        outputs = [output for output in outputs if not self._warmup.owns(output.request_id, output.finished)]
+        if self._held and self._warmup.running is None:  # its pages and snapshot are in place: resume there
+            for request in self._held:
+                self.scheduler.add(request)
+            self._held.clear()
+        return outputs
 
     def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
@@ -266,21 +274,7 @@ class Engine:
             return
         request = Request(f"warmup-{next(self._ids)}", prompt, WARMUP_PARAMS)
         self._add(request)
-        self._warm_ids.add(request.request_id)
         warmup.started_as(request.request_id, prompt)
-
-    def _is_warmup(self, output: RequestOutput) -> bool:
-        """Whether the output is a warm-up's (nobody reads it); its final output ends the warm-up."""
-        if output.request_id not in self._warm_ids:
-            return False
-        if output.finished:
-            self._warm_ids.discard(output.request_id)
-            assert self._warmup is not None
-            self._warmup.ended(output.request_id)
-            for request in self._held:  # the warm-up's pages and snapshot are in place: they resume there
-                self.scheduler.add(request)
-            self._held.clear()
-        return True
 
     def _plain_decode_next(self) -> bool:
         """Whether the next schedule can only give each running request its one token: then it may see

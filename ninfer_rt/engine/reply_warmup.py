@@ -55,6 +55,7 @@ class ReplyWarmup:
         self.queue: deque[list[int]] = deque(maxlen=lanes)
         self.running: str | None = None  # the engine's id of the warm-up request in progress
         self.running_prompt: list[int] = []
+        self.live: set[str] = set()  # warm-up requests whose final output has not passed yet (aborted ones too)
         self.started = 0
         self.completed = 0
         self.aborted = 0
@@ -70,6 +71,7 @@ class ReplyWarmup:
 
     def started_as(self, request_id: str, prompt_ids: list[int]) -> None:
         self.running, self.running_prompt = request_id, prompt_ids
+        self.live.add(request_id)
         self.started += 1
 
     def drop_continued(self, prompt_ids: Sequence[int]) -> None:
@@ -88,11 +90,17 @@ class ReplyWarmup:
         self.aborted += request_id is not None
         return request_id
 
-    def ended(self, request_id: str) -> None:
-        """A warm-up's final output passed: it completed unless it was the one given way."""
-        if self.running == request_id:
-            self.running = None
-            self.completed += 1
+    def owns(self, request_id: str, finished: bool) -> bool:
+        """Whether an engine output is a warm-up's (nobody reads it). Its final output ends the warm-up: it
+        completed unless it was the one given way."""
+        if request_id not in self.live:
+            return False
+        if finished:
+            self.live.discard(request_id)
+            if self.running == request_id:
+                self.running = None
+                self.completed += 1
+        return True
 
     def stats(self) -> WarmupStats:
         return WarmupStats(len(self.queue), self.running is not None, self.started, self.completed, self.aborted)
